@@ -1,0 +1,188 @@
+# Rekindle - plain GNU make. `make` builds into build/; see README.md for the targets.
+#
+#   make                      library, CLI, example trainer          (build/)
+#   make check                install deps, build, run every test suite
+#   make check-<suite>        one suite, e.g. make check-common      (no dependency install)
+#   make demo                 install deps, build, run the demo
+#   make bench                run the benchmarks (bench/run)
+#   make chaos                run the chaos campaign (chaos/run)
+#   make install PREFIX=/usr/local [DESTDIR=...]
+#   make clean
+# Variables: SANITIZE=1 (ASan + UBSan, builds into build/asan), USE_CUDA=auto|yes|no,
+#            CUDA_HOME=/usr/local/cuda, BUILD=dir, V=1 (show commands).
+
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+BUILD    ?= build/asan
+else
+BUILD    ?= build
+endif
+PREFIX   ?= /usr/local
+USE_CUDA ?= auto
+CUDA_HOME ?= /usr/local/cuda
+VERSION  := $(shell sed -n 's/^\#define REKINDLE_VERSION_STRING "\(.*\)"/\1/p' include/rekindle.h)
+
+CC       := mpicc
+PKGS     := hdf5 liburing libxxhash libsodium
+Q        := $(if $(V),,@)
+
+# Dependencies are looked up only when something is built (not for clean/help).
+ifeq ($(filter clean help,$(MAKECMDGOALS)),)
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
+CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
+endif
+
+# ---- optional CUDA + NCCL, detected once --------------------------------------------
+CUDA_FOUND := no
+ifneq ($(USE_CUDA),no)
+ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
+ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so),)
+ifneq ($(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so),)
+CUDA_FOUND := yes
+endif
+endif
+endif
+endif
+endif
+ifeq ($(USE_CUDA)-$(CUDA_FOUND),yes-no)
+$(error USE_CUDA=yes but CUDA runtime + NCCL were not found under CUDA_HOME=$(CUDA_HOME))
+endif
+ifeq ($(CUDA_FOUND),yes)
+CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so)))
+CUDA_CFLAGS := -I$(CUDA_HOME)/include -DRK_HAVE_CUDA=1 -DRK_HAVE_NCCL=1
+CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lnccl -lcudart
+CUDA_DESC   := CUDA $(shell awk '/^\#define CUDART_VERSION/ {printf "%d.%d", $$3/1000, ($$3%1000)/10}' $(CUDA_HOME)/include/cuda_runtime_api.h) + NCCL $(shell sed -n 's/^\#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' $(CUDA_HOME)/include/nccl.h | paste -sd.) found under $(CUDA_HOME): building the NCCL ring
+else
+CUDA_DESC   := CUDA/NCCL $(if $(filter no,$(USE_CUDA)),disabled (USE_CUDA=no),not found under $(CUDA_HOME)): CPU-only build
+endif
+
+# ---- flags --------------------------------------------------------------------------
+CFLAGS   ?= -O2 -g
+WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
+ALL_CFLAGS := -std=gnu11 $(WARN) $(CFLAGS) -fPIC -pthread -D_GNU_SOURCE -Iinclude -Icommon \
+              $(PKG_CFLAGS) $(CUDA_CFLAGS) -MMD -MP
+ALL_LDLIBS := $(PKG_LIBS) $(CUDA_LIBS) -lm -pthread
+ifeq ($(SANITIZE),1)
+SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+ALL_CFLAGS += $(SAN)
+LDFLAGS  += $(SAN)
+endif
+
+# ---- sources --------------------------------------------------------------------------
+LIB_DIRS := common formats ckpt detector ring recover
+GPU_PAT  := %_cuda.c %_nccl.c
+LIB_ALL  := $(wildcard $(addsuffix /*.c,$(LIB_DIRS)))
+LIB_SRC  := $(if $(filter yes,$(CUDA_FOUND)),$(LIB_ALL),$(filter-out $(GPU_PAT),$(LIB_ALL)))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_SRC  := $(wildcard tools/*.c)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+EX_SRC   := $(wildcard examples/*.c)
+EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/bin/%)
+BENCH_SRC := $(filter-out $(if $(filter yes,$(CUDA_FOUND)),,$(GPU_PAT)),$(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+TEST_SRC := $(filter-out $(if $(filter yes,$(CUDA_FOUND)),,$(GPU_PAT)),$(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_AUX := $(wildcard tests/harness*.c)
+PROG_SRC := $(filter-out $(if $(filter yes,$(CUDA_FOUND)),,$(GPU_PAT)),$(wildcard tests/prog_*.c))
+PROG_BIN := $(PROG_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_AUX_OBJ := $(TEST_AUX:%.c=$(BUILD)/obj/%.o)
+
+LIB_A    := $(BUILD)/lib/librekindle.a
+LIB_SO   := $(BUILD)/lib/librekindle.so
+CLI      := $(BUILD)/bin/rekindle
+
+.PHONY: build-tests all check demo bench chaos install clean deps config help
+.DEFAULT_GOAL := all
+
+all: config $(LIB_A) $(LIB_SO) $(CLI) $(EX_BIN) $(BUILD)/rekindle.pc
+
+config:
+	@echo "rekindle $(VERSION): $(CUDA_DESC)$(if $(filter 1,$(SANITIZE)), [ASan+UBSan])"
+
+deps:
+	@scripts/install-deps
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  CC    $<")
+	$(Q)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(LIB_A): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(LIB_SO): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) -shared -Wl,-soname,librekindle.so.0 $(LDFLAGS) -o $@ $^ $(ALL_LDLIBS)
+
+$(CLI): $(CLI_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(LIB_A) $(ALL_LDLIBS)
+
+$(BUILD)/bin/%: $(BUILD)/obj/examples/%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+
+$(BUILD)/obj/tests/%.o: ALL_CFLAGS += $(CHECK_CFLAGS)
+$(BUILD)/tests/prog_%: $(BUILD)/obj/tests/prog_%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_AUX_OBJ) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(TEST_AUX_OBJ) $(LIB_A) $(CHECK_LIBS) $(ALL_LDLIBS)
+
+$(BUILD)/rekindle.pc: Makefile
+	@mkdir -p $(dir $@)
+	$(Q)printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+	  'Name: rekindle' 'Description: fault-tolerant data-parallel training: checkpoints, failure detection, recovery' \
+	  'Version: $(VERSION)' 'Requires.private: $(PKGS)' \
+	  'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -Wl,-rpath,$${libdir} -lrekindle' \
+	  'Libs.private: $(shell mpicc --showme:link) $(CUDA_LIBS) -lm -pthread' > $@
+
+build-tests: all $(TEST_BIN) $(PROG_BIN) $(BENCH_BIN)
+
+check: deps
+	@$(MAKE) --no-print-directory build-tests
+	@tests/run $(BUILD)
+
+check-%: all $(PROG_BIN) $(BUILD)/tests/test_%
+	@tests/run $(BUILD) $*
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/demo $(BUILD)
+
+bench: all $(BENCH_BIN)
+	@bench/run $(BUILD)
+
+chaos: deps
+	@$(MAKE) --no-print-directory all
+	@chaos/run --build $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
+	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/librekindle.so.$(VERSION)
+	ln -sf librekindle.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/librekindle.so.0
+	ln -sf librekindle.so.0 $(DESTDIR)$(PREFIX)/lib/librekindle.so
+	install -m 0644 include/rekindle.h $(DESTDIR)$(PREFIX)/include/
+	install -m 0755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	sed 's|^prefix=.*|prefix=$(PREFIX)|' $(BUILD)/rekindle.pc > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rekindle.pc
+
+clean:
+	rm -rf build
+
+help:
+	@sed -n '1,/^$$/p' Makefile
+
+.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/examples/%.o $(BUILD)/obj/bench/%.o $(BUILD)/obj/tests/%.o
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

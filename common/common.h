@@ -1,0 +1,141 @@
+/*
+ * common/common.h - what every part of Rekindle shares: errors, logging, the event log,
+ * clocks and option parsing. The one header of common/ that other folders include.
+ * Names here start with rk__ (internal to the library, never exported in the API).
+ *
+ * Errors (STYLE.md convention 2): a function returns 0 or a negative code: -errno for
+ * the OS, RK_E_... (include/rekindle.h) for Rekindle. Foreign codes (HDF5, MPI, CUDA,
+ * NCCL) are translated in the glue file of their part and logged once, where they
+ * happen, with rk__fail(), which also sets the thread's rk_last_error() message.
+ */
+#ifndef RK_COMMON_H
+#define RK_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rekindle.h"
+
+#define RK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#if defined(__GNUC__)
+#define RK_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define RK_PRINTF(f, a)
+#endif
+
+/* ---- errors (common/err.c) ------------------------------------------------------------ */
+
+/* Records `fmt` as the calling thread's rk_last_error() message, logs it at `level`
+   for subsystem `sub` (see below), and returns `code` so that a caller can write
+   `return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EIO, "write %s: ...", path);`. */
+int rk__fail(int sub, int level, int code, const char *fmt, ...) RK_PRINTF(4, 5);
+/* Sets the thread's rk_last_error() message without logging. */
+void rk__set_last_error(const char *fmt, ...) RK_PRINTF(1, 2);
+/* Whether `code` is one of the table's RK_E_... codes. */
+bool rk__is_rk_error(int code);
+
+/* ---- logging (common/log.c) ------------------------------------------------------------
+ * RK_LOG=error|warn|info|debug (default warn) and RK_LOG_SUBSYS=det,ring,... (default all)
+ * are read once, at first use. Each line: "[rekindle r<rank> <host> +<seconds>s LEVEL sub] msg",
+ * written to stderr with one write(2), so lines from threads never interleave.
+ * The RK_LOG_* macros test the threshold before evaluating their arguments. The library
+ * prints nothing on its success paths at the default level. */
+enum rk__log_level { RK_LOG_ERROR = 0, RK_LOG_WARN = 1, RK_LOG_INFO = 2, RK_LOG_DEBUG = 3 };
+enum rk__subsys {
+    RK_SUB_COMMON = 0,
+    RK_SUB_FMT,    /* formats/  */
+    RK_SUB_CKPT,   /* ckpt/     */
+    RK_SUB_DET,    /* detector/ */
+    RK_SUB_RING,   /* ring/     */
+    RK_SUB_REC,    /* recover/  */
+    RK_SUB_TOOL,   /* tools/    */
+    RK_SUB_CHAOS,  /* chaos/    */
+    RK_SUB_COUNT
+};
+
+bool rk__log_enabled(int sub, int level);
+void rk__log_write(int sub, int level, const char *fmt, ...) RK_PRINTF(3, 4);
+void rk__log_vwrite(int sub, int level, const char *fmt, va_list ap);
+/* The rank shown in the prefix (-1: none yet). Set by rk_init. */
+void rk__log_set_rank(int rank);
+/* Re-reads RK_LOG / RK_LOG_SUBSYS (tests; programs that change them at run time).
+   Returns 0, or RK_E_OPTION for a value it does not understand (the rest still applies). */
+int rk__log_reload(void);
+/* Names: "error".., "det".. ; NULL for an out-of-range value. */
+const char *rk__log_level_name(int level);
+const char *rk__log_subsys_name(int sub);
+
+#define RK_LOG_AT(sub, level, ...)                                                         \
+    do {                                                                                   \
+        if (rk__log_enabled((sub), (level)))                                               \
+            rk__log_write((sub), (level), __VA_ARGS__);                                    \
+    } while (0)
+#define RK_LOG_ERR(sub, ...) RK_LOG_AT(sub, RK_LOG_ERROR, __VA_ARGS__)
+#define RK_LOG_WARN(sub, ...) RK_LOG_AT(sub, RK_LOG_WARN, __VA_ARGS__)
+#define RK_LOG_INFO(sub, ...) RK_LOG_AT(sub, RK_LOG_INFO, __VA_ARGS__)
+#define RK_LOG_DEBUG(sub, ...) RK_LOG_AT(sub, RK_LOG_DEBUG, __VA_ARGS__)
+
+/* ---- clocks (common/clock.c) ----------------------------------------------------------- */
+int64_t rk__mono_ns(void);         /* CLOCK_MONOTONIC, ns                         */
+int64_t rk__real_ns(void);         /* CLOCK_REALTIME, ns (the event log's t_ns)   */
+int64_t rk__deadline_ns(int64_t timeout_ms); /* rk__mono_ns() + timeout; INT64_MAX if < 0 */
+bool rk__deadline_passed(int64_t deadline_ns);
+/* Milliseconds left before the deadline (0 if passed), capped at INT32_MAX: for poll(). */
+int rk__ms_left(int64_t deadline_ns);
+void rk__sleep_ns(int64_t ns);     /* restarts on EINTR */
+double rk__ms_since(int64_t mono_ns_then);
+
+/* ---- event log (common/evlog.c) --------------------------------------------------------
+ * Contract section 5: with RK_EVENT_LOG=PATH every worker appends one JSON object per line
+ * to PATH.<rank at start>. One handle per worker (owned by its rk_ctx); each line is
+ * built whole and written with one write(2) on an O_APPEND descriptor under a mutex, so
+ * lines from several threads (or processes sharing a file) never interleave.
+ * A NULL handle is valid everywhere and means "event log off". */
+typedef struct rk__evlog rk__evlog;
+
+typedef struct rk__evfield {
+    const char *key;
+    char type; /* 'i' int64, 'd' double, 's' string (escaped), 'b' bool, 'r' raw JSON */
+    union {
+        int64_t i;
+        double d;
+        const char *s;
+        bool b;
+    } v;
+} rk__evfield;
+
+#define RK_EV_I(k, x) ((rk__evfield){.key = (k), .type = 'i', .v.i = (int64_t)(x)})
+#define RK_EV_D(k, x) ((rk__evfield){.key = (k), .type = 'd', .v.d = (double)(x)})
+#define RK_EV_S(k, x) ((rk__evfield){.key = (k), .type = 's', .v.s = (x)})
+#define RK_EV_B(k, x) ((rk__evfield){.key = (k), .type = 'b', .v.b = (x)})
+#define RK_EV_RAW(k, x) ((rk__evfield){.key = (k), .type = 'r', .v.s = (x)})
+
+/* Opens PATH.<rank> for appending (created 0644). path NULL or "": *ev = NULL, returns 0. */
+int rk__evlog_open(rk__evlog **ev, const char *path, int rank);
+void rk__evlog_close(rk__evlog **ev);
+/* Writes {"t_ns":…,"rank":…,"event":name, fields…}. Returns 0 or -errno (also logged once). */
+int rk__evlog_emit(rk__evlog *ev, const char *name, const rk__evfield *fields, size_t n);
+#define RK_EVENT(ev, name, ...)                                                             \
+    rk__evlog_emit((ev), (name), (const rk__evfield[]){__VA_ARGS__},                        \
+                   sizeof((const rk__evfield[]){__VA_ARGS__}) / sizeof(rk__evfield))
+/* Formats one event line (with '\n') into buf; returns its length, or -ENOSPC if it does
+   not fit. Used by rk__evlog_emit and by tests. */
+int rk__evlog_format(char *buf, size_t cap, int64_t t_ns, int rank, const char *name,
+                     const rk__evfield *fields, size_t n);
+
+/* ---- options (common/opt.c) ------------------------------------------------------------
+ * rk_options_init() (public) fills defaults and reads the RK_* table; rk__options_validate
+ * checks every field's range and names the bad one. */
+int rk__options_validate(const rk_options *o);
+/* Strict integer parse of an environment-style value: decimal, optional sign, no junk,
+   within [lo, hi]. Returns 0 or RK_E_OPTION with a reason in why (if why != NULL). */
+int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why);
+
+/* ---- sizes of dtypes (common/err.c keeps the tables of names) -------------------------- */
+size_t rk__dtype_size(rk_dtype t);   /* 0 for an unknown dtype */
+const char *rk__dtype_name(rk_dtype t); /* "f32", "bf16", ...; NULL if unknown */
+
+#endif /* RK_COMMON_H */

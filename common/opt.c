@@ -1,0 +1,155 @@
+/*
+ * common/opt.c - rk_options: defaults, the RK_* environment, validation.
+ *
+ * One table names every option: its environment variable, its field, its default and
+ * its range. rk_options_init() never fails; the first variable it cannot parse is kept
+ * in o->env_error and rk_init() reports it. rk__options_validate() checks the fields
+ * (which a program may also set by hand) and names the bad one.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+enum opt_kind { OPT_INT, OPT_STR, OPT_CHOICE };
+
+static const char *const io_choices[] = {"auto", "uring", "buffered", NULL};
+
+static const struct opt {
+    const char *env;
+    enum opt_kind kind;
+    size_t off;
+    long def, lo, hi;            /* OPT_INT */
+    const char *const *choices;  /* OPT_CHOICE; default choices[0] */
+} opts[] = {
+    {"RK_CKPT_DIR", OPT_STR, offsetof(rk_options, ckpt_dir), 0, 0, 0, NULL},
+    {"RK_CKPT_EVERY", OPT_INT, offsetof(rk_options, ckpt_every), 100, 0, INT_MAX, NULL},
+    {"RK_KEEP", OPT_INT, offsetof(rk_options, keep), 3, 1, 1000000, NULL},
+    {"RK_HEARTBEAT_MS", OPT_INT, offsetof(rk_options, heartbeat_ms), 100, 5, 60000, NULL},
+    {"RK_MIN_WORLD", OPT_INT, offsetof(rk_options, min_world), 1, 1, 1 << 24, NULL},
+    {"RK_TIMEOUT_MS", OPT_INT, offsetof(rk_options, timeout_ms), 30000, 100, 86400000, NULL},
+    {"RK_EVENT_LOG", OPT_STR, offsetof(rk_options, event_log), 0, 0, 0, NULL},
+    {"RK_DET_IFACE", OPT_STR, offsetof(rk_options, det_iface), 0, 0, 0, NULL},
+    {"RK_IO", OPT_CHOICE, offsetof(rk_options, io), 0, 0, 0, io_choices},
+};
+
+int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why)
+{
+    const char *dummy;
+    if (!why)
+        why = &dummy;
+    if (!s || !*s) {
+        *why = "empty";
+        return RK_E_OPTION;
+    }
+    if (!(*s == '-' || *s == '+' || (*s >= '0' && *s <= '9'))) {
+        *why = "not an integer";
+        return RK_E_OPTION;
+    }
+    errno = 0;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0') {
+        *why = "not an integer";
+        return RK_E_OPTION;
+    }
+    if (errno == ERANGE || v < lo || v > hi) {
+        *why = "out of range";
+        return RK_E_OPTION;
+    }
+    *out = v;
+    return 0;
+}
+
+static int *int_field(rk_options *o, const struct opt *d)
+{
+    return (int *)((char *)o + d->off);
+}
+
+static const char **str_field(rk_options *o, const struct opt *d)
+{
+    return (const char **)((char *)o + d->off);
+}
+
+void rk_options_init(rk_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof(*o));
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
+        const struct opt *d = &opts[i];
+        if (d->kind == OPT_INT)
+            *int_field(o, d) = (int)d->def;
+        else if (d->kind == OPT_CHOICE)
+            *str_field(o, d) = d->choices[0];
+    }
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
+        const struct opt *d = &opts[i];
+        const char *v = getenv(d->env);
+        if (!v)
+            continue;
+        const char *why = NULL;
+        if (d->kind == OPT_INT) {
+            long x;
+            if (rk__parse_int(v, d->lo, d->hi, &x, &why) == 0) {
+                *int_field(o, d) = (int)x;
+                continue;
+            }
+        } else if (d->kind == OPT_STR) {
+            *str_field(o, d) = *v ? v : NULL; /* set but empty: off */
+            continue;
+        } else {
+            const char *const *c;
+            for (c = d->choices; *c; c++)
+                if (strcmp(*c, v) == 0)
+                    break;
+            if (*c) {
+                *str_field(o, d) = *c;
+                continue;
+            }
+            why = "not one of the accepted values";
+        }
+        if (!o->env_error[0]) {
+            char range[64] = "";
+            if (d->kind == OPT_INT)
+                snprintf(range, sizeof(range), " (expected an integer in [%ld, %ld])", d->lo, d->hi);
+            else if (d->kind == OPT_CHOICE)
+                snprintf(range, sizeof(range), " (expected auto, uring or buffered)");
+            snprintf(o->env_error, sizeof(o->env_error), "%s='%.40s': %s%s", d->env, v, why, range);
+        }
+    }
+}
+
+int rk__options_validate(const rk_options *o)
+{
+    if (!o)
+        return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, -EINVAL, "options: NULL");
+    if (o->env_error[0])
+        return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION, "%s", o->env_error);
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
+        const struct opt *d = &opts[i];
+        if (d->kind == OPT_INT) {
+            int v = *int_field((rk_options *)o, d);
+            if (v < d->lo || v > d->hi)
+                return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION,
+                                "option %s = %d: out of range [%ld, %ld]", d->env, v, d->lo, d->hi);
+        } else if (d->kind == OPT_CHOICE) {
+            const char *v = *str_field((rk_options *)o, d);
+            const char *const *c;
+            for (c = d->choices; *c && v; c++)
+                if (strcmp(*c, v) == 0)
+                    break;
+            if (!v || !*c)
+                return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION,
+                                "option %s = '%s': not one of auto, uring, buffered", d->env,
+                                v ? v : "(null)");
+        }
+    }
+    if (o->ckpt_dir && !*o->ckpt_dir)
+        return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION, "option RK_CKPT_DIR: empty path (use NULL for no checkpoints)");
+    return 0;
+}

@@ -1,0 +1,162 @@
+/*
+ * rekindle.h - the one public header of Rekindle.
+ *
+ * Rekindle lets data-parallel training survive the loss of workers: heartbeats find a
+ * lost worker, asynchronous HDF5 checkpoints keep the state, a recovery coordinator
+ * shrinks (or rebuilds) the allreduce ring and rolls every survivor back to the latest
+ * consistent checkpoint.
+ *
+ * Conventions (every function below):
+ *   - returns int: 0 (RK_OK) on success, 1 (RK_RECOVERED) where stated, a negative
+ *     value on error: -errno for an operating-system error, or an RK_E... code (< -1000).
+ *   - never aborts or exits the process; rk_strerror() names every code, and
+ *     rk_last_error() gives the calling thread's detailed message for its last failure.
+ *   - a caller's buffers stay the caller's: the library never frees them and never
+ *     writes them except in rk_resume() and when a call returns RK_RECOVERED.
+ *
+ * The functions marked "[not available yet]" belong to a part of the library that is
+ * not built yet; they return RK_E_NOTAVAIL, never a pretend success.
+ */
+#ifndef REKINDLE_H
+#define REKINDLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define REKINDLE_VERSION_MAJOR 0
+#define REKINDLE_VERSION_MINOR 1
+#define REKINDLE_VERSION_PATCH 0
+#define REKINDLE_VERSION_STRING "0.1.0"
+
+typedef struct rk_ctx rk_ctx;
+typedef enum { RK_F32, RK_F64, RK_F16, RK_BF16, RK_I32, RK_I64, RK_U8 } rk_dtype;
+typedef enum { RK_SUM, RK_AVG, RK_MAX, RK_MIN } rk_op;
+#define RK_OK        0
+#define RK_RECOVERED 1
+
+/*
+ * Every project error code, in one table: it defines the enum below and the messages
+ * of rk_strerror(). Codes are stable: new ones are appended, none is renumbered.
+ */
+#define RK_ERROR_TABLE(X)                                                                    \
+    X(RK_E_NOTAVAIL, -1001, "not available: this part of Rekindle is not built yet")          \
+    X(RK_E_OPTION, -1002, "bad option value (the RK_* variable or field is named in rk_last_error())") \
+    X(RK_E_STATE, -1003, "call not valid in the current state")                               \
+    X(RK_E_MPI, -1004, "an MPI call failed")                                                  \
+    X(RK_E_HDF5, -1005, "an HDF5 call failed")                                                \
+    X(RK_E_CUDA, -1006, "a CUDA call failed")                                                 \
+    X(RK_E_NCCL, -1007, "an NCCL call failed")                                                \
+    X(RK_E_CORRUPT, -1008, "checkpoint data is corrupt (checksum mismatch or unreadable)")   \
+    X(RK_E_INCOMPLETE, -1009, "checkpoint is incomplete")                                     \
+    X(RK_E_NOCKPT, -1010, "no checkpoint found")                                              \
+    X(RK_E_MISMATCH, -1011, "checkpoint does not match the registered tensors")              \
+    X(RK_E_FORMAT, -1012, "not a Rekindle checkpoint, or an unsupported format version")     \
+    X(RK_E_PEER_LOST, -1013, "a peer was lost during the operation")                          \
+    X(RK_E_TIMEOUT, -1014, "a deadline passed before the operation finished")                 \
+    X(RK_E_FENCED, -1015, "this worker was declared dead by the others and is fenced")        \
+    X(RK_E_MIN_WORLD, -1016, "fewer workers survive than min_world")                          \
+    X(RK_E_NO_MAJORITY, -1017, "survivors are not a majority of the previous membership (no split brain)") \
+    X(RK_E_COLL_MISMATCH, -1018, "ranks called the collective with different arguments")     \
+    X(RK_E_BUSY, -1019, "a checkpoint is still being written; this one was skipped")          \
+    X(RK_E_DUPLICATE, -1020, "a tensor with this name is already registered")                 \
+    X(RK_E_NAME, -1021, "tensor name cannot be stored in the checkpoint")                     \
+    X(RK_E_DTYPE, -1022, "unknown dtype")                                                     \
+    X(RK_E_OP, -1023, "unknown reduction operation")                                          \
+    X(RK_E_ABORTED, -1024, "the operation was aborted")                                       \
+    X(RK_E_AUTH, -1025, "message failed authentication")                                      \
+    X(RK_E_NOGPU, -1026, "no usable GPU")                                                     \
+    X(RK_E_INTERNAL, -1027, "internal error (a bug in Rekindle: please report it)")
+
+enum rk_error {
+#define RK_ERROR_ENUM_(name, code, msg) name = (code),
+    RK_ERROR_TABLE(RK_ERROR_ENUM_)
+#undef RK_ERROR_ENUM_
+};
+
+typedef struct rk_options {
+    const char *ckpt_dir; /* RK_CKPT_DIR     ; NULL: no checkpoints                */
+    int ckpt_every;       /* RK_CKPT_EVERY   ; steps between checkpoints, 0: never */
+    int keep;             /* RK_KEEP         ; committed checkpoints kept (>= 1)   */
+    int heartbeat_ms;     /* RK_HEARTBEAT_MS ; detector period                     */
+    int min_world;        /* RK_MIN_WORLD    ; give up (error) below this size     */
+    /* --- fields added by Rekindle after the contract's (defaults in parentheses) --- */
+    int timeout_ms;       /* RK_TIMEOUT_MS   ; bound on any wait for peers (30000)      */
+    const char *event_log; /* RK_EVENT_LOG   ; JSON-lines event log prefix, NULL: off   */
+    const char *det_iface; /* RK_DET_IFACE   ; interface or address the detector binds
+                              and advertises; NULL: the host's outward address          */
+    const char *io;       /* RK_IO           ; checkpoint I/O: "auto", "uring", "buffered" */
+    /* The first RK_* variable rk_options_init() could not parse, as "NAME='value': why";
+       empty when all parsed. rk_init() refuses options with an error here. */
+    char env_error[192];
+} rk_options;
+
+/* Defaults, then RK_* environment variables. Never fails: a variable it cannot parse is
+   recorded in o->env_error and reported by rk_init() as RK_E_OPTION. */
+void rk_options_init(rk_options *o);
+
+/* Collective over the job; calls MPI_Init_thread itself if MPI is not initialized;
+   works as a single process started without mpirun. Validates every option and names
+   the bad one (RK_E_OPTION). On success *ctx is a new context, owned by the caller and
+   released with rk_finalize(). */
+int rk_init(rk_ctx **ctx, const rk_options *o);
+
+/* flags 0: a host tensor with the same value on every rank (data parallel).
+   name is the tensor's path in the checkpoint ('/' makes HDF5 groups).
+   [not available yet: checkpoint engine] */
+int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
+                const int64_t *shape, unsigned flags);
+
+/* Collective: restores the latest consistent checkpoint into the registered buffers
+   and sets *next_step to the step to run next; 0 and nothing restored if none exists.
+   [not available yet: checkpoint engine] */
+int rk_resume(rk_ctx *ctx, int64_t *next_step);
+
+/* In place over the current ring. RK_RECOVERED: a member was lost, the ring was
+   rebuilt and registered state rolled back: continue from rk_next_step().
+   [not available yet: allreduce ring] */
+int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op);
+
+/* Step `step` (counted from 0) is finished: the registered state is now that at the
+   start of step+1. When (step+1) is a multiple of ckpt_every, takes a checkpoint
+   labelled step+1 (training blocks only for the snapshot; the buffers may be changed
+   as soon as it returns). May return RK_RECOVERED. */
+int rk_step_done(rk_ctx *ctx, int64_t step);
+
+int64_t rk_next_step(const rk_ctx *ctx);
+
+/* Start a checkpoint of the current state now (async), labelled rk_next_step().
+   [not available yet: checkpoint engine] */
+int rk_checkpoint(rk_ctx *ctx);
+
+/* Until every started checkpoint is committed or failed; returns the first failure.
+   [not available yet: checkpoint engine] */
+int rk_wait(rk_ctx *ctx);
+
+int rk_rank(const rk_ctx *ctx);
+int rk_world(const rk_ctx *ctx);
+
+/* Waits for checkpoints, stops the detector, releases everything; *ctx = NULL.
+   Finalizes MPI only if rk_init() initialized it. */
+int rk_finalize(rk_ctx **ctx);
+
+/* A static, human-readable string for every code (RK_E_..., -errno, RK_OK, RK_RECOVERED). */
+const char *rk_strerror(int code);
+
+/* --- additions to the contract ------------------------------------------------------ */
+
+/* The calling thread's message for its last failed Rekindle call: what failed and where
+   (for example "RK_HEARTBEAT_MS='abc': not an integer"). Static storage per thread,
+   valid until the thread's next failing call; "" if none failed yet. */
+const char *rk_last_error(void);
+
+/* Library version, "MAJOR.MINOR.PATCH". */
+const char *rk_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* REKINDLE_H */

@@ -1,0 +1,165 @@
+/*
+ * recover/api.c - the training-loop API common to every part: rk_init, rk_finalize,
+ * rk_step_done and the accessors. Each part's own functions are in its api_*.c file.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rec_internal.h"
+
+int rec_mpi_fail(int mpi_rc, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(mpi_rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof(msg), "MPI error %d", mpi_rc);
+    return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, "%s: %s", what, msg);
+}
+
+static char *dup_opt(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+int rk_init(rk_ctx **out, const rk_options *o)
+{
+    int rc, mrc, flag = 0;
+    rk_options defaults;
+
+    if (!out)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_init: ctx is NULL");
+    *out = NULL;
+    if (!o) {
+        rk_options_init(&defaults);
+        o = &defaults;
+    }
+    if ((rc = rk__options_validate(o)) != 0)
+        return rc;
+
+    rk_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return -ENOMEM;
+    ctx->opt = *o;
+    ctx->ckpt_dir = dup_opt(o->ckpt_dir);
+    ctx->event_log = dup_opt(o->event_log);
+    ctx->det_iface = dup_opt(o->det_iface);
+    if ((o->ckpt_dir && !ctx->ckpt_dir) || (o->event_log && !ctx->event_log) ||
+        (o->det_iface && !ctx->det_iface)) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    ctx->opt.ckpt_dir = ctx->ckpt_dir;
+    ctx->opt.event_log = ctx->event_log;
+    ctx->opt.det_iface = ctx->det_iface;
+    ctx->comm = MPI_COMM_NULL;
+
+    MPI_Initialized(&flag);
+    if (!flag) {
+        int provided = 0;
+        mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        if (mrc != MPI_SUCCESS) {
+            rc = rec_mpi_fail(mrc, "rk_init: MPI_Init_thread");
+            goto out_free;
+        }
+        ctx->mpi_owned = true;
+        if (provided < MPI_THREAD_SERIALIZED)
+            RK_LOG_WARN(RK_SUB_REC, "MPI provides thread level %d < SERIALIZED: call Rekindle from one thread only", provided);
+    }
+    if ((mrc = MPI_Comm_dup(MPI_COMM_WORLD, &ctx->comm)) != MPI_SUCCESS) {
+        rc = rec_mpi_fail(mrc, "rk_init: MPI_Comm_dup");
+        goto out_mpi;
+    }
+    /* A dead peer must surface as an error code, never abort the survivors. */
+    MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(ctx->comm, &ctx->rank0);
+    MPI_Comm_size(ctx->comm, &ctx->world0);
+    ctx->rank = ctx->rank0;
+    ctx->world = ctx->world0;
+    rk__log_set_rank(ctx->rank0);
+    if (ctx->world < ctx->opt.min_world) {
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MIN_WORLD,
+                      "rk_init: world size %d is below RK_MIN_WORLD=%d", ctx->world, ctx->opt.min_world);
+        goto out_comm;
+    }
+    if ((rc = rk__evlog_open(&ctx->ev, ctx->event_log, ctx->rank0)) != 0)
+        goto out_comm;
+    if ((rc = rec_det_open(ctx)) != 0)
+        goto out_evlog;
+    if ((rc = rec_ring_open(ctx)) != 0)
+        goto out_det;
+    if ((rc = rec_ckpt_open(ctx)) != 0)
+        goto out_ring;
+    *out = ctx;
+    return 0;
+
+out_ring:
+    rec_ring_close(ctx);
+out_det:
+    rec_det_close(ctx);
+out_evlog:
+    rk__evlog_close(&ctx->ev);
+out_comm:
+    MPI_Comm_free(&ctx->comm);
+out_mpi:
+    if (ctx->mpi_owned)
+        MPI_Finalize();
+out_free:
+    free(ctx->ckpt_dir);
+    free(ctx->event_log);
+    free(ctx->det_iface);
+    free(ctx);
+    return rc;
+}
+
+int rk_finalize(rk_ctx **pctx)
+{
+    if (!pctx || !*pctx)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_finalize: ctx is NULL");
+    rk_ctx *ctx = *pctx;
+    int rc = rec_ckpt_close(ctx);
+    rec_ring_close(ctx);
+    rec_det_close(ctx);
+    rk__evlog_close(&ctx->ev);
+    if (ctx->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&ctx->comm);
+    if (ctx->mpi_owned) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized)
+            MPI_Finalize();
+    }
+    free(ctx->ckpt_dir);
+    free(ctx->event_log);
+    free(ctx->det_iface);
+    free(ctx);
+    *pctx = NULL;
+    return rc;
+}
+
+int rk_step_done(rk_ctx *ctx, int64_t step)
+{
+    if (!ctx)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_step_done: ctx is NULL");
+    if (step < 0)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_step_done: step %lld is negative",
+                        (long long)step);
+    ctx->next_step = step + 1;
+    return rec_ckpt_step_done(ctx, step);
+}
+
+int64_t rk_next_step(const rk_ctx *ctx)
+{
+    return ctx ? ctx->next_step : 0;
+}
+
+int rk_rank(const rk_ctx *ctx)
+{
+    return ctx ? ctx->rank : -EINVAL;
+}
+
+int rk_world(const rk_ctx *ctx)
+{
+    return ctx ? ctx->world : -EINVAL;
+}

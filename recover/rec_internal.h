@@ -1,0 +1,53 @@
+/*
+ * recover/rec_internal.h - the rk_ctx behind the public API, and the seams through which
+ * each part plugs into it. Private to recover/.
+ *
+ * Each part has one glue file here that owns its hooks and its public functions:
+ *   api_ckpt.c  - checkpoint engine: rk_register, rk_resume, rk_checkpoint, rk_wait,
+ *                 rec_ckpt_open/close/step_done
+ *   api_det.c   - failure detector: rec_det_open/close
+ *   api_ring.c  - allreduce ring:   rk_allreduce, rec_ring_open/close
+ * api.c holds what is common: rk_init, rk_finalize, rk_step_done, rk_rank/world/next_step.
+ */
+#ifndef RK_REC_INTERNAL_H
+#define RK_REC_INTERNAL_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../common/common.h"
+
+struct ckpt_engine;
+struct det;
+struct ring;
+
+struct rk_ctx {
+    rk_options opt;       /* validated copy; its strings point into the owned copies below */
+    char *ckpt_dir, *event_log, *det_iface;
+    int rank0;            /* rank at start: event-log file name, log prefix */
+    int world0;           /* world size at start */
+    int rank, world;      /* current, renumbered densely after a shrink */
+    int64_t next_step;
+    bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
+    MPI_Comm comm;        /* duplicate of MPI_COMM_WORLD, errors returned not fatal */
+    rk__evlog *ev;
+    struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
+    struct det *det;          /* NULL: detector not running */
+    struct ring *ring;        /* NULL: ring not built */
+};
+
+/* Hooks; each returns 0 or a negative code, and *_close undoes *_open (safe on a ctx
+   whose open failed or never ran). */
+int rec_ckpt_open(rk_ctx *ctx);
+int rec_ckpt_close(rk_ctx *ctx);
+int rec_ckpt_step_done(rk_ctx *ctx, int64_t step);
+int rec_det_open(rk_ctx *ctx);
+void rec_det_close(rk_ctx *ctx);
+int rec_ring_open(rk_ctx *ctx);
+void rec_ring_close(rk_ctx *ctx);
+
+/* Translate an MPI error code, log it once, set rk_last_error. */
+int rec_mpi_fail(int mpi_rc, const char *what);
+
+#endif

@@ -1,0 +1,56 @@
+/*
+ * tests/harness.h - what every Check suite shares: a main() that runs the suite with
+ * CK_FORK on, and helpers for integration tests that start real processes and mpirun
+ * jobs with a bound on their time.
+ *
+ * Environment set by tests/run: RK_TEST_BUILD (the build directory: bin/, lib/ ...),
+ * RK_TEST_TMP (a scratch directory removed after the run).
+ * A suite whose requirement is missing (a GPU) calls th_skip_suite(): exit 77, which
+ * tests/run reports as SKIP, never PASS.
+ */
+#ifndef RK_TEST_HARNESS_H
+#define RK_TEST_HARNESS_H
+
+#include <check.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Runs the suite (CK_FORK unless CK_FORK=no for debugging), prints Check's summary line,
+   returns the process exit status (0: every test passed). */
+int th_main(Suite *s);
+
+/* Exits the suite's process with status 77 after printing "SKIP: <why>". */
+void th_skip_suite(const char *why) __attribute__((noreturn));
+
+/* "<build>/bin/<name>" (static storage per call site is not needed: returns malloc'd). */
+char *th_bin(const char *name);
+/* A new empty directory under RK_TEST_TMP (or /tmp); malloc'd path. */
+char *th_tmpdir(const char *tag);
+/* rm -rf path; 0 or -errno. */
+int th_rmrf(const char *path);
+/* Whole file into a NUL-terminated malloc'd buffer; NULL if unreadable. */
+char *th_read_file(const char *path, size_t *len);
+int th_write_file(const char *path, const void *data, size_t len);
+
+/* Runs argv (argv[0] searched in PATH) in its own process group with stdout+stderr
+   captured into *out (malloc'd, NUL-terminated; out may be NULL to discard). The whole
+   group is killed if it outlives timeout_s. Returns the exit status 0..255, 128+signal
+   if killed by a signal, or -1 if it timed out (or could not start). */
+int th_run(char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
+/* th_run of /bin/sh -c cmd. */
+int th_sh(const char *cmd, int timeout_s, char **out);
+/* mpirun -n N --oversubscribe --allow-run-as-root --mca btl self,vader,tcp ... argv. */
+int th_mpirun(int n, char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
+
+/* Whether a CUDA GPU is usable; why gets the reason when not. */
+bool th_have_gpu(char *why, size_t cap);
+
+/* Asserts with both sides shown. */
+#define th_assert_rc(expr, want)                                                          \
+    do {                                                                                  \
+        int th_got_ = (expr), th_want_ = (want);                                          \
+        ck_assert_msg(th_got_ == th_want_, "%s = %d (%s), want %d (%s)", #expr, th_got_,  \
+                      rk_strerror(th_got_), th_want_, rk_strerror(th_want_));             \
+    } while (0)
+
+#endif
