@@ -105,8 +105,11 @@ void rk_options_init(rk_options *o);
 int rk_init(rk_ctx **ctx, const rk_options *o);
 
 /* flags 0: a host tensor with the same value on every rank (data parallel).
-   name is the tensor's path in the checkpoint ('/' makes HDF5 groups).
-   [not available yet: checkpoint engine] */
+   name is the tensor's path in the checkpoint ('/' makes HDF5 groups): non-empty, at most
+   255 bytes, no leading or trailing '/', no empty, '.' or '..' component, no control
+   characters, and not a group of another tensor ("a" and "a/b" cannot both exist).
+   ndim 0..8 (0: a scalar); ptr may be NULL only for a tensor of zero bytes.
+   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, -EINVAL (flags, ndim, shape, NULL). */
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags);
 
@@ -117,7 +120,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step);
 
 /* In place over the current ring. RK_RECOVERED: a member was lost, the ring was
    rebuilt and registered state rolled back: continue from rk_next_step().
-   [not available yet: allreduce ring] */
+   [not available yet for world > 1: allreduce ring; exact for a world of one] */
 int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op);
 
 /* Step `step` (counted from 0) is finished: the registered state is now that at the

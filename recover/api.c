@@ -122,6 +122,7 @@ int rk_finalize(rk_ctx **pctx)
     rec_ring_close(ctx);
     rec_det_close(ctx);
     rk__evlog_close(&ctx->ev);
+    rec_registry_free(ctx);
     if (ctx->comm != MPI_COMM_NULL)
         MPI_Comm_free(&ctx->comm);
     if (ctx->mpi_owned) {

@@ -1,7 +1,8 @@
 /*
  * recover/api_ckpt.c - the checkpoint engine's seam into the API.
- * The checkpoint engine (ckpt/, formats/) is not built yet: every function that needs it
- * returns RK_E_NOTAVAIL with a message saying so. Without RK_CKPT_DIR nothing needs it.
+ * rk_register keeps the registry (recover/registry.c). The checkpoint engine (ckpt/,
+ * formats/) is not built yet: every function that needs it returns RK_E_NOTAVAIL with a
+ * message saying so. Without RK_CKPT_DIR nothing needs it.
  */
 #include "rec_internal.h"
 
@@ -34,8 +35,8 @@ int rec_ckpt_step_done(rk_ctx *ctx, int64_t step)
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags)
 {
-    (void)ctx, (void)name, (void)ptr, (void)dtype, (void)ndim, (void)shape, (void)flags;
-    return notavail("rk_register");
+    /* The registry is kept even without checkpoints: rk_resume and recovery use it. */
+    return rec_registry_add(ctx, name, ptr, dtype, ndim, shape, flags);
 }
 
 int rk_resume(rk_ctx *ctx, int64_t *next_step)

@@ -18,6 +18,20 @@
 
 #include "../common/common.h"
 
+#define REC_MAX_DIMS 8
+#define REC_MAX_NAME 255
+
+/* A registered tensor (rk_register). The buffer stays the caller's. */
+struct rec_tensor {
+    char *name;           /* validated path, owned copy */
+    void *ptr;            /* the caller's buffer (NULL only when nbytes == 0) */
+    rk_dtype dtype;
+    int ndim;             /* 0: a scalar */
+    int64_t shape[REC_MAX_DIMS];
+    size_t nbytes;
+    unsigned flags;
+};
+
 struct ckpt_engine;
 struct det;
 struct ring;
@@ -29,6 +43,8 @@ struct rk_ctx {
     int world0;           /* world size at start */
     int rank, world;      /* current, renumbered densely after a shrink */
     int64_t next_step;
+    struct rec_tensor *tensors; /* registration order */
+    size_t ntensors, cap_tensors;
     bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
     MPI_Comm comm;        /* duplicate of MPI_COMM_WORLD, errors returned not fatal */
     rk__evlog *ev;
@@ -46,6 +62,14 @@ int rec_det_open(rk_ctx *ctx);
 void rec_det_close(rk_ctx *ctx);
 int rec_ring_open(rk_ctx *ctx);
 void rec_ring_close(rk_ctx *ctx);
+
+/* The registry (recover/registry.c). rec_registry_add validates everything and names
+   what is wrong; rec_registry_free releases the copies, never the caller's buffers. */
+int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
+                     const int64_t *shape, unsigned flags);
+void rec_registry_free(rk_ctx *ctx);
+/* Whether name can be a tensor's path in the checkpoint; why says what is wrong. */
+bool rec_name_valid(const char *name, const char **why);
 
 /* Translate an MPI error code, log it once, set rk_last_error. */
 int rec_mpi_fail(int mpi_rc, const char *what);
