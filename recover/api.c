@@ -146,6 +146,9 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     if (step < 0)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_step_done: step %lld is negative",
                         (long long)step);
+    int rc = rec_det_status(ctx);
+    if (rc != 0)
+        return rc;
     ctx->next_step = step + 1;
     return rec_ckpt_step_done(ctx, step);
 }

@@ -16,3 +16,9 @@ void rec_det_close(rk_ctx *ctx)
 {
     (void)ctx;
 }
+
+int rec_det_status(rk_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}

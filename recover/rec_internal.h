@@ -60,6 +60,10 @@ int rec_ckpt_close(rk_ctx *ctx);
 int rec_ckpt_step_done(rk_ctx *ctx, int64_t step);
 int rec_det_open(rk_ctx *ctx);
 void rec_det_close(rk_ctx *ctx);
+/* 0 while this worker is a member; RK_E_FENCED once the others declared it dead (it must
+   then stop: every API call returns this). Cheap: called at the top of rk_step_done and
+   rk_allreduce. */
+int rec_det_status(rk_ctx *ctx);
 int rec_ring_open(rk_ctx *ctx);
 void rec_ring_close(rk_ctx *ctx);
 
