@@ -151,10 +151,10 @@ build-tests: all $(TEST_BIN) $(PROG_BIN) $(BENCH_BIN)
 
 check: deps
 	@$(MAKE) --no-print-directory build-tests
-	@tests/run $(BUILD)
+	@RK_TEST_SANITIZE=$(SANITIZE) tests/run $(BUILD)
 
 check-%: all $(PROG_BIN) $(BUILD)/tests/test_%
-	@tests/run $(BUILD) $*
+	@RK_TEST_SANITIZE=$(SANITIZE) tests/run $(BUILD) $*
 
 demo: deps
 	@$(MAKE) --no-print-directory all

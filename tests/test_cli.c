@@ -1,0 +1,109 @@
+/*
+ * tests/test_cli.c - the `rekindle` entry point (exit codes of contract section 4:
+ * 0 ok, 1 bad thing found, 2 usage/environment) and the installed library: `make install`
+ * then a small program built with `pkg-config --cflags --libs rekindle` compiles, links, runs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "harness.h"
+
+static int cli(const char *args, char **out)
+{
+    char *bin = th_bin("rekindle");
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s %s", bin, args);
+    free(bin);
+    return th_sh(cmd, 30, out);
+}
+
+START_TEST(help_and_version)
+{
+    char *out = NULL;
+    th_assert_rc(cli("--help", &out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: rekindle <command>"));
+    for (const char *const *c = (const char *const[]){"ls", "verify", "inspect", "restore", "gc", "run", NULL}; *c; c++) {
+        char want[32];
+        snprintf(want, sizeof(want), "\n  %s ", *c);
+        ck_assert_msg(strstr(out, want) != NULL, "--help does not list '%s'", *c);
+    }
+    free(out);
+    th_assert_rc(cli("--version", &out), 0);
+    char want[64];
+    snprintf(want, sizeof(want), "rekindle %s\n", REKINDLE_VERSION_STRING);
+    ck_assert_str_eq(out, want);
+    free(out);
+}
+END_TEST
+
+START_TEST(usage_errors_exit_2)
+{
+    char *out = NULL;
+    th_assert_rc(cli("", &out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "usage:"));
+    free(out);
+    th_assert_rc(cli("frobnicate", &out), 2);
+    ck_assert_str_eq(out, "rekindle: unknown command 'frobnicate' (see rekindle --help)\n");
+    free(out);
+}
+END_TEST
+
+static int sh_ok(const char *cmd, char **out)
+{
+    int rc = th_sh(cmd, 300, out);
+    if (rc != 0)
+        fprintf(stderr, "command failed (%d): %s\n%s\n", rc, cmd, *out ? *out : "");
+    return rc;
+}
+
+START_TEST(install_and_pkg_config)
+{
+    const char *src = getenv("RK_TEST_SRC"), *build = getenv("RK_TEST_BUILD");
+    const char *san = getenv("RK_TEST_SANITIZE");
+    bool sanitized = san && strcmp(san, "1") == 0;
+    char *dir = th_tmpdir("install");
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "make -s -C %s BUILD=%s SANITIZE=%d install PREFIX=%s/prefix", src, build,
+             sanitized, dir);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    free(out);
+    /* The three-line program of the README, compiled only with what pkg-config says. */
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && printf '%%s\\n' '#include <rekindle.h>' '#include <stdio.h>' "
+             "'int main(void) { printf(\"%%s %%s\\\\n\", rk_version(), rk_strerror(RK_E_NOTAVAIL)); return 0; }' > hello.c && "
+             "export PKG_CONFIG_PATH=%s/prefix/lib/pkgconfig && "
+             "cc %s hello.c -o hello $(pkg-config --cflags --libs rekindle) && ./hello",
+             dir, dir, sanitized ? "-fsanitize=address,undefined" : "");
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    ck_assert_msg(strstr(out, REKINDLE_VERSION_STRING " not available") == out, "program printed: %s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "test -x %s/prefix/bin/rekindle && test -f %s/prefix/include/rekindle.h && "
+                               "test -f %s/prefix/lib/librekindle.a", dir, dir, dir);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+static Suite *cli_suite(void)
+{
+    Suite *s = suite_create("cli");
+    TCase *tc = tcase_create("entry");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, help_and_version);
+    tcase_add_test(tc, usage_errors_exit_2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("install");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, install_and_pkg_config);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return th_main(cli_suite());
+}
