@@ -1,0 +1,501 @@
+/*
+ * examples/rk-train.c - the example trainer: a data-parallel multi-layer perceptron
+ * trained with Adam on a deterministic synthetic regression task, written against the
+ * public API (include/rekindle.h) only.
+ *
+ *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S]
+ *
+ * The task: inputs x in [-1,1)^IN_DIM come from a counter-based generator keyed by
+ * (seed, step, sample index), so any rank can produce any sample of any step; targets
+ * are y = teacher(x), a fixed random one-hidden-layer ReLU network (the same for every
+ * seed). The student has L linear layers (ReLU between them): IN_DIM -> H -> ... -> OUT_DIM,
+ * trained on the mean squared error.
+ *
+ * Data parallelism: the global batch of a step is B samples whatever the world size;
+ * rank r of W computes samples [r*B/W, (r+1)*B/W), sums their gradients (and losses)
+ * into one flat f32 buffer, allreduces it with RK_SUM and divides by B. Every rank then
+ * applies the same Adam update to the same state, so the replicas stay bitwise equal.
+ *
+ * Everything that determines the future is registered with rk_register, in this order:
+ * per layer l "model/layer<l>/w" and "model/layer<l>/b"; then per layer
+ * "optim/layer<l>/{w,b}/m" and ".../v" (Adam's moments); then "optim/t" (Adam's step
+ * counter, i64). The final hash is XXH64 (seed 0) of their bytes in that order.
+ *
+ * Checkpoints: with RK_CKPT_DIR unset there are none, rk_resume and rk_wait are not
+ * called, and a run starts at step 0. With RK_CKPT_DIR set the run resumes from the
+ * latest consistent checkpoint (rk_resume) and waits for its checkpoints at the end.
+ *
+ * Exit status: 0 done, 1 a Rekindle call failed (message on stderr), 2 bad arguments.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
+#include <xxhash.h>
+
+#include "rekindle.h"
+
+enum { IN_DIM = 16, OUT_DIM = 4, TEACHER_HIDDEN = 32, MAX_LAYERS = 16, MAX_HIDDEN = 4096 };
+/* The teacher's key is fixed: the task is the same for every --seed. */
+static const uint64_t teacher_seed = 0x72656b696e646c65ull; /* "rekindle" */
+
+static const float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.999f, adam_eps = 1e-8f;
+
+struct args {
+    int64_t steps;
+    int hidden, layers, batch;
+    uint64_t seed;
+};
+
+/* One linear layer's place in the flat parameter vector. */
+struct layer {
+    int in, out;
+    size_t w, b; /* offsets (in floats) of the weights [out][in] and the biases [out] */
+};
+
+struct model {
+    int nl;
+    struct layer l[MAX_LAYERS];
+    size_t nparam; /* floats in params, grads (plus one: the loss), m, v */
+    int widest;
+    float *params, *grads, *m, *v;
+    int64_t t; /* Adam's step counter */
+    float *act; /* per-layer activations of one sample: (nl+1) * widest */
+    float *delta, *delta2;
+    float teacher_w1[TEACHER_HIDDEN][IN_DIM], teacher_b1[TEACHER_HIDDEN];
+    float teacher_w2[OUT_DIM][TEACHER_HIDDEN];
+    /* registration order, for the hash */
+    int ntensor;
+    struct {
+        const void *ptr;
+        size_t bytes;
+    } tensor[MAX_LAYERS * 6 + 1];
+};
+
+/* ---- counter-based random numbers ---------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* A uniform float in [-1, 1) from the key (a, b, c, d): exact, no libm. */
+static float urand(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+    uint64_t h = splitmix64(splitmix64(splitmix64(splitmix64(a) ^ b) ^ c) ^ d);
+    return (float)(int32_t)(h >> 32) * (1.0f / 2147483648.0f);
+}
+
+/* ---- the task ------------------------------------------------------------------------ */
+
+static void teacher_init(struct model *md)
+{
+    for (int j = 0; j < TEACHER_HIDDEN; j++) {
+        for (int i = 0; i < IN_DIM; i++)
+            md->teacher_w1[j][i] = urand(teacher_seed, 1, (uint64_t)j, (uint64_t)i) * 0.6f;
+        md->teacher_b1[j] = urand(teacher_seed, 2, (uint64_t)j, 0) * 0.3f;
+    }
+    for (int k = 0; k < OUT_DIM; k++)
+        for (int j = 0; j < TEACHER_HIDDEN; j++)
+            md->teacher_w2[k][j] = urand(teacher_seed, 3, (uint64_t)k, (uint64_t)j) * 0.4f;
+}
+
+static void sample(const struct model *md, uint64_t seed, int64_t step, int idx, float *x, float *y)
+{
+    for (int i = 0; i < IN_DIM; i++)
+        x[i] = urand(seed, (uint64_t)step, (uint64_t)idx, (uint64_t)i);
+    float h[TEACHER_HIDDEN];
+    for (int j = 0; j < TEACHER_HIDDEN; j++) {
+        float s = md->teacher_b1[j];
+        for (int i = 0; i < IN_DIM; i++)
+            s += md->teacher_w1[j][i] * x[i];
+        h[j] = s > 0 ? s : 0;
+    }
+    for (int k = 0; k < OUT_DIM; k++) {
+        float s = 0;
+        for (int j = 0; j < TEACHER_HIDDEN; j++)
+            s += md->teacher_w2[k][j] * h[j];
+        y[k] = s;
+    }
+}
+
+/* ---- the model ------------------------------------------------------------------------ */
+
+static int model_create(struct model *md, const struct args *a)
+{
+    memset(md, 0, sizeof(*md));
+    md->nl = a->layers;
+    md->widest = a->hidden > IN_DIM ? a->hidden : IN_DIM;
+    size_t off = 0;
+    for (int l = 0; l < md->nl; l++) {
+        struct layer *L = &md->l[l];
+        L->in = l == 0 ? IN_DIM : a->hidden;
+        L->out = l == md->nl - 1 ? OUT_DIM : a->hidden;
+        L->w = off;
+        off += (size_t)L->in * (size_t)L->out;
+        L->b = off;
+        off += (size_t)L->out;
+    }
+    md->nparam = off;
+    md->params = calloc(off, sizeof(float));
+    md->grads = calloc(off + 1, sizeof(float));
+    md->m = calloc(off, sizeof(float));
+    md->v = calloc(off, sizeof(float));
+    md->act = calloc((size_t)(md->nl + 1) * (size_t)md->widest, sizeof(float));
+    md->delta = calloc((size_t)md->widest, sizeof(float));
+    md->delta2 = calloc((size_t)md->widest, sizeof(float));
+    if (!md->params || !md->grads || !md->m || !md->v || !md->act || !md->delta || !md->delta2)
+        return -ENOMEM;
+    /* Uniform (Glorot) initialisation from the seed; biases start at zero. */
+    for (int l = 0; l < md->nl; l++) {
+        const struct layer *L = &md->l[l];
+        float scale = sqrtf(6.0f / (float)(L->in + L->out)); /* IEEE: correctly rounded */
+        size_t n = (size_t)L->in * (size_t)L->out;
+        for (size_t i = 0; i < n; i++)
+            md->params[L->w + i] = urand(a->seed, 0xffffffffull, (uint64_t)l, i) * scale;
+    }
+    teacher_init(md);
+    return 0;
+}
+
+static void model_destroy(struct model *md)
+{
+    free(md->params);
+    free(md->grads);
+    free(md->m);
+    free(md->v);
+    free(md->act);
+    free(md->delta);
+    free(md->delta2);
+}
+
+/* Registers one tensor of ndim 0..2 (dims rows, cols) and remembers it for the hash;
+   on failure, `what` names it. */
+static int reg(rk_ctx *ctx, struct model *md, char *what, size_t cap, void *ptr, rk_dtype dt, size_t esize,
+               int ndim, int64_t rows, int64_t cols)
+{
+    int64_t shape[2] = {rows, cols};
+    int rc = rk_register(ctx, what, ptr, dt, ndim, shape, 0);
+    if (rc != 0) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s", what);
+        snprintf(what, cap, "rk_register %s", name);
+        return rc;
+    }
+    size_t elems = ndim == 0 ? 1 : ndim == 1 ? (size_t)rows : (size_t)rows * (size_t)cols;
+    md->tensor[md->ntensor].ptr = ptr;
+    md->tensor[md->ntensor].bytes = elems * esize;
+    md->ntensor++;
+    return 0;
+}
+
+/* Registers the state in the documented order; on failure `what` names the call. */
+static int model_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
+{
+    static const char *const part[2] = {"w", "b"};
+    int rc = 0;
+    for (int l = 0; l < md->nl && rc == 0; l++) {
+        const struct layer *L = &md->l[l];
+        snprintf(what, cap, "model/layer%d/w", l);
+        rc = reg(ctx, md, what, cap, md->params + L->w, RK_F32, sizeof(float), 2, L->out, L->in);
+        if (rc == 0) {
+            snprintf(what, cap, "model/layer%d/b", l);
+            rc = reg(ctx, md, what, cap, md->params + L->b, RK_F32, sizeof(float), 1, L->out, 0);
+        }
+    }
+    for (int l = 0; l < md->nl && rc == 0; l++) {
+        const struct layer *L = &md->l[l];
+        for (int p = 0; p < 2 && rc == 0; p++) {
+            size_t off = p == 0 ? L->w : L->b;
+            float *mv[2] = {md->m + off, md->v + off};
+            for (int k = 0; k < 2 && rc == 0; k++) {
+                snprintf(what, cap, "optim/layer%d/%s/%c", l, part[p], k == 0 ? 'm' : 'v');
+                rc = reg(ctx, md, what, cap, mv[k], RK_F32, sizeof(float), 2 - p, L->out, L->in);
+            }
+        }
+    }
+    if (rc == 0) {
+        snprintf(what, cap, "optim/t");
+        rc = reg(ctx, md, what, cap, &md->t, RK_I64, sizeof(md->t), 0, 0, 0);
+    }
+    return rc;
+}
+
+/* Forward and backward pass of one sample; adds its gradient into md->grads and returns
+   its squared error summed over the outputs. */
+static float sample_grad(struct model *md, const float *x, const float *y)
+{
+    int W = md->widest;
+    memcpy(md->act, x, IN_DIM * sizeof(float));
+    for (int l = 0; l < md->nl; l++) {
+        const struct layer *L = &md->l[l];
+        const float *in = md->act + (size_t)l * W, *w = md->params + L->w, *b = md->params + L->b;
+        float *out = md->act + (size_t)(l + 1) * W;
+        bool relu = l < md->nl - 1;
+        for (int o = 0; o < L->out; o++) {
+            const float *wr = w + (size_t)o * L->in;
+            float s = b[o];
+            for (int i = 0; i < L->in; i++)
+                s += wr[i] * in[i];
+            out[o] = relu && s < 0 ? 0 : s;
+        }
+    }
+    /* loss = sum_k (out_k - y_k)^2 ; dloss/dout_k = 2 (out_k - y_k) */
+    const float *pred = md->act + (size_t)md->nl * W;
+    float loss = 0;
+    for (int k = 0; k < OUT_DIM; k++) {
+        float d = pred[k] - y[k];
+        loss += d * d;
+        md->delta[k] = 2 * d;
+    }
+    for (int l = md->nl - 1; l >= 0; l--) {
+        const struct layer *L = &md->l[l];
+        const float *in = md->act + (size_t)l * W, *w = md->params + L->w;
+        float *gw = md->grads + L->w, *gb = md->grads + L->b;
+        for (int o = 0; o < L->out; o++) {
+            float d = md->delta[o];
+            gb[o] += d;
+            float *gr = gw + (size_t)o * L->in;
+            for (int i = 0; i < L->in; i++)
+                gr[i] += d * in[i];
+        }
+        if (l == 0)
+            break;
+        /* delta for the layer below, through its ReLU (in > 0 where it was active) */
+        for (int i = 0; i < L->in; i++)
+            md->delta2[i] = 0;
+        for (int o = 0; o < L->out; o++) {
+            const float *wr = w + (size_t)o * L->in;
+            float d = md->delta[o];
+            for (int i = 0; i < L->in; i++)
+                md->delta2[i] += wr[i] * d;
+        }
+        for (int i = 0; i < L->in; i++)
+            md->delta[i] = in[i] > 0 ? md->delta2[i] : 0;
+    }
+    return loss;
+}
+
+/* beta^t by squaring, in double: exact enough and the same everywhere (no libm). */
+static double pow_i64(double beta, int64_t t)
+{
+    double r = 1.0;
+    for (; t > 0; t >>= 1, beta *= beta)
+        if (t & 1)
+            r *= beta;
+    return r;
+}
+
+static void adam_update(struct model *md, float inv_batch)
+{
+    md->t++;
+    float c1 = (float)(1.0 - pow_i64(beta1, md->t)), c2 = (float)(1.0 - pow_i64(beta2, md->t));
+    for (size_t i = 0; i < md->nparam; i++) {
+        float g = md->grads[i] * inv_batch;
+        md->m[i] = beta1 * md->m[i] + (1 - beta1) * g;
+        md->v[i] = beta2 * md->v[i] + (1 - beta2) * g * g;
+        float mh = md->m[i] / c1, vh = md->v[i] / c2;
+        md->params[i] -= lr * mh / (sqrtf(vh) + adam_eps);
+    }
+}
+
+static uint64_t state_hash(const struct model *md)
+{
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    for (int i = 0; i < md->ntensor; i++)
+        XXH64_update(&st, md->tensor[i].ptr, md->tensor[i].bytes);
+    return XXH64_digest(&st);
+}
+
+/* ---- command line --------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S]\n"
+            "       rk-train --help\n\n"
+            "Trains a multi-layer perceptron (L linear layers, ReLU between them, %d inputs,\n"
+            "H hidden units, %d outputs) with Adam on a deterministic synthetic regression\n"
+            "task, data parallel over the job's workers through Rekindle.\n\n"
+            "  --steps N    steps to train (the run ends after step N-1)      (required)\n"
+            "  --hidden H   hidden units per layer, 1..%d                   (default 64)\n"
+            "  --layers L   linear layers, 1..%d                              (default 3)\n"
+            "  --batch B    global batch: samples per step over all workers   (default 64)\n"
+            "  --seed S     seed of the initial weights and of the data       (default 1)\n\n"
+            "Output: rank 0 prints 'step S loss L world W' after each step (L: the global\n"
+            "mean squared error of the step's batch before the update); every rank prints\n"
+            "'final step=N world=W hash=H' at the end, H being XXH64 of every registered\n"
+            "tensor's bytes. Same checkpoint, world size and arguments: the same bits.\n\n"
+            "Checkpoints come from the RK_* environment (RK_CKPT_DIR, RK_CKPT_EVERY, RK_KEEP,\n"
+            "...). With RK_CKPT_DIR set the run resumes from the latest checkpoint there;\n"
+            "unset, it starts from step 0 and writes none.\n"
+            "Run it on several workers with: rekindle run -n W -- rk-train --steps N\n\n"
+            "exit status: 0 done, 1 a Rekindle call failed, 2 bad arguments.\n",
+            IN_DIM, OUT_DIM, MAX_HIDDEN, MAX_LAYERS);
+}
+
+static int parse_num(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = s ? strtoll(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "rk-train: %s '%s': want an integer in %" PRId64 "..%" PRId64 " (see --help)\n",
+                opt, s ? s : "", lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* 0 parsed, 1 --help shown, -1 bad arguments (message printed). */
+static int parse_args(int argc, char **argv, struct args *a)
+{
+    *a = (struct args){.steps = -1, .hidden = 64, .layers = 3, .batch = 64, .seed = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        }
+        static const struct {
+            const char *name;
+            int64_t lo, hi;
+        } opts[] = {{"--steps", 0, INT64_MAX / 2}, {"--hidden", 1, MAX_HIDDEN}, {"--layers", 1, MAX_LAYERS},
+                    {"--batch", 1, 1 << 24},       {"--seed", 0, INT64_MAX}};
+        size_t k = 0;
+        while (k < sizeof(opts) / sizeof(opts[0]) && strcmp(o, opts[k].name) != 0)
+            k++;
+        if (k == sizeof(opts) / sizeof(opts[0])) {
+            fprintf(stderr, "rk-train: unknown argument '%s' (see --help)\n", o);
+            return -1;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "rk-train: %s needs a value (see --help)\n", o);
+            return -1;
+        }
+        int64_t v;
+        if (parse_num(o, argv[++i], opts[k].lo, opts[k].hi, &v) != 0)
+            return -1;
+        switch (k) {
+        case 0: a->steps = v; break;
+        case 1: a->hidden = (int)v; break;
+        case 2: a->layers = (int)v; break;
+        case 3: a->batch = (int)v; break;
+        default: a->seed = (uint64_t)v; break;
+        }
+    }
+    if (a->steps < 0) {
+        fprintf(stderr, "rk-train: --steps is required (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- training -------------------------------------------------------------------------- */
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "rk-train: %s: %s: %s\n", what, rk_strerror(rc), rk_last_error());
+    return rc;
+}
+
+/* One step's gradient over this rank's share of the global batch, allreduced.
+   Returns rk_allreduce's result (0, RK_RECOVERED or an error). */
+static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64_t step, float *loss)
+{
+    int r = rk_rank(ctx), W = rk_world(ctx);
+    int64_t lo = (int64_t)r * a->batch / W, hi = (int64_t)(r + 1) * a->batch / W;
+    memset(md->grads, 0, (md->nparam + 1) * sizeof(float));
+    float x[IN_DIM], y[OUT_DIM], lsum = 0;
+    for (int64_t s = lo; s < hi; s++) {
+        sample(md, a->seed, step, (int)s, x, y);
+        lsum += sample_grad(md, x, y);
+    }
+    md->grads[md->nparam] = lsum; /* the loss travels with the gradients: one allreduce */
+    int rc = rk_allreduce(ctx, md->grads, md->nparam + 1, RK_F32, RK_SUM);
+    *loss = md->grads[md->nparam] / (float)(a->batch * OUT_DIM);
+    return rc;
+}
+
+static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_on)
+{
+    int64_t step = 0;
+    int rc;
+    if (ckpt_on && (rc = rk_resume(ctx, &step)) != 0)
+        return fail("rk_resume", rc);
+    while (step < a->steps) {
+        float loss = 0;
+        rc = step_grads(ctx, md, a, step, &loss);
+        if (rc == RK_RECOVERED) {
+            step = rk_next_step(ctx);
+            continue;
+        }
+        if (rc != 0)
+            return fail("rk_allreduce", rc);
+        adam_update(md, 1.0f / (float)a->batch);
+        if (rk_rank(ctx) == 0) {
+            printf("step %" PRId64 " loss %.6g world %d\n", step, (double)loss, rk_world(ctx));
+            fflush(stdout);
+        }
+        rc = rk_step_done(ctx, step);
+        if (rc == RK_RECOVERED) {
+            step = rk_next_step(ctx);
+            continue;
+        }
+        if (rc != 0)
+            return fail("rk_step_done", rc);
+        step++;
+    }
+    if (ckpt_on && (rc = rk_wait(ctx)) != 0)
+        return fail("rk_wait", rc);
+    printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), state_hash(md));
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct args a;
+    int prc = parse_args(argc, argv, &a);
+    if (prc != 0)
+        return prc > 0 ? 0 : 2;
+
+    struct model md;
+    if (model_create(&md, &a) != 0) {
+        fprintf(stderr, "rk-train: out of memory for a model of %d layers of %d\n", a.layers, a.hidden);
+        model_destroy(&md);
+        return 1;
+    }
+    rk_options o;
+    rk_options_init(&o);
+    rk_ctx *ctx = NULL;
+    int status = 1, rc = rk_init(&ctx, &o);
+    if (rc != 0) {
+        fail("rk_init", rc);
+        goto out_model;
+    }
+    char what[96];
+    if ((rc = model_register(ctx, &md, what, sizeof(what))) != 0) {
+        fail(what, rc);
+        goto out_ctx;
+    }
+    if (train(ctx, &md, &a, o.ckpt_dir != NULL) == 0)
+        status = 0;
+out_ctx:
+    if ((rc = rk_finalize(&ctx)) != 0 && status == 0) {
+        fail("rk_finalize", rc);
+        status = 1;
+    }
+out_model:
+    model_destroy(&md);
+    return status;
+}
