@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "harness.h"
+#include "../recover/rec.h"
 
 static rk_ctx *ctx;
 
@@ -102,6 +103,87 @@ START_TEST(allreduce_checks_arguments)
 }
 END_TEST
 
+/* ---- the coordinator's decision (recover/coord.c, docs/PROTOCOL.md) --------------------- */
+
+static rec_report R(int rank0, int64_t next, int64_t held, int64_t committed)
+{
+    return (rec_report){.rank0 = rank0, .epoch = 1, .next_step = next, .held_step = held, .committed_step = committed};
+}
+
+static rec_decision dec;
+
+START_TEST(decide_I1_majority_required)
+{
+    int prev[] = {0, 1, 2, 3};
+    rec_report three[] = {R(3, 10, 8, 8), R(0, 10, 8, 8), R(2, 11, 8, 8)};
+    th_assert_rc(rec_decide(prev, 4, three, 3, 1, 7, &dec), 0);
+    rec_report two_with_lowest[] = {R(0, 10, 8, 8), R(1, 10, 8, 8)};
+    th_assert_rc(rec_decide(prev, 4, two_with_lowest, 2, 1, 7, &dec), 0);
+    rec_report two_without_lowest[] = {R(2, 10, 8, 8), R(3, 10, 8, 8)};
+    th_assert_rc(rec_decide(prev, 4, two_without_lowest, 2, 1, 7, &dec), RK_E_NO_MAJORITY);
+    rec_report one[] = {R(0, 10, 8, 8)};
+    th_assert_rc(rec_decide(prev, 4, one, 1, 1, 7, &dec), RK_E_NO_MAJORITY);
+    /* a job of two survives losing its second worker, not its first */
+    int prev2[] = {5, 9};
+    th_assert_rc(rec_decide(prev2, 2, (rec_report[]){R(5, 3, 2, -1)}, 1, 1, 2, &dec), 0);
+    th_assert_rc(rec_decide(prev2, 2, (rec_report[]){R(9, 3, 2, -1)}, 1, 1, 2, &dec), RK_E_NO_MAJORITY);
+}
+END_TEST
+
+START_TEST(decide_I2_min_world)
+{
+    int prev[] = {0, 1, 2, 3, 4};
+    rec_report rep[] = {R(0, 5, 4, 4), R(1, 5, 4, 4), R(2, 5, 4, 4)};
+    th_assert_rc(rec_decide(prev, 5, rep, 3, 4, 2, &dec), RK_E_MIN_WORLD);
+    th_assert_rc(rec_decide(prev, 5, rep, 3, 3, 2, &dec), 0);
+}
+END_TEST
+
+START_TEST(decide_I5_memory_first_I6_dense_order)
+{
+    int prev[] = {0, 1, 2, 3};
+    /* rank 2 holds the newest snapshot (12); the others still hold 8; newest commit is 8 */
+    rec_report rep[] = {R(3, 13, 8, 8), R(2, 13, 12, 8), R(1, 12, 8, 8)};
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 9, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 12);
+    ck_assert_int_eq(dec.root, 2);
+    ck_assert_int_eq(dec.steps_lost, 1);
+    ck_assert_int_eq(dec.nmembers, 3);
+    ck_assert_int_eq(dec.members[0], 1);
+    ck_assert_int_eq(dec.members[1], 2);
+    ck_assert_int_eq(dec.members[2], 3);
+    ck_assert_uint_eq(dec.epoch, 9);
+}
+END_TEST
+
+START_TEST(decide_I4_never_older_than_committed)
+{
+    int prev[] = {0, 1, 2};
+    /* survivors' memory holds 8, but a survivor knows step 12 was committed: disk */
+    rec_report rep[] = {R(0, 14, 8, 12), R(1, 14, -1, 8)};
+    th_assert_rc(rec_decide(prev, 3, rep, 2, 1, 3, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+    ck_assert_int_eq(dec.step, 12);
+    ck_assert_int_eq(dec.steps_lost, 2);
+    /* nothing held, nothing committed */
+    rec_report none[] = {R(0, 3, -1, -1), R(1, 3, -1, -1)};
+    th_assert_rc(rec_decide(prev, 3, none, 2, 1, 3, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_NOTHING);
+    ck_assert_int_eq(dec.step, 0);
+}
+END_TEST
+
+START_TEST(decide_rejects_malformed)
+{
+    int prev[] = {0, 1, 2};
+    th_assert_rc(rec_decide(prev, 3, (rec_report[]){R(7, 1, -1, -1)}, 1, 1, 1, &dec), -EINVAL);
+    th_assert_rc(rec_decide(prev, 3, (rec_report[]){R(1, 1, -1, -1), R(1, 1, -1, -1)}, 2, 1, 1, &dec), -EINVAL);
+    th_assert_rc(rec_decide(prev, 0, (rec_report[]){R(1, 1, -1, -1)}, 1, 1, 1, &dec), -EINVAL);
+    th_assert_rc(rec_decide(NULL, 3, (rec_report[]){R(1, 1, -1, -1)}, 1, 1, 1, &dec), -EINVAL);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
     Suite *s = suite_create("recover");
@@ -112,6 +194,14 @@ static Suite *recover_suite(void)
     tcase_add_loop_test(tc, register_rejects_bad_names, 0, (int)RK_ARRAY_LEN(bad_names));
     tcase_add_test(tc, register_rejects_bad_arguments);
     tcase_add_test(tc, allreduce_checks_arguments);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("decide");
+    tcase_add_test(tc, decide_I1_majority_required);
+    tcase_add_test(tc, decide_I2_min_world);
+    tcase_add_test(tc, decide_I5_memory_first_I6_dense_order);
+    tcase_add_test(tc, decide_I4_never_older_than_committed);
+    tcase_add_test(tc, decide_rejects_malformed);
     suite_add_tcase(s, tc);
     return s;
 }

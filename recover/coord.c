@@ -1,0 +1,87 @@
+/*
+ * recover/coord.c - the coordinator's decision rule (docs/PROTOCOL.md).
+ *
+ * Invariants (checked by tests/test_recover.c, named there by number):
+ *   I1 no split brain: continue only with a strict majority of the previous view, or
+ *      exactly half of it including its lowest rank.
+ *   I2 fewer survivors than min_world: stop (RK_E_MIN_WORLD), touch nothing.
+ *   I3 every member restores the same step.
+ *   I4 that step is never older than the newest committed checkpoint a survivor knows.
+ *   I5 memory first: the newest snapshot held by any survivor, if not older than the newest
+ *      commit; otherwise disk.
+ *   I6 new ranks are the survivors' ranks at start, ascending.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/common.h"
+#include "rec.h"
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int min_world,
+               uint64_t epoch, rec_decision *out)
+{
+    if (!prev || !rep || !out || nprev <= 0 || nprev > REC_MAX_WORLD || nrep < 0 || nrep > nprev)
+        return -EINVAL;
+    memset(out, 0, sizeof(*out));
+    out->epoch = epoch;
+    out->root = -1;
+
+    int lowest_prev = prev[0];
+    for (int i = 1; i < nprev; i++)
+        if (prev[i] < lowest_prev)
+            lowest_prev = prev[i];
+
+    /* Members: the reporters that belong to the previous view, each once (I6: sorted). */
+    int64_t newest_commit = -1, newest_held = -1, max_next = -1;
+    for (int i = 0; i < nrep; i++) {
+        bool in_prev = false, dup = false;
+        for (int j = 0; j < nprev; j++)
+            in_prev |= prev[j] == rep[i].rank0;
+        for (int j = 0; j < out->nmembers; j++)
+            dup |= out->members[j] == rep[i].rank0;
+        if (!in_prev || dup)
+            return -EINVAL;
+        out->members[out->nmembers++] = rep[i].rank0;
+        if (rep[i].committed_step > newest_commit)
+            newest_commit = rep[i].committed_step;
+        if (rep[i].held_step > newest_held)
+            newest_held = rep[i].held_step;
+        if (rep[i].next_step > max_next)
+            max_next = rep[i].next_step;
+    }
+    qsort(out->members, (size_t)out->nmembers, sizeof(int), cmp_int);
+
+    /* I1 */
+    bool has_lowest = out->nmembers > 0 && out->members[0] == lowest_prev;
+    if (!(2 * out->nmembers > nprev || (2 * out->nmembers == nprev && has_lowest)))
+        return RK_E_NO_MAJORITY;
+    /* I2 */
+    if (out->nmembers < min_world)
+        return RK_E_MIN_WORLD;
+
+    /* I3, I4, I5 */
+    if (newest_held >= 0 && newest_held >= newest_commit) {
+        out->source = REC_FROM_MEMORY;
+        out->step = newest_held;
+        for (int i = 0; i < nrep; i++)
+            if (rep[i].held_step == newest_held && (out->root < 0 || rep[i].rank0 < out->root))
+                out->root = rep[i].rank0;
+    } else if (newest_commit >= 0) {
+        out->source = REC_FROM_DISK;
+        out->step = newest_commit;
+    } else {
+        /* Nothing was ever saved: everyone starts again from step 0 with the state the
+           program initialised (the disk path finds no checkpoint). */
+        out->source = REC_FROM_NOTHING;
+        out->step = 0;
+    }
+    out->steps_lost = max_next > out->step ? max_next - out->step : 0;
+    return 0;
+}

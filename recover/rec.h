@@ -1,0 +1,42 @@
+/*
+ * recover/rec.h - the recovery coordinator's decision, the one header of recover/ that
+ * other folders (tests, chaos) may include. docs/PROTOCOL.md describes the protocol.
+ */
+#ifndef RK_REC_H
+#define RK_REC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define REC_MAX_WORLD 4096
+
+/* What one survivor tells the coordinator in a round of agreement. */
+typedef struct rec_report {
+    int rank0;              /* rank at start */
+    uint64_t epoch;         /* epoch of the survivor's view */
+    int64_t next_step;      /* rk_next_step() on that survivor */
+    int64_t held_step;      /* step of the complete snapshot in its memory, -1: none */
+    int64_t committed_step; /* newest committed checkpoint it knows of, -1: none */
+} rec_report;
+
+enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };
+
+/* What the coordinator decides; sent to every member. */
+typedef struct rec_decision {
+    uint64_t epoch;
+    int nmembers;
+    int members[REC_MAX_WORLD]; /* ranks at start, ascending: new rank i is members[i] */
+    int64_t step;               /* the step every member restores (I3) */
+    int source;                 /* enum rec_source */
+    int root;                   /* REC_FROM_MEMORY: the lowest member holding the snapshot */
+    int64_t steps_lost;         /* max next_step of the survivors minus step */
+} rec_decision;
+
+/* The decision rule (docs/PROTOCOL.md, I1..I6), a pure function: `prev` is the previous
+   view (ranks at start, any order, no duplicates), `rep` the survivors' reports (members
+   of prev, any order). Returns 0 and fills *out, or RK_E_NO_MAJORITY (I1),
+   RK_E_MIN_WORLD (I2), -EINVAL for malformed input. */
+int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int min_world,
+               uint64_t epoch, rec_decision *out);
+
+#endif
