@@ -115,7 +115,11 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
 
 /* Collective: restores the latest consistent checkpoint into the registered buffers
    and sets *next_step to the step to run next; 0 and nothing restored if none exists.
-   [not available yet: checkpoint engine] */
+   Every rank agrees on the newest committed checkpoint whose checksums verify on every
+   rank (older ones are tried when one fails: logged), and every rank restores every
+   tensor, whatever the world size that wrote it. RK_E_MISMATCH if that checkpoint holds
+   other tensors (names, dtypes, shapes) than the registered ones: no buffer is touched.
+   After another failure the buffers may hold part of a checkpoint. */
 int rk_resume(rk_ctx *ctx, int64_t *next_step);
 
 /* In place over the current ring. RK_RECOVERED: a member was lost, the ring was
@@ -131,12 +135,14 @@ int rk_step_done(rk_ctx *ctx, int64_t step);
 
 int64_t rk_next_step(const rk_ctx *ctx);
 
-/* Start a checkpoint of the current state now (async), labelled rk_next_step().
-   [not available yet: checkpoint engine] */
+/* Start a checkpoint of the current state now (async), labelled rk_next_step(): blocks
+   for the copy into staging only. If the previous checkpoint is still being written, waits
+   for it up to RK_TIMEOUT_MS, then skips this one (RK_E_BUSY). RK_E_STATE without a
+   checkpoint directory. */
 int rk_checkpoint(rk_ctx *ctx);
 
-/* Until every started checkpoint is committed or failed; returns the first failure.
-   [not available yet: checkpoint engine] */
+/* Until every started checkpoint is committed or failed; returns the first failure since
+   the last rk_wait (rk_last_error() and the event ckpt_failed say why), 0 if none. */
 int rk_wait(rk_ctx *ctx);
 
 int rk_rank(const rk_ctx *ctx);

@@ -1,0 +1,351 @@
+/*
+ * ckpt/ckpt.c - the asynchronous checkpoint engine: snapshot, hand-off to the background
+ * thread, waiting, and the engine's life cycle.
+ *
+ * Purpose: take a consistent copy of the registered tensors at a step boundary while
+ * blocking training only for a memcpy, and make it a committed, verifiable checkpoint
+ * (docs/FORMAT.md) without ever exposing a partial one.
+ *
+ * Invariants
+ *  I1  Nothing named step-<12 digits> exists before every shard of it is fsync'd, its
+ *      checksums are recorded in fsync'd manifests, index.h5 is fsync'd, and the rename
+ *      from the '.tmp-step-…' directory is followed by an fsync of the parent.
+ *  I2  Staging memory is one region, allocated at the first checkpoint and reused; its
+ *      size is this rank's share of the registered bytes (each tensor rounded up to 4 KiB);
+ *      it grows only if the registry grows. At most one checkpoint is in flight.
+ *  I3  A checkpoint due while the previous is still in flight waits for it up to
+ *      timeout_ms (logged, event ckpt_delayed), then is skipped (logged, event
+ *      ckpt_skipped, RK_E_BUSY): never a queue.
+ *  I4  Every replicated tensor is written by exactly one rank (fmt_assign), so the
+ *      shards of one checkpoint are disjoint and together hold every tensor.
+ *  I5  The background thread never calls MPI; every wait it does has a deadline
+ *      (timeout_ms for other ranks' shards on rank 0, twice that for learning of the
+ *      commit elsewhere).
+ *  I6  Retention never removes the checkpoint just committed, and removes older ones
+ *      only after the new one reopens intact; a removed directory is first renamed to a
+ *      '.'-name, so a half-removed checkpoint is never seen as committed.
+ *  I7  Every failure of a started checkpoint is reported once: by ckpt_wait (rk_wait),
+ *      the log and the event ckpt_failed with its reason. Earlier checkpoints stay intact.
+ *
+ * States (one engine, one job slot)
+ *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
+ *      RUNNING --ckpt__persist returns (committed or failed)--> IDLE
+ *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms, else skipped (I3)
+ *      any --ckpt_destroy: waits for IDLE, stops the thread
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+
+#define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
+
+static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
+{
+    if (rc == 0) {
+        RK_EVENT(e->ev, "ckpt_committed", RK_EV_I("step", j->step), RK_EV_I("bytes", j->bytes_all),
+                 RK_EV_D("stall_ms", j->stall_ms), RK_EV_D("persist_ms", rk__ms_since(j->dispatch_ns)),
+                 RK_EV_S("io_path", j->m.io_path));
+        return;
+    }
+    RK_LOG_ERR(RK_SUB_CKPT, "checkpoint of step %" PRId64 " failed: %s (%s)", j->step, rk_last_error(),
+               rk_strerror(rc));
+    RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", j->step), RK_EV_S("reason", rk_last_error()),
+             RK_EV_S("error", rk_strerror(rc)));
+}
+
+static void *persist_thread(void *arg)
+{
+    ckpt_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (e->state != CKPT_QUEUED && !e->stop)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->state != CKPT_QUEUED)
+            break;
+        e->state = CKPT_RUNNING;
+        pthread_mutex_unlock(&e->mu);
+        int rc = ckpt__persist(e, &e->job);
+        emit_result(e, &e->job, rc);
+        pthread_mutex_lock(&e->mu);
+        if (rc == 0 && e->job.step > e->last_committed)
+            e->last_committed = e->job.step;
+        if (rc != 0 && e->first_err == 0)
+            e->first_err = rc;
+        e->state = CKPT_IDLE;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* mkdir -p, then prove that files can be created there. */
+static int prepare_dir(const char *dir, int rank)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint directory %s: mkdir %s: %s", dir, path,
+                            strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint directory %s: mkdir: %s", dir, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOTDIR, "checkpoint directory %s: not a directory", dir);
+    snprintf(path, sizeof(path), "%s/.probe-%d-%d", dir, (int)getpid(), rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint directory %s is not writable: %s", dir,
+                        strerror(errno));
+    close(fd);
+    unlink(path);
+    return 0;
+}
+
+int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
+{
+    int rc;
+    pthread_condattr_t ca;
+    *out = NULL;
+    if (!cfg || !cfg->dir || !*cfg->dir || cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world || cfg->keep < 1)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "ckpt_create: bad configuration");
+    if ((rc = prepare_dir(cfg->dir, cfg->rank)) != 0)
+        return rc;
+    ckpt_engine *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->dir = strdup(cfg->dir);
+    e->io = strdup(cfg->io ? cfg->io : "auto");
+    if (!e->dir || !e->io) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    e->rank = cfg->rank;
+    e->world = cfg->world;
+    e->keep = cfg->keep;
+    e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
+    e->nonce = cfg->nonce;
+    e->ev = cfg->ev;
+    e->last_committed = -1;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if ((rc = -pthread_create(&e->thr, NULL, persist_thread, e)) != 0) {
+        rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "ckpt_create: cannot start the writer thread");
+        goto out_sync;
+    }
+    e->thr_started = true;
+    *out = e;
+    return 0;
+out_sync:
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+out_free:
+    free(e->dir);
+    free(e->io);
+    free(e);
+    return rc;
+}
+
+void ckpt_drain(ckpt_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    while (e->state != CKPT_IDLE)
+        pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int ckpt_wait(ckpt_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    while (e->state != CKPT_IDLE)
+        pthread_cond_wait(&e->cv, &e->mu);
+    int rc = e->first_err;
+    e->first_err = 0;
+    pthread_mutex_unlock(&e->mu);
+    if (rc)
+        rk__set_last_error("a checkpoint failed: %s (see the log and the ckpt_failed event)", rk_strerror(rc));
+    return rc;
+}
+
+int ckpt_destroy(ckpt_engine **pe)
+{
+    if (!pe || !*pe)
+        return 0;
+    ckpt_engine *e = *pe;
+    int rc = 0;
+    if (e->thr_started) {
+        rc = ckpt_wait(e);
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thr, NULL);
+    }
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    if (e->staging)
+        munmap(e->staging, e->staging_cap);
+    free(e->mine);
+    free(e->plan);
+    free(e->sizes);
+    free(e->dir);
+    free(e->io);
+    free(e);
+    *pe = NULL;
+    return rc;
+}
+
+void ckpt_note_committed(ckpt_engine *e, int64_t step)
+{
+    pthread_mutex_lock(&e->mu);
+    e->last_committed = step;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int64_t ckpt_last_committed(const ckpt_engine *e)
+{
+    return e->last_committed;
+}
+
+/* Waits for IDLE until the deadline; true if idle. */
+static bool wait_idle(ckpt_engine *e, int64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
+    pthread_mutex_lock(&e->mu);
+    while (e->state != CKPT_IDLE)
+        if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
+            break;
+    bool idle = e->state == CKPT_IDLE;
+    pthread_mutex_unlock(&e->mu);
+    return idle;
+}
+
+/* The plan (which rank writes each tensor) and staging large enough for this rank's share. */
+static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t *mine_n, size_t *need)
+{
+    if (n > e->plan_cap) {
+        int *p = realloc(e->plan, n * sizeof(*p));
+        if (p)
+            e->plan = p;
+        uint64_t *s = realloc(e->sizes, n * sizeof(*s));
+        if (s)
+            e->sizes = s;
+        fmt_tensor *m = realloc(e->mine, n * sizeof(*m));
+        if (m)
+            e->mine = m;
+        if (!p || !s || !m)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
+        e->plan_cap = e->mine_cap = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        e->sizes[i] = t[i].nbytes;
+    int rc = fmt_assign(e->sizes, n, e->world, e->plan);
+    if (rc)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "checkpoint plan for %zu tensors", n);
+    *mine_n = 0;
+    *need = 0;
+    for (size_t i = 0; i < n; i++)
+        if (e->plan[i] == e->rank) {
+            (*mine_n)++;
+            *need += ALIGN_UP(t[i].nbytes);
+        }
+    if (*need > e->staging_cap) {
+        if (e->staging)
+            munmap(e->staging, e->staging_cap);
+        e->staging = NULL;
+        e->staging_cap = 0;
+        void *p = mmap(NULL, *need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (p == MAP_FAILED)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", *need,
+                            strerror(errno));
+        e->staging = p;
+        e->staging_cap = *need;
+    }
+    return 0;
+}
+
+int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    int64_t t0 = rk__mono_ns();
+    if (step == e->last_committed)
+        return 0; /* already committed under this label */
+    pthread_mutex_lock(&e->mu);
+    bool busy = e->state != CKPT_IDLE;
+    pthread_mutex_unlock(&e->mu);
+    if (busy) {
+        RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " waits for the previous one", step);
+        bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms));
+        RK_EVENT(e->ev, "ckpt_delayed", RK_EV_I("step", step), RK_EV_D("waited_ms", rk__ms_since(t0)));
+        if (!idle) {
+            RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step),
+                     RK_EV_S("reason", "the previous checkpoint is still being written"));
+            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY,
+                            "checkpoint of step %" PRId64 " skipped: the previous one is still being written after %d ms",
+                            step, e->timeout_ms);
+        }
+    }
+    size_t mine_n = 0, need = 0;
+    int rc = plan_and_stage(e, t, n, &mine_n, &need);
+    if (rc) {
+        RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
+                 RK_EV_S("error", rk_strerror(rc)));
+        pthread_mutex_lock(&e->mu);
+        if (e->first_err == 0)
+            e->first_err = rc;
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
+    struct ckpt_job *j = &e->job;
+    memset(j, 0, sizeof(*j));
+    j->step = step;
+    j->m.step = step;
+    j->m.rank = e->rank;
+    j->m.world = e->world;
+    j->m.nonce = e->nonce;
+    j->m.t = e->mine;
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        j->n_all++;
+        j->bytes_all += t[i].nbytes;
+        if (e->plan[i] != e->rank)
+            continue;
+        fmt_tensor *f = &e->mine[j->m.n++];
+        memset(f, 0, sizeof(*f));
+        f->name = (char *)t[i].name;
+        f->dtype = t[i].dtype;
+        f->ndim = t[i].ndim;
+        for (int d = 0; d < t[i].ndim; d++)
+            f->shape[d] = t[i].shape[d];
+        f->nbytes = t[i].nbytes;
+        f->order = (uint32_t)i;
+        f->rank = e->rank;
+        f->data = e->staging + off;
+        if (t[i].nbytes)
+            memcpy(e->staging + off, t[i].ptr, t[i].nbytes);
+        off += ALIGN_UP(t[i].nbytes);
+    }
+    j->stall_ms = rk__ms_since(t0);
+    j->dispatch_ns = rk__mono_ns();
+    pthread_mutex_lock(&e->mu);
+    e->state = CKPT_QUEUED;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}

@@ -1,0 +1,83 @@
+/*
+ * ckpt/ckpt.h - the asynchronous checkpoint engine: snapshot into reused staging memory
+ * on the training thread, persist on a background thread, atomic multi-rank commit
+ * through the shared checkpoint directory, retention, and verified restore.
+ * The one header of ckpt/ that other folders include; names start with ckpt_.
+ * ckpt/ckpt.c's header holds the design (invariants, state diagram).
+ *
+ * Threads: every ckpt_* function is called from the training thread; the engine's own
+ * thread never calls MPI (agreement between ranks, where needed, is the caller's, in
+ * recover/api_ckpt.c).
+ */
+#ifndef RK_CKPT_H
+#define RK_CKPT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/common.h"
+
+typedef struct ckpt_engine ckpt_engine;
+
+typedef struct ckpt_config {
+    const char *dir;  /* the checkpoint directory (created if missing) */
+    int rank, world;
+    int keep;         /* committed checkpoints kept (>= 1) */
+    int timeout_ms;   /* bound on waiting for other ranks' shards / the commit */
+    const char *io;   /* RK_IO: "auto", "uring", "buffered" */
+    uint64_t nonce;   /* the same on every rank of this job, different across jobs */
+    rk__evlog *ev;    /* event log (may be NULL) */
+} ckpt_config;
+
+/* A tensor as the engine sees it (the registry's, pointers stay the caller's). */
+typedef struct ckpt_tensor {
+    const char *name;
+    void *ptr;
+    rk_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    size_t nbytes;
+} ckpt_tensor;
+
+/* Checks that cfg->dir exists (creating it) and is writable, starts the engine's thread.
+   *e is owned by the caller, released with ckpt_destroy. Does not clean the directory:
+   see ckpt_clean_dir. */
+int ckpt_create(ckpt_engine **e, const ckpt_config *cfg);
+/* Waits for the checkpoint in flight (bounded by its own deadlines), stops the thread,
+   frees the staging memory; *e = NULL. Returns the first failure not yet reported. */
+int ckpt_destroy(ckpt_engine **e);
+
+/* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir.
+   Called by one rank while no checkpoint of this job is being written. */
+int ckpt_clean_dir(const char *dir);
+
+/* Snapshot of t[0..n) labelled `step` into staging (the training thread blocks for this
+   copy only), then persisted in the background. If the previous checkpoint is still being
+   written, waits for it up to timeout_ms, then skips this one (RK_E_BUSY, logged, event
+   ckpt_skipped). A label already committed by this engine is skipped (returns 0). */
+int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* Until no checkpoint is in flight; returns the first failure since the last call
+   (and forgets it), 0 if every checkpoint since was committed. */
+int ckpt_wait(ckpt_engine *e);
+/* Until no checkpoint is in flight; failures stay to be reported by ckpt_wait. */
+void ckpt_drain(ckpt_engine *e);
+/* Tells the engine that `step` is committed (after a restore), so it is not written again. */
+void ckpt_note_committed(ckpt_engine *e, int64_t step);
+/* Newest step this engine committed or learned of, -1 if none. */
+int64_t ckpt_last_committed(const ckpt_engine *e);
+
+/* ---- restore (ckpt_restore.c) ---------------------------------------------------------- */
+
+/* The newest committed step in dir below `below` (INT64_MAX: any), -1 if none. */
+int64_t ckpt_newest_below(const char *dir, int64_t below);
+/* Restores committed checkpoint `step` of dir into t[0..n): first checks that it holds
+   exactly these tensors (names, dtypes, shapes; RK_E_MISMATCH naming the first difference,
+   no buffer touched), then reads every tensor and verifies its checksum (RK_E_CORRUPT,
+   RK_E_INCOMPLETE, RK_E_FORMAT: the buffers may then hold part of it). */
+int ckpt_restore_step(const char *dir, int64_t step, const ckpt_tensor *t, size_t n);
+/* Verifies every tensor of committed checkpoint `stepdir` by re-reading it. On failure
+   `bad` (if not NULL) gets what was bad. */
+int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap);
+
+#endif

@@ -1,0 +1,58 @@
+/*
+ * ckpt/ckpt_internal.h - the engine's state, shared by ckpt.c (the state machine, on the
+ * training thread) and ckpt_persist.c (the work of the background thread). Private.
+ */
+#ifndef RK_CKPT_INTERNAL_H
+#define RK_CKPT_INTERNAL_H
+
+#include <pthread.h>
+
+#include "../formats/fmt.h"
+#include "ckpt.h"
+
+enum ckpt_state { CKPT_IDLE, CKPT_QUEUED, CKPT_RUNNING };
+
+/* One checkpoint in flight: what this rank writes, in staging memory. */
+struct ckpt_job {
+    int64_t step;
+    fmt_manifest m;      /* m.t[i].data points into staging; names are the registry's */
+    size_t n_all;        /* tensors in the whole checkpoint (every rank's) */
+    uint64_t bytes_all;  /* their bytes */
+    int64_t dispatch_ns; /* when the snapshot was handed to the thread */
+    double stall_ms;     /* how long the training thread was blocked */
+};
+
+struct ckpt_engine {
+    char *dir, *io;
+    int rank, world, keep, timeout_ms;
+    uint64_t nonce;
+    rk__evlog *ev;
+
+    pthread_t thr;
+    bool thr_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;   /* state changes, both ways */
+    enum ckpt_state state;
+    bool stop;
+    struct ckpt_job job;
+    int first_err;       /* first failure since the last ckpt_wait */
+    int64_t last_committed;
+
+    char *staging;       /* mmap'd once, reused; grows only if the registry grows */
+    size_t staging_cap;
+    fmt_tensor *mine;    /* job.m.t storage */
+    size_t mine_cap;
+    int *plan;           /* rank of each tensor */
+    uint64_t *sizes;
+    size_t plan_cap;
+};
+
+/* The background work for one job: shard, manifest, and on rank 0 the rendezvous, index,
+   commit and retention; on other ranks, waiting to learn of the commit. Returns 0 or the
+   failure (its reason in rk_last_error() of the calling thread). */
+int ckpt__persist(ckpt_engine *e, struct ckpt_job *j);
+/* Retention: keeps the newest `keep` committed checkpoints of dir (newest = just
+   committed, `newest`), removes older ones and dead temporary directories. */
+void ckpt__retain(const char *dir, int keep, int64_t newest);
+
+#endif

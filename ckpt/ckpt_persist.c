@@ -1,0 +1,239 @@
+/*
+ * ckpt/ckpt_persist.c - what the engine's background thread does with one checkpoint:
+ * checksums, this rank's shard and manifest in '.tmp-step-…/', then
+ *   rank 0:  wait (bounded) for every rank's manifest, write index.h5, commit by rename,
+ *            retention;
+ *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
+ *            job's nonce, or rank 0's FAILED note in the temporary directory.
+ * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt_internal.h"
+
+#define PATH_CAP 4096
+#define SUB_CAP (PATH_CAP + 128) /* a path below a PATH_CAP directory */
+
+static void backoff(int64_t *ns)
+{
+    rk__sleep_ns(*ns);
+    if (*ns < 50 * 1000000LL)
+        *ns *= 2;
+}
+
+static void note_failure(const char *tmpdir, const char *why)
+{
+    char path[SUB_CAP];
+    snprintf(path, sizeof(path), "%s/FAILED", tmpdir);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%s\n", why);
+        fclose(f);
+    }
+}
+
+/* Rank 0: every rank's manifest of this attempt, within the deadline. */
+static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_manifest **shards)
+{
+    char path[SUB_CAP];
+    int64_t deadline = rk__deadline_ns(e->timeout_ms), pause = 1000000;
+    for (int r = 1; r < e->world; r++) {
+        snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, r);
+        for (;;) {
+            fmt_manifest *m = NULL;
+            if (fmt_manifest_read(path, &m) == 0) {
+                if (m->nonce == e->nonce && m->step == j->step && m->world == e->world && m->rank == r) {
+                    shards[r] = m;
+                    break;
+                }
+                fmt_manifest_free(&m);
+            }
+            if (rk__deadline_passed(deadline))
+                return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                                "step %" PRId64 ": rank %d's shard did not arrive in %s within %d ms", j->step, r,
+                                tmpdir, e->timeout_ms);
+            backoff(&pause);
+        }
+    }
+    size_t total = 0;
+    for (int r = 0; r < e->world; r++)
+        total += shards[r]->n;
+    if (total != j->n_all)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
+                        "step %" PRId64 ": the shards hold %zu tensors, this rank registered %zu (ranks registered different tensors?)",
+                        j->step, total, j->n_all);
+    return 0;
+}
+
+static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const char *tmpname)
+{
+    char final[64], path[PATH_CAP];
+    fmt_manifest **shards = calloc((size_t)e->world, sizeof(*shards));
+    if (!shards)
+        return -ENOMEM;
+    shards[0] = &j->m;
+    int rc = gather(e, j, tmpdir, shards);
+    if (rc)
+        goto out;
+    const char *io_path = j->m.io_path;
+    for (int r = 1; r < e->world; r++)
+        if (strcmp(shards[r]->io_path, io_path) != 0)
+            io_path = "mixed";
+    if ((rc = fmt_index_write(tmpdir, j->step, e->world, shards, io_path)) != 0)
+        goto out;
+    fmt_step_name(final, sizeof(final), j->step);
+    snprintf(path, sizeof(path), "%s/%s", e->dir, final);
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        /* The same label from an earlier timeline: move it out of the way under a '.'-name. */
+        char trash[PATH_CAP];
+        snprintf(trash, sizeof(trash), "%s/.trash-%s-%016" PRIx64, e->dir, final, e->nonce);
+        fmt_remove_tree(trash);
+        if (rename(path, trash) != 0) {
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": cannot replace %s: %s", j->step, path,
+                          strerror(errno));
+            goto out;
+        }
+        fmt_remove_tree(trash);
+    }
+    if ((rc = fmt_commit_dir(e->dir, tmpname, final)) != 0)
+        goto out;
+    ckpt__retain(e->dir, e->keep, j->step);
+out:
+    for (int r = 1; r < e->world; r++)
+        fmt_manifest_free(&shards[r]);
+    free(shards);
+    return rc;
+}
+
+/* Ranks other than 0: learn whether rank 0 committed this attempt. */
+static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
+{
+    char final[64], mine[SUB_CAP], failed[SUB_CAP];
+    fmt_step_name(final, sizeof(final), j->step);
+    snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, e->rank);
+    snprintf(failed, sizeof(failed), "%s/FAILED", tmpdir);
+    int64_t deadline = rk__deadline_ns(2 * (int64_t)e->timeout_ms + 1000), pause = 1000000;
+    for (;;) {
+        fmt_manifest *m = NULL;
+        if (fmt_manifest_read(mine, &m) == 0) {
+            bool ours = m->nonce == e->nonce && m->step == j->step;
+            fmt_manifest_free(&m);
+            if (ours)
+                return 0;
+        }
+        if (access(failed, F_OK) == 0)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
+                            "step %" PRId64 ": rank 0 could not commit the checkpoint (see %s)", j->step, failed);
+        if (rk__deadline_passed(deadline))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                            "step %" PRId64 ": no commit by rank 0 within %d ms", j->step, 2 * e->timeout_ms + 1000);
+        backoff(&pause);
+    }
+}
+
+int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
+{
+    char tmpname[64], tmpdir[PATH_CAP], path[SUB_CAP];
+    fmt_tmp_name(tmpname, sizeof(tmpname), j->step);
+    snprintf(tmpdir, sizeof(tmpdir), "%s/%s", e->dir, tmpname);
+    if (mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir,
+                        strerror(errno));
+    for (size_t i = 0; i < j->m.n; i++)
+        j->m.t[i].xxh3 = fmt_xxh3(j->m.t[i].data, j->m.t[i].nbytes);
+    snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, e->rank);
+    unlink(path); /* a dead attempt's */
+    fmt_write_stats st;
+    int rc = fmt_shard_write(path, &j->m, e->io, &st);
+    if (!rc) {
+        snprintf(j->m.io_path, sizeof(j->m.io_path), "%s", st.io_path);
+        snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, e->rank);
+        rc = fmt_manifest_write(path, &j->m);
+    }
+    if (e->rank != 0)
+        return rc ? rc : await_commit(e, j, tmpdir);
+    if (!rc)
+        rc = commit(e, j, tmpdir, tmpname);
+    if (rc)
+        note_failure(tmpdir, rk_last_error());
+    return rc;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Removes '.trash-…' directories and '.tmp-step-…' ones labelled below `below`. */
+static int clean(const char *dir, int64_t below)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, -errno, "clean %s: %s", dir, strerror(errno));
+    char path[PATH_CAP];
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        int64_t s = -1;
+        bool tmp = fmt_is_tmp_name(de->d_name);
+        if (tmp && !fmt_parse_step_name(de->d_name + 5, &s))
+            s = -1;
+        if (!(tmp && s < below) && strncmp(de->d_name, ".trash-", 7) != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        RK_LOG_INFO(RK_SUB_CKPT, "removing %s (a dead attempt)", path);
+        fmt_remove_tree(path);
+    }
+    closedir(d);
+    return 0;
+}
+
+int ckpt_clean_dir(const char *dir)
+{
+    return clean(dir, INT64_MAX);
+}
+
+void ckpt__retain(const char *dir, int keep, int64_t newest)
+{
+    int64_t *steps = NULL;
+    size_t n = 0;
+    char name[64], path[PATH_CAP], trash[PATH_CAP];
+    if (fmt_list_steps(dir, &steps, &n) != 0)
+        return;
+    qsort(steps, n, sizeof(*steps), cmp_desc);
+    /* I6: the new checkpoint must reopen intact before anything older goes. */
+    fmt_step_name(name, sizeof(name), newest);
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fmt_ckpt *c = NULL;
+    if (fmt_ckpt_open(path, &c) != 0) {
+        RK_LOG_WARN(RK_SUB_CKPT, "retention: %s does not reopen intact; nothing removed", path);
+        free(steps);
+        return;
+    }
+    fmt_ckpt_close(&c);
+    int kept = 1; /* the new one */
+    for (size_t i = 0; i < n; i++) {
+        if (steps[i] == newest)
+            continue;
+        if (kept < keep) {
+            kept++;
+            continue;
+        }
+        fmt_step_name(name, sizeof(name), steps[i]);
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        snprintf(trash, sizeof(trash), "%s/.trash-%s", dir, name);
+        fmt_remove_tree(trash);
+        if (rename(path, trash) == 0)
+            fmt_remove_tree(trash);
+    }
+    free(steps);
+    clean(dir, newest);
+}

@@ -1,0 +1,141 @@
+/*
+ * formats/fmt.h - the on-disk checkpoint format (docs/FORMAT.md): shard files, their
+ * manifests, index.h5, the commit of a checkpoint directory, and reading it back.
+ * The one header of formats/ that other folders include; names start with fmt_.
+ *
+ * A committed checkpoint is <ckpt_dir>/step-<12 digits>/ holding
+ *   shard-<r>.h5   the tensors rank r wrote, each a contiguous dataset at its registered
+ *                  name with an attribute xxh3_64 (XXH3-64 of its bytes)
+ *   shard-<r>.ok   the shard's manifest: one line per tensor, written and fsync'd after the
+ *                  shard itself, closed by a checksum of the manifest's own text
+ *   index.h5       an external link per tensor (relative file name) and the root
+ *                  attributes step, world_size, format_version, io_path
+ * Every file read here is untrusted: sizes and names are checked, failures are
+ * RK_E_FORMAT / RK_E_CORRUPT / RK_E_INCOMPLETE, never a crash or a hang.
+ */
+#ifndef RK_FMT_H
+#define RK_FMT_H
+
+#include <hdf5.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/common.h"
+
+#define FMT_VERSION 1
+#define FMT_MAX_DIMS 8
+#define FMT_MAX_NAME 255
+#define FMT_IO_PATH_LEN 48
+#define FMT_INDEX "index.h5"
+
+/* One tensor of a checkpoint. For writing, data points at its bytes (stable until the
+   write returns); after reading a manifest, data is NULL and name is owned by it. */
+typedef struct fmt_tensor {
+    char *name;
+    rk_dtype dtype;
+    int ndim;
+    int64_t shape[FMT_MAX_DIMS];
+    uint64_t nbytes;
+    uint64_t xxh3;    /* XXH3-64 of the bytes */
+    uint64_t offset;  /* where the bytes start in the shard file (contiguous dataset) */
+    uint32_t order;   /* position in registration order (the index lists tensors by it) */
+    int rank;         /* the shard holding it */
+    const void *data;
+} fmt_tensor;
+
+/* What a shard's manifest (shard-<r>.ok) says. */
+typedef struct fmt_manifest {
+    int64_t step;
+    int rank, world;
+    uint64_t nonce;   /* the writing job's attempt id: a stale manifest does not match */
+    char io_path[FMT_IO_PATH_LEN];
+    size_t n;
+    fmt_tensor *t;    /* owned, names owned */
+} fmt_manifest;
+
+/* ---- names (fmt_layout.c) ----------------------------------------------------------- */
+/* "step-000000001200" / ".tmp-step-000000001200" into buf (>= 32 bytes). */
+void fmt_step_name(char *buf, size_t cap, int64_t step);
+void fmt_tmp_name(char *buf, size_t cap, int64_t step);
+/* Whether name is exactly a committed step directory's name; *step gets the label. */
+bool fmt_parse_step_name(const char *name, int64_t *step);
+/* Whether name is a temporary (work in progress) directory of a checkpoint. */
+bool fmt_is_tmp_name(const char *name);
+/* Committed steps under dir, ascending (malloc'd; *n may be 0). -errno if dir unreadable. */
+int fmt_list_steps(const char *dir, int64_t **steps, size_t *n);
+/* Balanced assignment of tensors to ranks: each tensor to exactly one rank, greedy by
+   size, largest first, ties by order; deterministic, so every rank computes the same.
+   sizes[i] bytes of tensor i; out_rank[i] gets its rank. 0 or -ENOMEM. */
+int fmt_assign(const uint64_t *sizes, size_t n, int world, int *out_rank);
+
+/* ---- HDF5 types (fmt_types.c) -------------------------------------------------------- */
+/* The file type of a dtype (bf16, f16: 16-bit float types with their layouts); the caller
+   closes it with H5Tclose. Negative if dtype is unknown. */
+hid_t fmt_h5_type(rk_dtype dtype);
+/* The dtype whose file type equals type; RK_E_FORMAT if none. */
+int fmt_dtype_of(hid_t type, rk_dtype *out);
+/* Turns off HDF5's automatic error printing for the calling thread (idempotent). */
+void fmt_h5_quiet(void);
+
+/* ---- shards and manifests (fmt_shard.c) ---------------------------------------------- */
+typedef struct fmt_write_stats {
+    char io_path[FMT_IO_PATH_LEN]; /* the I/O path really used */
+    uint64_t bytes;
+} fmt_write_stats;
+
+/* Writes shard file `path` holding m->t[0..n) (data, with xxh3 filled in by the caller),
+   records each dataset's file offset in m->t[i].offset, closes the file and makes it
+   durable (fsync). io_mode is the RK_IO string ("auto" ...). */
+int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
+                    fmt_write_stats *st);
+/* Root attributes step, world_size, format_version, io_path on an open file (or -1). */
+int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path);
+/* Writes and fsyncs the manifest file (a new file; never visible half-written under its
+   name: written as path + ".part", fsync'd, renamed). */
+int fmt_manifest_write(const char *path, const fmt_manifest *m);
+/* Reads and checks a manifest; *m is malloc'd, freed with fmt_manifest_free. */
+int fmt_manifest_read(const char *path, fmt_manifest **m);
+void fmt_manifest_free(fmt_manifest **m);
+
+/* ---- index and commit (fmt_index.c) -------------------------------------------------- */
+/* Writes <dir>/index.h5: an external link per tensor of every manifest, to
+   "shard-<r>.h5", at its name; root attributes; fsync. */
+int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards,
+                    const char *io_path);
+/* Durable rename of tmp (a directory under parent) to final: fsync tmp, rename, fsync
+   parent. final must not exist. */
+int fmt_commit_dir(const char *parent, const char *tmp, const char *final);
+/* Removes a directory tree (files and sub-directories); 0 if it does not exist. */
+int fmt_remove_tree(const char *path);
+/* fsync a file or directory by path. */
+int fmt_fsync_path(const char *path, bool dir);
+
+/* ---- reading a checkpoint (fmt_read.c) ----------------------------------------------- */
+typedef struct fmt_ckpt {
+    int64_t step;
+    int world;
+    int version;
+    char io_path[FMT_IO_PATH_LEN];
+    char *dir;        /* the step directory */
+    size_t n;
+    fmt_tensor *t;    /* every tensor, in registration order */
+    fmt_manifest **shards; /* world of them */
+    int *fds;         /* shard file descriptors, opened on first use (-1) */
+} fmt_ckpt;
+
+/* Opens committed checkpoint `stepdir`: index.h5's root attributes and every shard's
+   manifest, checked for consistency (RK_E_FORMAT, RK_E_INCOMPLETE, RK_E_CORRUPT). */
+int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out);
+void fmt_ckpt_close(fmt_ckpt **c);
+/* Reads tensor i into buf (t[i].nbytes) from its shard at the manifest's offset (no HDF5
+   metadata is parsed: a damaged file cannot crash the reader) and checks its checksum
+   (RK_E_CORRUPT naming the tensor and file). */
+int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
+/* Index of the tensor named name, or -1. */
+long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
+
+/* XXH3-64 of a buffer (fmt_types.c). */
+uint64_t fmt_xxh3(const void *p, size_t n);
+
+#endif

@@ -1,0 +1,486 @@
+/*
+ * formats/fmt_shard.c - a rank's shard file (its tensors as contiguous datasets with an
+ * xxh3_64 attribute each) and the shard's manifest (shard-<r>.ok, text, self-checked).
+ *
+ * Manifest text (docs/FORMAT.md), one item per line, the name last so that it may hold
+ * spaces (names never hold control characters):
+ *   rekindle-manifest 1
+ *   step S
+ *   rank R world W
+ *   nonce <16 hex>
+ *   io_path <word>
+ *   count N
+ *   t <order> <dtype> <ndim> <dim>... <nbytes> <offset> <xxh3 16 hex> <name>   (N lines)
+ *   end <xxh3 16 hex of every byte before this line>
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fio.h"
+#include "fmt.h"
+#include "vfd_uring.h"
+
+#define MANIFEST_MAGIC "rekindle-manifest"
+#define MANIFEST_MAX (64u << 20)
+
+/* ---- the shard file --------------------------------------------------------------------- */
+
+/* The one place that chooses the driver of shard files: the io_uring driver, handed the
+   staging memory without a copy (it stays untouched until H5Fclose returns). A file it
+   closed successfully is durable. */
+static hid_t shard_fapl(const char *io_mode, fmt_vfd_stats *vst)
+{
+    fmt_vfd_opts o = {.mode = FMT_IO_AUTO, .zero_copy = true, .stats = vst};
+    if (fmt_io_mode_parse(io_mode, &o.mode) != 0)
+        o.mode = FMT_IO_AUTO;
+    return fmt_vfd_fapl(&o);
+}
+
+static int h5_errno_code(void)
+{
+    int e = errno;
+    return (e == ENOSPC || e == EIO || e == EDQUOT || e == EROFS || e == EACCES) ? -e : RK_E_HDF5;
+}
+
+static int attr_write(hid_t obj, const char *name, hid_t type, const void *v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR);
+    if (sp < 0)
+        return -1;
+    hid_t a = H5Acreate2(obj, name, type, sp, H5P_DEFAULT, H5P_DEFAULT);
+    int rc = (a >= 0 && H5Awrite(a, type, v) >= 0) ? 0 : -1;
+    if (a >= 0)
+        H5Aclose(a);
+    H5Sclose(sp);
+    return rc;
+}
+
+static int attr_write_str(hid_t obj, const char *name, const char *s)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0)
+        return -1;
+    int rc = (H5Tset_size(t, strlen(s) + 1) >= 0) ? attr_write(obj, name, t, s) : -1;
+    H5Tclose(t);
+    return rc;
+}
+
+int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path)
+{
+    int32_t w = world, v = FMT_VERSION;
+    if (attr_write(f, "step", H5T_STD_I64LE, &step) < 0 || attr_write(f, "world_size", H5T_STD_I32LE, &w) < 0 ||
+        attr_write(f, "format_version", H5T_STD_I32LE, &v) < 0 || attr_write_str(f, "io_path", io_path) < 0)
+        return -1;
+    return 0;
+}
+
+static int write_dataset(hid_t f, hid_t lcpl, hid_t dcpl, fmt_tensor *t)
+{
+    hsize_t dims[FMT_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++)
+        dims[d] = (hsize_t)t->shape[d];
+    hid_t sp = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
+    hid_t ty = fmt_h5_type(t->dtype);
+    hid_t ds = -1;
+    int rc = -1;
+    if (sp < 0 || ty < 0)
+        goto out;
+    ds = H5Dcreate2(f, t->name, ty, sp, lcpl, dcpl, H5P_DEFAULT);
+    if (ds < 0)
+        goto out;
+    if (t->nbytes > 0 && H5Dwrite(ds, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, t->data) < 0)
+        goto out;
+    haddr_t off = t->nbytes > 0 ? H5Dget_offset(ds) : 0;
+    if (off == HADDR_UNDEF)
+        goto out;
+    t->offset = off;
+    rc = attr_write(ds, "xxh3_64", H5T_STD_U64LE, &t->xxh3);
+out:
+    if (ds >= 0)
+        H5Dclose(ds);
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (sp >= 0)
+        H5Sclose(sp);
+    return rc;
+}
+
+int fmt_fsync_path(const char *path, bool dir)
+{
+    if (dir) {
+        int rc = fmt_io_fsync_dir(path);
+        return rc ? rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "fsync directory %s: %s", path, strerror(-rc)) : 0;
+    }
+    int fd = fmt_io_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, fd, "fsync %s: open: %s", path, strerror(-fd));
+    int rc = fmt_io_fsync(fd, path);
+    close(fd);
+    if (rc)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "fsync %s: %s", path, strerror(-rc));
+    return 0;
+}
+
+int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_write_stats *st)
+{
+    int rc = RK_E_HDF5;
+    fmt_h5_quiet();
+    memset(st, 0, sizeof(*st));
+    fmt_vfd_stats vst;
+    memset(&vst, 0, sizeof(vst));
+    hid_t fapl = shard_fapl(io_mode, &vst), lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t f = -1;
+    if (fapl < 0 || lcpl < 0 || dcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0 ||
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0 || H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0) {
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_HDF5, "shard %s: HDF5 property lists", path);
+        goto out_plist;
+    }
+    errno = 0;
+    f = H5Fcreate(path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
+    if (f < 0) {
+        rc = h5_errno_code();
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: cannot create (%s)", path, strerror(errno));
+        goto out_plist;
+    }
+    snprintf(st->io_path, sizeof(st->io_path), "%s", vst.io_path[0] ? vst.io_path : "unknown");
+    if (fmt_h5_root_attrs(f, m->step, m->world, st->io_path) < 0) {
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, h5_errno_code(), "shard %s: root attributes", path);
+        goto out_file;
+    }
+    for (size_t i = 0; i < m->n; i++) {
+        errno = 0;
+        if (write_dataset(f, lcpl, dcpl, &m->t[i]) < 0) {
+            rc = vst.error ? vst.error : h5_errno_code();
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: writing tensor '%s' (%" PRIu64 " bytes) failed",
+                          path, m->t[i].name, m->t[i].nbytes);
+            goto out_file;
+        }
+        st->bytes += m->t[i].nbytes;
+    }
+    errno = 0;
+    herr_t hc = H5Fclose(f);
+    f = -1;
+    if (hc < 0 || vst.error) {
+        rc = vst.error ? vst.error : h5_errno_code();
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: close (flush) failed: %s", path, rk_strerror(rc));
+        goto out_plist;
+    }
+    rc = 0; /* the driver made it durable */
+out_file:
+    if (f >= 0)
+        H5Fclose(f);
+out_plist:
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
+    if (lcpl >= 0)
+        H5Pclose(lcpl);
+    if (fapl >= 0)
+        H5Pclose(fapl);
+    return rc;
+}
+
+/* ---- the manifest ------------------------------------------------------------------------ */
+
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool oom;
+};
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) RK_PRINTF(2, 3);
+static void sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = b->oom ? 0 : vsnprintf(b->p ? b->p + b->len : NULL, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (b->oom || n < 0)
+            return;
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = 2 * b->cap + (size_t)n + 256;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static int write_file_durable(const char *path, const char *data, size_t len)
+{
+    char part[4096];
+    snprintf(part, sizeof(part), "%s.part", path);
+    int fd = fmt_io_open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, fd, "create %s: %s", part, strerror(-fd));
+    int rc = fmt_io_pwrite_all(fd, data, len, 0, part);
+    if (!rc)
+        rc = fmt_io_fsync(fd, part);
+    close(fd);
+    if (!rc)
+        rc = fmt_io_rename(part, path);
+    if (rc) {
+        unlink(part);
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "write %s: %s", path, strerror(-rc));
+    }
+    return 0;
+}
+
+int fmt_manifest_write(const char *path, const fmt_manifest *m)
+{
+    struct sbuf b = {0};
+    sb_printf(&b, MANIFEST_MAGIC " %d\nstep %" PRId64 "\nrank %d world %d\nnonce %016" PRIx64 "\nio_path %s\ncount %zu\n",
+              FMT_VERSION, m->step, m->rank, m->world, m->nonce, m->io_path[0] ? m->io_path : "none", m->n);
+    for (size_t i = 0; i < m->n; i++) {
+        const fmt_tensor *t = &m->t[i];
+        sb_printf(&b, "t %" PRIu32 " %s %d", t->order, rk__dtype_name(t->dtype), t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            sb_printf(&b, " %" PRId64, t->shape[d]);
+        sb_printf(&b, " %" PRIu64 " %" PRIu64 " %016" PRIx64 " %s\n", t->nbytes, t->offset, t->xxh3, t->name);
+    }
+    if (!b.oom) {
+        uint64_t h = fmt_xxh3(b.p, b.len);
+        sb_printf(&b, "end %016" PRIx64 "\n", h);
+    }
+    int rc = b.oom ? -ENOMEM : write_file_durable(path, b.p, b.len);
+    free(b.p);
+    return rc;
+}
+
+void fmt_manifest_free(fmt_manifest **pm)
+{
+    if (!pm || !*pm)
+        return;
+    fmt_manifest *m = *pm;
+    for (size_t i = 0; i < m->n; i++)
+        free(m->t[i].name);
+    free(m->t);
+    free(m);
+    *pm = NULL;
+}
+
+/* A strict cursor over one line: tokens separated by single spaces. */
+struct cur {
+    char *p;
+};
+
+static char *tok(struct cur *c)
+{
+    if (!c->p || !*c->p)
+        return NULL;
+    char *s = c->p, *sp = strchr(s, ' ');
+    if (sp) {
+        *sp = '\0';
+        c->p = sp + 1;
+    } else {
+        c->p = NULL;
+    }
+    return s;
+}
+
+static bool num(struct cur *c, int base, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *s = tok(c), *end;
+    if (!s || !*s || (*s == '-' && lo >= 0) || *s == '+' || *s == ' ')
+        return false;
+    errno = 0;
+    long long v = base == 16 ? (long long)strtoull(s, &end, 16) : strtoll(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool hex64(struct cur *c, uint64_t *out)
+{
+    char *s = tok(c), *end;
+    if (!s || strlen(s) != 16)
+        return false;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 16);
+    if (errno || *end)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool word(struct cur *c, const char *want)
+{
+    char *s = tok(c);
+    return s && strcmp(s, want) == 0;
+}
+
+static int parse_dtype(const char *s, rk_dtype *out)
+{
+    for (int d = RK_F32; d <= RK_U8; d++)
+        if (s && strcmp(rk__dtype_name((rk_dtype)d), s) == 0) {
+            *out = (rk_dtype)d;
+            return 0;
+        }
+    return -1;
+}
+
+static bool parse_tensor(char *line, fmt_tensor *t)
+{
+    struct cur c = {line};
+    int64_t v;
+    if (!word(&c, "t") || !num(&c, 10, 0, UINT32_MAX, &v))
+        return false;
+    t->order = (uint32_t)v;
+    if (parse_dtype(tok(&c), &t->dtype) < 0 || !num(&c, 10, 0, FMT_MAX_DIMS, &v))
+        return false;
+    t->ndim = (int)v;
+    uint64_t nbytes = rk__dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (!num(&c, 10, 0, INT64_MAX, &t->shape[d]))
+            return false;
+        if (t->shape[d] && nbytes > UINT64_MAX / (uint64_t)t->shape[d])
+            return false;
+        nbytes *= (uint64_t)t->shape[d];
+    }
+    if (!num(&c, 10, 0, INT64_MAX, &v) || (uint64_t)v != nbytes || !num(&c, 10, 0, INT64_MAX, &v) ||
+        !hex64(&c, &t->xxh3))
+        return false;
+    t->offset = (uint64_t)v;
+    t->nbytes = nbytes;
+    if (!c.p || !*c.p || strlen(c.p) > FMT_MAX_NAME)
+        return false;
+    for (const char *q = c.p; *q; q++)
+        if ((unsigned char)*q < 0x20 || *q == 0x7f)
+            return false;
+    return (t->name = strdup(c.p)) != NULL;
+}
+
+static int read_small_file(const char *path, char **out, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > MANIFEST_MAX) {
+        close(fd);
+        return RK_E_FORMAT;
+    }
+    char *p = malloc((size_t)sb.st_size + 1);
+    if (!p) {
+        close(fd);
+        return -ENOMEM;
+    }
+    size_t off = 0;
+    while (off < (size_t)sb.st_size) {
+        ssize_t r = pread(fd, p + off, (size_t)sb.st_size - off, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        off += (size_t)r;
+    }
+    close(fd);
+    p[off] = '\0';
+    *out = p;
+    *len = off;
+    return 0;
+}
+
+int fmt_manifest_read(const char *path, fmt_manifest **out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    *out = NULL;
+    int rc = read_small_file(path, &text, &len);
+    if (rc == -ENOENT)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_INCOMPLETE, "manifest %s is missing", path);
+    if (rc)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc == RK_E_FORMAT ? RK_E_FORMAT : rc,
+                        "manifest %s: unreadable", path);
+    /* The last line is "end <hash of everything before it>". */
+    rc = RK_E_CORRUPT;
+    fmt_manifest *m = calloc(1, sizeof(*m));
+    if (!m) {
+        rc = -ENOMEM;
+        goto out_text;
+    }
+    if (len < 22 || text[len - 1] != '\n' || memchr(text, '\0', len))
+        goto out_bad;
+    text[len - 1] = '\0';
+    char *endl = strrchr(text, '\n');
+    if (!endl)
+        goto out_bad;
+    struct cur c = {endl + 1};
+    uint64_t h;
+    if (!word(&c, "end") || !hex64(&c, &h) || c.p || fmt_xxh3(text, (size_t)(endl + 1 - text)) != h)
+        goto out_bad;
+    *endl = '\0';
+    char *save = NULL, *line;
+    int64_t v, w, n;
+    line = strtok_r(text, "\n", &save);
+    c.p = line;
+    if (!line || !word(&c, MANIFEST_MAGIC) || !num(&c, 10, 0, 1000, &v)) {
+        rc = RK_E_FORMAT;
+        goto out_bad;
+    }
+    if (v != FMT_VERSION) {
+        rc = RK_E_FORMAT;
+        goto out_bad;
+    }
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "step") || !num(&c, 10, 0, INT64_MAX, &m->step))
+        goto out_bad;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "rank") || !num(&c, 10, 0, 1 << 24, &v) || !word(&c, "world") || !num(&c, 10, 1, 1 << 24, &w) ||
+        v >= w)
+        goto out_bad;
+    m->rank = (int)v;
+    m->world = (int)w;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "nonce") || !hex64(&c, &m->nonce))
+        goto out_bad;
+    c.p = strtok_r(NULL, "\n", &save);
+    char *io;
+    if (!word(&c, "io_path") || !(io = tok(&c)) || strlen(io) >= sizeof(m->io_path))
+        goto out_bad;
+    strcpy(m->io_path, io);
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "count") || !num(&c, 10, 0, (int64_t)(len / 8), &n))
+        goto out_bad;
+    m->t = calloc((size_t)n + 1, sizeof(*m->t));
+    if (!m->t) {
+        rc = -ENOMEM;
+        goto out_bad;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        line = strtok_r(NULL, "\n", &save);
+        if (!line || !parse_tensor(line, &m->t[i])) {
+            if (m->t[i].name)
+                m->n++;
+            goto out_bad;
+        }
+        m->t[i].rank = m->rank;
+        m->n++;
+    }
+    if (strtok_r(NULL, "\n", &save) != NULL)
+        goto out_bad;
+    free(text);
+    *out = m;
+    return 0;
+out_bad:
+    fmt_manifest_free(&m);
+    if (rc == RK_E_CORRUPT || rc == RK_E_FORMAT)
+        rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "manifest %s: %s", path,
+                 rc == RK_E_FORMAT ? "not a Rekindle manifest of this version" : "malformed or checksum mismatch");
+out_text:
+    free(text);
+    return rc;
+}
