@@ -1,0 +1,75 @@
+/*
+ * formats/fio.h - every file operation of a checkpoint goes through here, so that tests
+ * and the chaos harness can inject faults (short writes, EIO, ENOSPC, a failing fsync,
+ * a crash before rename). Private to formats/ (only the .c files of formats/ include it).
+ *
+ * Faults are injected ONLY when the environment asks for them:
+ *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|any
+ *           (odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
+ *            any: every operation, N counted over all of them)
+ *     N     the 0-based index of that operation in this process, or * for every one
+ *     KIND  eio|enospc|einval|eperm|short|crash
+ *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
+ *                             faulted (operations without a path never are, then).
+ * A bad RK_FAULT is logged once (RK_LOG_ERROR) and injects nothing; it never crashes.
+ * The environment is read at first use; fmt_fault_reset() reads it again.
+ *
+ * Meaning of the injected kinds in the wrappers below:
+ *   -EIO, -ENOSPC, ...  the operation does nothing and fails with that code;
+ *   FMT_FAULT_SHORT     a write (read) transfers the first half of the bytes, and the rest
+ *                       fails with -EIO, as a device that fails part-way does;
+ *   FMT_FAULT_CRASH     the process kills itself with SIGKILL before the operation.
+ */
+#ifndef RK_FMT_FIO_H
+#define RK_FMT_FIO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+enum fmt_op {
+    FMT_OP_OPEN,
+    FMT_OP_WRITE,
+    FMT_OP_READ,
+    FMT_OP_SYNC,
+    FMT_OP_TRUNCATE,
+    FMT_OP_RENAME,
+    FMT_OP_SYNCDIR,
+    FMT_OP_UNLINK,
+    FMT_OP_DIRECT, /* "odirect": open with O_DIRECT (EINVAL: the file system refuses it) */
+    FMT_OP_URING,  /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp) */
+    FMT_OP_COUNT
+};
+
+#define FMT_FAULT_SHORT (-100000) /* inject a short write/read (half the length) */
+#define FMT_FAULT_CRASH (-100001) /* the caller must raise(SIGKILL) on itself now */
+
+/* 0: go ahead; otherwise the fault to inject for this operation: -EIO, -ENOSPC, ...,
+   FMT_FAULT_SHORT or FMT_FAULT_CRASH. Counts operations per process (thread-safe). */
+int fmt_fault(enum fmt_op op, const char *path);
+/* Re-reads RK_FAULT / RK_FAULT_PATH and zeroes the counters. Returns 0, or RK_E_OPTION
+   if RK_FAULT could not be parsed (then no fault is injected; logged once). */
+int fmt_fault_reset(void);
+/* How many operations of that kind were counted since start or the last reset. */
+uint64_t fmt_fault_count(enum fmt_op op);
+/* "write", "sync", ...; NULL out of range. */
+const char *fmt_op_name(enum fmt_op op);
+
+/* POSIX wrappers that consult fmt_fault, retry EINTR and partial transfers, and return
+   0 or -errno. path names the file in fault filtering (and nowhere else). */
+int fmt_io_open(const char *path, int flags, mode_t mode); /* fd >= 0, or -errno */
+int fmt_io_pwrite_all(int fd, const void *buf, size_t len, off_t off, const char *path);
+int fmt_io_pread_all(int fd, void *buf, size_t len, off_t off, const char *path); /* -EIO on EOF */
+int fmt_io_fsync(int fd, const char *path);          /* fdatasync */
+int fmt_io_ftruncate(int fd, off_t len, const char *path);
+int fmt_io_rename(const char *from, const char *to); /* FMT_FAULT_CRASH -> raise(SIGKILL) */
+int fmt_io_fsync_dir(const char *dir);
+int fmt_io_unlink(const char *path);
+
+/* Applies an injected fault code for an operation that cannot be short: CRASH kills the
+   process, SHORT becomes -EIO, anything else is returned as is. */
+int fmt_fault_apply(int fault);
+
+#endif

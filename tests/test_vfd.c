@@ -1,0 +1,648 @@
+/*
+ * tests/test_vfd.c - the checkpoint I/O path of formats/: the fault-injectable file
+ * operations (fio.h) and the HDF5 driver over io_uring + O_DIRECT (vfd_uring.h).
+ * Invariant numbers refer to the header of formats/vfd_uring.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <hdf5.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../formats/fio.h"
+#include "../formats/vfd_uring.h"
+#include "common.h"
+#include "harness.h"
+
+#define MIB ((size_t)1 << 20)
+
+static void clear_env(void)
+{
+    unsetenv("RK_FAULT");
+    unsetenv("RK_FAULT_PATH");
+    unsetenv("RK_IO");
+    unsetenv("RK_LOG");
+    rk__log_reload();
+    fmt_fault_reset();
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
+
+/* Byte j of dataset k: a fixed pseudo-random pattern. */
+static void pattern(unsigned char *p, size_t n, unsigned k)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ULL * (k + 1);
+    for (size_t j = 0; j < n; j++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[j] = (unsigned char)x;
+    }
+}
+
+static void *alloc_aligned(size_t n)
+{
+    void *p = NULL;
+    ck_assert_int_eq(posix_memalign(&p, 4096, n ? n : 1), 0);
+    return p;
+}
+
+/* ---- capturing stderr (log lines) --------------------------------------------------------- */
+
+typedef struct {
+    int saved;
+    char path[512];
+} capture;
+
+static void cap_begin(capture *c)
+{
+    char *dir = th_tmpdir("cap");
+    snprintf(c->path, sizeof c->path, "%s/stderr", dir);
+    free(dir);
+    fflush(stderr);
+    c->saved = dup(2);
+    int fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+static char *cap_end(capture *c)
+{
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    size_t n;
+    char *s = th_read_file(c->path, &n);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+/* ---- writing and reading test files ------------------------------------------------------- */
+
+typedef struct {
+    const size_t *sizes;
+    int n;
+    bool aligned; /* page-aligned source buffers (zero copy possible) */
+} layout;
+
+/* Writes datasets d0..d<n-1> (u8, contiguous, early allocation, no fill) through fapl.
+   Returns 0, or -1 if any HDF5 call failed (also H5Dwrite or H5Fclose), after cleaning up. */
+static int write_file(const char *path, hid_t fapl, const layout *l)
+{
+    int bad = 0;
+    unsigned char **bufs = calloc((size_t)l->n, sizeof *bufs);
+    hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (f < 0) {
+        free(bufs);
+        return -1;
+    }
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+    for (int k = 0; k < l->n; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "d%d", k);
+        hsize_t dim = l->sizes[k];
+        hid_t sp = H5Screate_simple(1, &dim, NULL);
+        hid_t d = H5Dcreate2(f, name, H5T_NATIVE_UINT8, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        bufs[k] = l->aligned ? alloc_aligned(l->sizes[k]) : malloc(l->sizes[k] + 1);
+        pattern(bufs[k], l->sizes[k], (unsigned)k);
+        if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bufs[k]) < 0)
+            bad = -1;
+        if (d >= 0)
+            H5Dclose(d);
+        H5Sclose(sp);
+    }
+    H5Pclose(dcpl);
+    if (fmt_vfd_close(&f) < 0)
+        bad = -1;
+    /* Buffers stay untouched until H5Fclose returned (zero copy). */
+    for (int k = 0; k < l->n; k++)
+        free(bufs[k]);
+    free(bufs);
+    return bad;
+}
+
+/* Reads every dataset through fapl and compares it byte for byte. */
+static void check_file(const char *path, hid_t fapl, const layout *l)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    ck_assert_msg(f >= 0, "H5Fopen %s failed", path);
+    for (int k = 0; k < l->n; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "d%d", k);
+        hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+        ck_assert_msg(d >= 0, "no dataset %s", name);
+        hid_t sp = H5Dget_space(d);
+        ck_assert_int_eq(H5Sget_simple_extent_npoints(sp), (hssize_t)l->sizes[k]);
+        H5Sclose(sp);
+        unsigned char *want = malloc(l->sizes[k] + 1), *got = malloc(l->sizes[k] + 1);
+        pattern(want, l->sizes[k], (unsigned)k);
+        memset(got, 0xA5, l->sizes[k]);
+        ck_assert_int_ge(H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0);
+        ck_assert_msg(memcmp(want, got, l->sizes[k]) == 0, "%s: dataset %s (%zu bytes) differs", path, name,
+                      l->sizes[k]);
+        free(want);
+        free(got);
+        H5Dclose(d);
+    }
+    ck_assert_int_ge(H5Fclose(f), 0);
+}
+
+/* Reads every dataset with /usr/bin/python3 + h5py and compares. */
+static void check_h5py(const char *path, const layout *l)
+{
+    const char *py = getenv("RK_TEST_PYTHON");
+    char out[600], n[16];
+    snprintf(out, sizeof out, "%s.py.bin", path);
+    snprintf(n, sizeof n, "%d", l->n);
+    const char *script = "import h5py, sys\n"
+                         "f = h5py.File(sys.argv[1], 'r'); o = open(sys.argv[2], 'wb')\n"
+                         "for k in range(int(sys.argv[3])): o.write(f['d%d' % k][()].tobytes())\n";
+    char *argv[] = {(char *)(py ? py : "/usr/bin/python3"), "-c", (char *)script, (char *)path, out, n, NULL};
+    char *log = NULL;
+    int rc = th_run(argv, NULL, 60, &log);
+    ck_assert_msg(rc == 0, "h5py could not read %s (rc %d): %s", path, rc, log ? log : "");
+    free(log);
+    size_t len, off = 0;
+    unsigned char *all = (unsigned char *)th_read_file(out, &len);
+    ck_assert_ptr_nonnull(all);
+    for (int k = 0; k < l->n; k++) {
+        unsigned char *want = malloc(l->sizes[k] + 1);
+        pattern(want, l->sizes[k], (unsigned)k);
+        ck_assert_uint_le(off + l->sizes[k], len);
+        ck_assert_msg(memcmp(want, all + off, l->sizes[k]) == 0, "h5py: dataset d%d differs", k);
+        off += l->sizes[k];
+        free(want);
+    }
+    ck_assert_uint_eq(off, len);
+    free(all);
+    unlink(out);
+}
+
+static char *tmpfile_in(const char *dir, const char *name)
+{
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+/* A test's scratch directory and file, with the environment cleared. */
+typedef struct {
+    char *dir, *path;
+} scratch;
+
+static scratch scratch_begin(const char *tag, const char *name)
+{
+    clear_env();
+    scratch sc = {.dir = th_tmpdir(tag)};
+    sc.path = tmpfile_in(sc.dir, name);
+    return sc;
+}
+
+static void scratch_end(scratch *sc)
+{
+    clear_env();
+    th_rmrf(sc->dir);
+    free(sc->path);
+    free(sc->dir);
+}
+
+static const size_t odd_sizes[] = {1, 4095, 4097, MIB + 12, 16 * MIB + 12, 100000, 65536, 3 * 4096};
+#define N_ODD ((int)RK_ARRAY_LEN(odd_sizes))
+
+/* ---- fio --------------------------------------------------------------------------------- */
+
+START_TEST(fio_wrappers_and_counts)
+{
+    clear_env();
+    char *dir = th_tmpdir("fio");
+    char *p = tmpfile_in(dir, "a");
+    int fd = fmt_io_open(p, O_RDWR | O_CREAT, 0644);
+    ck_assert_int_ge(fd, 0);
+    char buf[1000], back[1000];
+    for (int i = 0; i < 1000; i++)
+        buf[i] = (char)i;
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 10, p), 0);
+    th_assert_rc(fmt_io_pread_all(fd, back, sizeof back, 10, p), 0);
+    ck_assert_int_eq(memcmp(buf, back, sizeof buf), 0);
+    th_assert_rc(fmt_io_pread_all(fd, back, sizeof back, 20, p), -EIO); /* EOF */
+    th_assert_rc(fmt_io_fsync(fd, p), 0);
+    th_assert_rc(fmt_io_ftruncate(fd, 4, p), 0);
+    ck_assert_uint_eq(fmt_fault_count(FMT_OP_WRITE), 1);
+    ck_assert_uint_eq(fmt_fault_count(FMT_OP_READ), 2);
+    ck_assert_uint_eq(fmt_fault_count(FMT_OP_SYNC), 1);
+    ck_assert_uint_eq(fmt_fault_count(FMT_OP_OPEN), 1);
+
+    /* Injected: second write ENOSPC, every sync EIO, first read short. */
+    setenv("RK_FAULT", "write@1=enospc,sync@*=eio,read@0=short", 1);
+    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), -ENOSPC);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
+    th_assert_rc(fmt_io_fsync(fd, p), -EIO);
+    th_assert_rc(fmt_io_fsync(fd, p), -EIO);
+    memset(back, 0, sizeof back);
+    th_assert_rc(fmt_io_pread_all(fd, back, sizeof back, 0, p), -EIO);
+    ck_assert_int_eq(memcmp(buf, back, 500), 0); /* the first half arrived */
+    ck_assert_int_eq(back[500], 0);
+
+    /* A short write moves half and fails; RK_FAULT_PATH limits faults (and counts). */
+    setenv("RK_FAULT", "write@*=short", 1);
+    setenv("RK_FAULT_PATH", "/nomatch/", 1);
+    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
+    ck_assert_uint_eq(fmt_fault_count(FMT_OP_WRITE), 0);
+    unsetenv("RK_FAULT_PATH");
+    fmt_fault_reset();
+    th_assert_rc(ftruncate(fd, 0), 0);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), -EIO);
+    struct stat sb;
+    fstat(fd, &sb);
+    ck_assert_int_eq(sb.st_size, 500);
+
+    /* "any" counts over every kind. */
+    setenv("RK_FAULT", "any@2=eio", 1);
+    fmt_fault_reset();
+    th_assert_rc(fmt_io_fsync(fd, p), 0);
+    th_assert_rc(fmt_io_pwrite_all(fd, buf, 1, 0, p), 0);
+    th_assert_rc(fmt_io_unlink("/nonexistent-rk"), -EIO);
+    close(fd);
+    clear_env();
+    th_rmrf(dir);
+    free(p);
+    free(dir);
+}
+END_TEST
+
+static const char *const bad_specs[] = {"write@x=eio", "bogus", "write@1=boom", "write@-1=eio", "write@1",
+                                        "fly@1=eio", "write@1=eio,,"};
+
+START_TEST(fio_bad_spec_ignored_with_log)
+{
+    clear_env();
+    setenv("RK_FAULT", bad_specs[_i], 1);
+    capture c;
+    cap_begin(&c);
+    int rc = fmt_fault_reset();
+    char *log = cap_end(&c);
+    th_assert_rc(rc, RK_E_OPTION);
+    ck_assert_msg(strstr(log, "RK_FAULT") != NULL, "no log line naming RK_FAULT: '%s'", log);
+    free(log);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(fmt_fault(FMT_OP_WRITE, "/x"), 0);
+    clear_env();
+}
+END_TEST
+
+START_TEST(fio_crash_before_rename)
+{
+    clear_env();
+    char *dir = th_tmpdir("crash");
+    char *a = tmpfile_in(dir, "a"), *b = tmpfile_in(dir, "b");
+    th_write_file(a, "x", 1);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RK_FAULT", "rename@0=crash", 1);
+        fmt_fault_reset();
+        fmt_io_rename(a, b);
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %#x, want SIGKILL", status);
+    ck_assert_int_eq(access(a, F_OK), 0);
+    ck_assert_int_ne(access(b, F_OK), 0);
+    th_assert_rc(fmt_io_rename(a, b), 0);
+    th_rmrf(dir);
+    free(a);
+    free(b);
+    free(dir);
+}
+END_TEST
+
+/* ---- round trips ---------------------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    int qd;
+    bool zero_copy, aligned;
+} rt_cfg[] = {
+    {"staged qd16", 0, false, false},
+    {"zero-copy qd16", 0, true, true},
+    {"staged qd1", 1, false, true},
+    {"zero-copy qd32", 32, true, true},
+    {"zero-copy, unaligned buffers", 8, true, false},
+};
+
+/* Invariants 1, 3, 6: odd sizes round-trip through the driver, sec2 and h5py. */
+START_TEST(roundtrip_odd_sizes)
+{
+    scratch sc = scratch_begin("rt", "rt.h5");
+    const char *path = sc.path;
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.queue_depth = rt_cfg[_i].qd, .zero_copy = rt_cfg[_i].zero_copy, .stats = &st};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    ck_assert_int_ge(fapl, 0);
+    layout l = {odd_sizes, N_ODD, rt_cfg[_i].aligned};
+    capture c;
+    cap_begin(&c);
+    int rc = write_file(path, fapl, &l);
+    char *log = cap_end(&c);
+    ck_assert_msg(rc == 0, "%s: write failed", rt_cfg[_i].name);
+    ck_assert_msg(log[0] == '\0', "the success path printed: '%s'", log);
+    free(log);
+    ck_assert_str_eq(st.io_path, "uring+odirect");
+    th_assert_rc(st.error, 0);
+    size_t total = 0;
+    for (int k = 0; k < N_ODD; k++)
+        total += odd_sizes[k];
+    ck_assert_uint_gt(st.bytes_direct, total * 9 / 10);
+    ck_assert_uint_le(st.max_inflight, rt_cfg[_i].qd ? (uint64_t)rt_cfg[_i].qd : 16);
+    if (rt_cfg[_i].qd != 1)
+        ck_assert_uint_gt(st.max_inflight, 1);
+    if (rt_cfg[_i].zero_copy && rt_cfg[_i].aligned)
+        ck_assert_uint_gt(st.bytes_zero_copy, 16 * MIB);
+    else
+        ck_assert_uint_eq(st.bytes_zero_copy, 0);
+
+    check_file(path, fapl, &l);
+    ck_assert_uint_gt(st.bytes_read_direct, 16 * MIB);
+    check_file(path, H5P_DEFAULT, &l);
+    if (_i == 0 || _i == 3)
+        check_h5py(path, &l);
+    H5Pclose(fapl);
+    scratch_end(&sc);
+}
+END_TEST
+
+/* The driver reads files written by HDF5's default driver (unaligned raw data). */
+START_TEST(reads_sec2_files)
+{
+    scratch sc = scratch_begin("sec2", "s.h5");
+    const char *path = sc.path;
+    layout l = {odd_sizes, N_ODD, false};
+    ck_assert_int_eq(write_file(path, H5P_DEFAULT, &l), 0);
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.stats = &st};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    check_file(path, fapl, &l);
+    ck_assert_uint_gt(st.bytes_read_direct, 16 * MIB);
+    H5Pclose(fapl);
+    scratch_end(&sc);
+}
+END_TEST
+
+/* Invariant 4: every kernel operation moves at most split_max bytes. */
+START_TEST(split_large_writes)
+{
+    scratch sc = scratch_begin("split", "s.h5");
+    const char *path = sc.path;
+    static const size_t sizes[] = {MIB + 12, 200000};
+    layout l = {sizes, 2, true};
+    for (int m = 0; m < 2; m++) {
+        fmt_vfd_stats st;
+        fmt_vfd_opts o = {.mode = m ? FMT_IO_BUFFERED : FMT_IO_URING, .zero_copy = true, .split_max = 8192,
+                          .stats = &st};
+        hid_t fapl = fmt_vfd_fapl(&o);
+        ck_assert_int_eq(write_file(path, fapl, &l), 0);
+        ck_assert_uint_ge(st.writes, (MIB + 200000) / 8192);
+        check_file(path, fapl, &l);
+        check_file(path, H5P_DEFAULT, &l);
+        H5Pclose(fapl);
+    }
+    scratch_end(&sc);
+}
+END_TEST
+
+/* RK_IO=buffered is honoured: no O_DIRECT byte, plain pwrite + fdatasync. */
+START_TEST(rk_io_buffered)
+{
+    scratch sc = scratch_begin("buf", "b.h5");
+    const char *path = sc.path;
+    setenv("RK_IO", "buffered", 1);
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.stats = &st};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    layout l = {odd_sizes, N_ODD, true};
+    ck_assert_int_eq(write_file(path, fapl, &l), 0);
+    ck_assert_str_eq(st.io_path, "buffered");
+    ck_assert_uint_eq(st.bytes_direct, 0);
+    ck_assert_uint_gt(st.bytes_buffered, 16 * MIB);
+    check_file(path, H5P_DEFAULT, &l);
+    H5Pclose(fapl);
+    setenv("RK_IO", "fast", 1);
+    ck_assert_int_lt(fmt_vfd_fapl(&o), 0);
+    scratch_end(&sc);
+}
+END_TEST
+
+/* Fallbacks are loud (one warning naming the reason) and recorded in io_path. */
+static const struct {
+    const char *dir, *fault, *io_path, *warn;
+} fb_cfg[] = {
+    {"/dev/shm", NULL, NULL, NULL}, /* tmpfs: O_DIRECT refused by older kernels, not by newer */
+    {NULL, "odirect@*=einval", "uring+buffered", "O_DIRECT refused on"},
+    {"/dev/shm", "odirect@*=einval", "uring+buffered", "O_DIRECT refused on tmpfs"},
+    {NULL, "uring@*=eperm", "buffered", "io_uring unavailable"},
+};
+
+START_TEST(fallback_recorded_and_logged)
+{
+    scratch sc = scratch_begin("fb", "f.h5");
+    if (fb_cfg[_i].dir) { /* the same file name in a new directory on tmpfs */
+        th_rmrf(sc.dir);
+        free(sc.dir);
+        free(sc.path);
+        sc.dir = strdup("/dev/shm/rk-test-vfd-XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(sc.dir));
+        sc.path = tmpfile_in(sc.dir, "f.h5");
+    }
+    const char *path = sc.path;
+    if (fb_cfg[_i].fault)
+        setenv("RK_FAULT", fb_cfg[_i].fault, 1);
+    fmt_fault_reset();
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.stats = &st};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    static const size_t sizes[] = {MIB + 12, 4097, 7};
+    layout l = {sizes, 3, false};
+    capture c;
+    cap_begin(&c);
+    int rc = write_file(path, fapl, &l);
+    char *log = cap_end(&c);
+    ck_assert_int_eq(rc, 0);
+    const char *want = fb_cfg[_i].io_path;
+    if (!want) /* whatever this kernel does on tmpfs, it is recorded and logged consistently */
+        want = strcmp(st.io_path, "uring+odirect") == 0 ? "uring+odirect" : "uring+buffered";
+    ck_assert_str_eq(st.io_path, want);
+    const char *warn = fb_cfg[_i].warn ? fb_cfg[_i].warn : strcmp(want, "uring+odirect") ? "O_DIRECT refused" : NULL;
+    if (warn) {
+        ck_assert_msg(strstr(log, warn) && strstr(log, " WARN "), "log '%s' lacks a WARN '%s'", log, warn);
+        ck_assert_msg(strchr(log, '\n') == strrchr(log, '\n'), "more than one line: '%s'", log);
+        ck_assert_uint_eq(st.bytes_direct, 0);
+    } else {
+        ck_assert_str_eq(log, "");
+    }
+    free(log);
+    check_file(path, fapl, &l);
+    check_file(path, H5P_DEFAULT, &l);
+    H5Pclose(fapl);
+    /* RK_IO=uring demands io_uring: refused, the create fails. */
+    if (fb_cfg[_i].fault && strstr(fb_cfg[_i].fault, "uring@")) {
+        o.mode = FMT_IO_URING;
+        fapl = fmt_vfd_fapl(&o);
+        ck_assert_int_lt(write_file(path, fapl, &l), 0);
+        H5Pclose(fapl);
+    }
+    scratch_end(&sc);
+}
+END_TEST
+
+/* ---- faults ---------------------------------------------------------------------------------- */
+
+static const size_t fault_sizes[] = {3 * MIB + 100, 4097, 70000, 10};
+
+/* Writes the fault test file under RK_FAULT=spec; returns write_file's result. */
+static int faulty_write(const char *path, const char *spec, int qd, bool zero_copy, fmt_vfd_stats *st)
+{
+    if (spec)
+        setenv("RK_FAULT", spec, 1);
+    else
+        unsetenv("RK_FAULT");
+    setenv("RK_FAULT_PATH", path, 1);
+    setenv("RK_LOG", "error", 1);
+    rk__log_reload();
+    fmt_fault_reset();
+    fmt_vfd_opts o = {.queue_depth = qd, .zero_copy = zero_copy, .piece = 256 << 10, .stats = st};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
+    capture c;
+    cap_begin(&c);
+    int rc = write_file(path, fapl, &l);
+    free(cap_end(&c));
+    H5Pclose(fapl);
+    return rc;
+}
+
+static const struct {
+    enum fmt_op op;
+    const char *kind;
+    int qd;
+    bool zc;
+} ft_cfg[] = {
+    {FMT_OP_WRITE, "eio", 4, false}, {FMT_OP_WRITE, "enospc", 1, true}, {FMT_OP_WRITE, "short", 4, true},
+    {FMT_OP_SYNC, "eio", 4, false},  {FMT_OP_TRUNCATE, "enospc", 4, false},
+};
+
+/* Invariant 5: an error at any index of the operation fails H5Dwrite or H5Fclose and is
+   kept in stats->error; never a silent success. */
+START_TEST(fault_at_every_index_fails)
+{
+    scratch sc = scratch_begin("fault", "f.h5");
+    const char *path = sc.path;
+    fmt_vfd_stats st;
+    ck_assert_int_eq(faulty_write(path, NULL, ft_cfg[_i].qd, ft_cfg[_i].zc, &st), 0);
+    uint64_t count = fmt_fault_count(ft_cfg[_i].op);
+    ck_assert_uint_gt(count, 0);
+    fprintf(stderr, "%s: %llu operations\n", fmt_op_name(ft_cfg[_i].op), (unsigned long long)count);
+    layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
+    check_file(path, H5P_DEFAULT, &l);
+    for (uint64_t k = 0; k < count; k++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s@%llu=%s", fmt_op_name(ft_cfg[_i].op), (unsigned long long)k,
+                 ft_cfg[_i].kind);
+        int rc = faulty_write(path, spec, ft_cfg[_i].qd, ft_cfg[_i].zc, &st);
+        ck_assert_msg(rc < 0, "%s: the write succeeded (of %llu ops)", spec, (unsigned long long)count);
+        ck_assert_msg(st.error < 0, "%s: stats.error is %d", spec, st.error);
+    }
+    clear_env();
+    scratch_end(&sc);
+}
+END_TEST
+
+/* Without fmt_vfd_close, the error still fails a plain H5Fclose (in a child: HDF5 1.10
+   keeps the id of a file whose close failed and would crash closing it again at exit). */
+START_TEST(plain_h5fclose_fails)
+{
+    scratch sc = scratch_begin("plain", "p.h5");
+    const char *path = sc.path;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RK_LOG", "error", 1);
+        rk__log_reload();
+        fmt_vfd_opts o = {0};
+        hid_t fapl = fmt_vfd_fapl(&o);
+        hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+        hsize_t dim = 100000;
+        hid_t sp = H5Screate_simple(1, &dim, NULL);
+        hid_t d = H5Dcreate2(f, "x", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        void *buf = calloc(1, dim);
+        if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0 || H5Dclose(d) < 0)
+            _exit(3);
+        setenv("RK_FAULT", "sync@*=eio", 1);
+        fmt_fault_reset();
+        herr_t rc = f >= 0 ? H5Fclose(f) : 0;
+        _exit(f < 0 ? 2 : rc < 0 ? 0 : 1);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x (1: H5Fclose succeeded)",
+                  status);
+    scratch_end(&sc);
+}
+END_TEST
+
+/* A crash injected into the driver's write kills the writer (SIGKILL), in a child. */
+START_TEST(crash_in_driver_write)
+{
+    scratch sc = scratch_begin("crashw", "c.h5");
+    const char *path = sc.path;
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fmt_vfd_stats st;
+        faulty_write(path, "write@3=crash", 4, false, &st);
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "child status %#x, want SIGKILL", status);
+    scratch_end(&sc);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("vfd");
+    TCase *tc = tcase_create("fio");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, fio_wrappers_and_counts);
+    tcase_add_loop_test(tc, fio_bad_spec_ignored_with_log, 0, (int)RK_ARRAY_LEN(bad_specs));
+    tcase_add_test(tc, fio_crash_before_rename);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("roundtrip");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, roundtrip_odd_sizes, 0, (int)RK_ARRAY_LEN(rt_cfg));
+    tcase_add_test(tc, reads_sec2_files);
+    tcase_add_test(tc, split_large_writes);
+    tcase_add_test(tc, rk_io_buffered);
+    tcase_add_loop_test(tc, fallback_recorded_and_logged, 0, (int)RK_ARRAY_LEN(fb_cfg));
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("faults");
+    tcase_set_timeout(tc, 90);
+    tcase_add_loop_test(tc, fault_at_every_index_fails, 0, (int)RK_ARRAY_LEN(ft_cfg));
+    tcase_add_test(tc, crash_in_driver_write);
+    tcase_add_test(tc, plain_h5fclose_fails);
+    suite_add_tcase(s, tc);
+    return th_main(s);
+}
