@@ -1,0 +1,89 @@
+/*
+ * tests/prog_run.c - a worker for the tests of `rekindle run` (tests/test_run.c).
+ *
+ *   prog_run MODE DIR
+ *
+ * Every mode first appends "start <rank> <RK_RUN_ATTEMPT>" to DIR/launches (one line per
+ * process and launch, O_APPEND), rank from OMPI_COMM_WORLD_RANK. Then:
+ *   env       writes every RK_* variable it sees to DIR/env-<rank>; exits 0
+ *   kill1     MPI job: rank 1 SIGKILLs itself after MPI_Init; the others wait a little,
+ *             write DIR/done-<rank>, MPI_Finalize and exit 0
+ *   fail      exits 3
+ *   hang      writes its pid to DIR/pid-<rank>, ignores SIGINT and SIGTERM and sleeps
+ *             forever (only SIGKILL ends it)
+ */
+#include <fcntl.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static int put(const char *dir, const char *name, const char *rank, const char *text, int flags)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s%s", dir, name, rank);
+    int fd = open(path, O_WRONLY | O_CREAT | flags, 0644);
+    if (fd < 0) {
+        perror(path);
+        return -1;
+    }
+    ssize_t w = write(fd, text, strlen(text)); /* one write: O_APPEND lines never mix */
+    close(fd);
+    return w == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: prog_run env|kill1|fail|hang DIR\n");
+        return 2;
+    }
+    const char *mode = argv[1], *dir = argv[2];
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK"), *attempt = getenv("RK_RUN_ATTEMPT");
+    if (!rank)
+        rank = "?";
+    char line[256];
+    snprintf(line, sizeof(line), "start %s %s\n", rank, attempt ? attempt : "?");
+    if (put(dir, "launches", "", line, O_APPEND) != 0)
+        return 2;
+
+    if (strcmp(mode, "env") == 0) {
+        char buf[16384];
+        size_t n = 0;
+        buf[0] = '\0';
+        for (char **e = environ; *e; e++)
+            if (strncmp(*e, "RK_", 3) == 0 && n < sizeof(buf))
+                n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s\n", *e);
+        return put(dir, "env-", rank, buf, O_TRUNC) == 0 ? 0 : 2;
+    }
+    if (strcmp(mode, "kill1") == 0) {
+        MPI_Init(&argc, &argv);
+        int r = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        if (r == 1)
+            raise(SIGKILL);
+        struct timespec ts = {0, 300 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        put(dir, "done-", rank, "done\n", O_TRUNC);
+        MPI_Finalize();
+        return 0;
+    }
+    if (strcmp(mode, "fail") == 0)
+        return 3;
+    if (strcmp(mode, "hang") == 0) {
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        snprintf(line, sizeof(line), "%ld\n", (long)getpid());
+        if (put(dir, "pid-", rank, line, O_TRUNC) != 0)
+            return 2;
+        for (;;)
+            pause();
+    }
+    fprintf(stderr, "prog_run: unknown mode '%s'\n", mode);
+    return 2;
+}

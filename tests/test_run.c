@@ -1,0 +1,420 @@
+/*
+ * tests/test_run.c - the launcher `rekindle run` (contract section 4), with real mpirun
+ * jobs of tests/prog_run: a job runs and completes; RK_* settings, the job secret and
+ * RK_SPARES reach every worker; a job that loses a worker while the others finish is a
+ * success (no relaunch); a job that always fails is relaunched --max-restarts times and
+ * exits with its status; SIGINT stops every worker (none left behind); usage errors
+ * exit 2.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "rekindle.h"
+
+#define JOB_TIMEOUT_S 60
+
+static char *prog_path(void)
+{
+    const char *b = getenv("RK_TEST_BUILD");
+    char *p = NULL;
+    if (asprintf(&p, "%s/tests/prog_run", b ? b : "build") < 0)
+        return NULL;
+    return p;
+}
+
+/* rekindle run ARGS... -- prog_run MODE DIR (prog is appended when mode is not NULL). */
+static int launch(const char *const env[], char **out, const char *mode, const char *dir, const char *const args[])
+{
+    char *rekindle = th_bin("rekindle"), *prog = prog_path();
+    char *argv[24] = {rekindle, "run"};
+    size_t n = 2;
+    for (size_t i = 0; args[i] && n < 18; i++)
+        argv[n++] = (char *)args[i];
+    if (mode) {
+        argv[n++] = "--";
+        argv[n++] = prog;
+        argv[n++] = (char *)mode;
+        argv[n++] = (char *)dir;
+    }
+    argv[n] = NULL;
+    unsetenv("RK_JOB_SECRET");
+    unsetenv("RK_RUN_DIR");
+    int rc = th_run(argv, env, JOB_TIMEOUT_S, out);
+    free(rekindle);
+    free(prog);
+    return rc;
+}
+
+#define LAUNCH(env, out, mode, dir, ...) launch(env, out, mode, dir, (const char *const[]){__VA_ARGS__, NULL})
+
+static char *read_in(const char *dir, const char *name)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    return th_read_file(path, NULL);
+}
+
+static int count_lines(const char *s, const char *prefix)
+{
+    int n = 0;
+    for (const char *p = s; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += *p && strncmp(p, prefix, strlen(prefix)) == 0;
+    return n;
+}
+
+/* The value of NAME=... in a prog_run env file, into val. */
+static bool env_value(const char *envfile, const char *name, char *val, size_t cap)
+{
+    size_t nl = strlen(name);
+    for (const char *p = envfile; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, name, nl) == 0 && p[nl] == '=') {
+            const char *v = p + nl + 1, *end = strchr(v, '\n');
+            size_t len = end ? (size_t)(end - v) : strlen(v);
+            snprintf(val, cap, "%.*s", (int)len, v);
+            return true;
+        }
+    }
+    return false;
+}
+
+static bool is_secret(const char *s)
+{
+    size_t n = strspn(s, "0123456789abcdef");
+    return n == 64 && s[n] == '\0';
+}
+
+/* Runs an env job of n workers (+ spares) and returns the secret every worker saw
+   (asserting they agree), checking the RK_* variables named in want ("NAME=value"). */
+static void env_job(const char *const env[], const char *const args[], int nproc, const char *const want[],
+                    char secret[80])
+{
+    char *dir = th_tmpdir("run-env"), *out = NULL;
+    th_assert_rc(launch(env, &out, "env", dir, args), 0);
+    secret[0] = '\0';
+    for (int r = 0; r < nproc; r++) {
+        char name[32], val[256];
+        snprintf(name, sizeof(name), "env-%d", r);
+        char *e = read_in(dir, name);
+        ck_assert_msg(e != NULL, "worker %d left no env file; launcher said:\n%s", r, out);
+        ck_assert_msg(env_value(e, "RK_JOB_SECRET", val, sizeof(val)), "rank %d: no RK_JOB_SECRET", r);
+        ck_assert_msg(is_secret(val), "rank %d: RK_JOB_SECRET '%s' is not 64 lowercase hex digits", r, val);
+        if (r == 0)
+            snprintf(secret, 80, "%.64s", val); /* is_secret: 64 characters */
+        ck_assert_str_eq(val, secret);
+        for (size_t i = 0; want && want[i]; i++) {
+            const char *eq = strchr(want[i], '=');
+            char wname[64];
+            snprintf(wname, sizeof(wname), "%.*s", (int)(eq - want[i]), want[i]);
+            ck_assert_msg(env_value(e, wname, val, sizeof(val)), "rank %d: %s missing:\n%s", r, wname, e);
+            ck_assert_str_eq(val, eq + 1);
+        }
+        free(e);
+    }
+    char extra[32];
+    snprintf(extra, sizeof(extra), "env-%d", nproc);
+    char *none = read_in(dir, extra);
+    ck_assert_msg(none == NULL, "more than %d processes started", nproc);
+    char *launches = read_in(dir, "launches");
+    ck_assert_int_eq(count_lines(launches, "start "), nproc);
+    free(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+
+START_TEST(three_workers_complete)
+{
+    char *dir = th_tmpdir("run-ok"), *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, "env", dir, "-n", "3"), 0);
+    char *launches = read_in(dir, "launches");
+    ck_assert_msg(launches != NULL, "no worker started:\n%s", out);
+    for (int r = 0; r < 3; r++) {
+        char want[32];
+        snprintf(want, sizeof(want), "start %d 0\n", r);
+        ck_assert_msg(strstr(launches, want), "no '%s' in launches:\n%s", want, launches);
+    }
+    ck_assert_int_eq(count_lines(launches, "start "), 3);
+    ck_assert_msg(strstr(out, "rekindle:") == NULL, "the launcher complained about a good job:\n%s", out);
+    free(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(rk_variables_reach_workers)
+{
+    const char *env[] = {"RK_CKPT_EVERY=7", "RK_TEST_MARKER=hello world", NULL};
+    const char *want[] = {"RK_CKPT_EVERY=7", "RK_TEST_MARKER=hello world", "RK_SPARES=0", "RK_RUN_ATTEMPT=0", NULL};
+    char secret[80];
+    env_job(env, (const char *const[]){"-n", "3", NULL}, 3, want, secret);
+}
+END_TEST
+
+START_TEST(secret_fresh_per_run_or_kept)
+{
+    char s1[80], s2[80], s3[80];
+    env_job(NULL, (const char *const[]){"-n", "2", NULL}, 2, NULL, s1);
+    env_job(NULL, (const char *const[]){"-n", "2", NULL}, 2, NULL, s2);
+    ck_assert_msg(strcmp(s1, s2) != 0, "two runs got the same secret %s", s1);
+    /* A secret already set is the job's. */
+    static char set[] = "RK_JOB_SECRET=00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+    const char *env[] = {set, NULL};
+    const char *want[] = {set, NULL};
+    env_job(env, (const char *const[]){"-n", "2", NULL}, 2, want, s3);
+    ck_assert_str_eq(s3, set + strlen("RK_JOB_SECRET="));
+}
+END_TEST
+
+START_TEST(malformed_secret_refused)
+{
+    char *dir = th_tmpdir("run-badsecret"), *out = NULL;
+    const char *env[] = {"RK_JOB_SECRET=not-hex", NULL};
+    th_assert_rc(LAUNCH(env, &out, "env", dir, "-n", "2"), 2);
+    ck_assert_msg(strstr(out, "RK_JOB_SECRET") != NULL, "message does not name RK_JOB_SECRET:\n%s", out);
+    char *launches = read_in(dir, "launches");
+    ck_assert_ptr_null(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+START_TEST(spares_started_and_told)
+{
+    const char *want[] = {"RK_SPARES=1", NULL};
+    char secret[80];
+    env_job(NULL, (const char *const[]){"-n", "2", "--spares", "1", NULL}, 3, want, secret);
+}
+END_TEST
+
+START_TEST(hostfile_passed_through)
+{
+    char *dir = th_tmpdir("run-hosts");
+    char hostfile[4096];
+    snprintf(hostfile, sizeof(hostfile), "%s/hosts", dir);
+    th_assert_rc(th_write_file(hostfile, "localhost slots=8\n", 18), 0);
+    char secret[80];
+    env_job(NULL, (const char *const[]){"-n", "2", "--hostfile", hostfile, NULL}, 2, NULL, secret);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* A lost worker whose peers finish is a success: exit 0, one launch, the loss reported. */
+START_TEST(lost_worker_survivors_finish)
+{
+    char *dir = th_tmpdir("run-kill"), *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, "kill1", dir, "-n", "3", "--max-restarts", "2"), 0);
+    char *launches = read_in(dir, "launches");
+    ck_assert_msg(launches != NULL, "no worker started:\n%s", out);
+    ck_assert_msg(count_lines(launches, "start ") == 3, "launched more than once:\n%s\nlauncher:\n%s", launches, out);
+    char *d0 = read_in(dir, "done-0"), *d2 = read_in(dir, "done-2"), *d1 = read_in(dir, "done-1");
+    ck_assert_msg(d0 && d2, "survivors did not finish:\n%s", out);
+    ck_assert_ptr_null(d1);
+    ck_assert_msg(strstr(out, "rank 1: killed by signal 9"), "loss not reported:\n%s", out);
+    ck_assert_ptr_null(strstr(out, "relaunching"));
+    free(d0);
+    free(d2);
+    free(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* A job that always fails: launched 1 + max-restarts times, each relaunch logged with
+   its reason, and the launcher exits with the job's status. */
+START_TEST(failing_job_relaunched)
+{
+    char *dir = th_tmpdir("run-fail"), *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, "fail", dir, "-n", "2", "--max-restarts", "2"), 3);
+    char *launches = read_in(dir, "launches");
+    ck_assert_msg(launches != NULL, "no worker started:\n%s", out);
+    ck_assert_int_eq(count_lines(launches, "start "), 6);
+    for (int k = 0; k < 3; k++) {
+        char want[32];
+        snprintf(want, sizeof(want), "start 0 %d\n", k);
+        ck_assert_msg(strstr(launches, want), "no '%s' in launches:\n%s", want, launches);
+    }
+    ck_assert_int_eq(count_lines(out, "rekindle: run: job failed (rank 0: exit 3; rank 1: exit 3): relaunching"),
+                     2);
+    ck_assert_msg(strstr(out, "no restarts left"), "no final failure line:\n%s", out);
+    free(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* A PROGRAM that cannot be started fails like a job that died (exit 127), no hang. */
+START_TEST(missing_program_fails)
+{
+    char *rekindle = th_bin("rekindle"), *out = NULL;
+    char *argv[] = {rekindle, "run", "-n", "2", "--", "/nonexistent/program", NULL};
+    th_assert_rc(th_run(argv, NULL, JOB_TIMEOUT_S, &out), 127);
+    ck_assert_msg(strstr(out, "cannot start /nonexistent/program"), "no reason given:\n%s", out);
+    free(out);
+    free(rekindle);
+}
+END_TEST
+
+static bool alive(long pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] != 'Z';
+}
+
+/* SIGINT to the launcher: every worker (even ones that ignore SIGINT and SIGTERM) is
+   gone when it returns, nothing matches the job's command line, and the status is 130. */
+START_TEST(sigint_leaves_nothing_behind)
+{
+    char *dir = th_tmpdir("run-sigint");
+    char *rekindle = th_bin("rekindle"), *prog = prog_path();
+    char logpath[4096];
+    snprintf(logpath, sizeof(logpath), "%s/launcher.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        freopen(logpath, "w", stdout);
+        dup2(STDOUT_FILENO, STDERR_FILENO);
+        unsetenv("RK_JOB_SECRET");
+        execl(rekindle, rekindle, "run", "-n", "3", "--", prog, "hang", dir, (char *)NULL);
+        _exit(127);
+    }
+    long pids[3] = {0};
+    for (int waited = 0; waited < 300; waited++) { /* up to 30 s for the workers to start */
+        int have = 0;
+        for (int r = 0; r < 3; r++) {
+            char name[16];
+            snprintf(name, sizeof(name), "pid-%d", r);
+            char *s = read_in(dir, name);
+            if (s && *s)
+                pids[r] = atol(s), have++;
+            free(s);
+        }
+        if (have == 3)
+            break;
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(pids[r] > 0 && alive(pids[r]), "worker %d did not start", r);
+    kill(pid, SIGINT);
+    int status = 0, waited = 0;
+    for (; waited < 300 && waitpid(pid, &status, WNOHANG) == 0; waited++) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (waited == 300) {
+        kill(-pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ck_abort_msg("the launcher did not end within 30 s of SIGINT");
+    }
+    char *log = th_read_file(logpath, NULL);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 130, "launcher status %#x, want exit 130; log:\n%s",
+                  status, log ? log : "");
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(!alive(pids[r]), "worker %d (pid %ld) outlived the launcher", r, pids[r]);
+    char *pg = NULL, *pgrep[] = {"pgrep", "-a", "-f", "--", dir, NULL};
+    ck_assert_msg(th_run(pgrep, NULL, 10, &pg) == 1, "processes of the job left behind:\n%s", pg ? pg : "");
+    free(pg);
+    free(log);
+    free(rekindle);
+    free(prog);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+static const struct {
+    const char *args[8];
+    const char *says;
+} usage_errors[] = {
+    {{NULL}, "-n N is required"},
+    {{"-n", NULL}, "-n ''"},
+    {{"-n", "0", "--", "true", NULL}, "-n '0'"},
+    {{"-n", "two", "--", "true", NULL}, "-n 'two'"},
+    {{"-n", "2", NULL}, "no PROGRAM"},
+    {{"-n", "2", "--", NULL}, "no PROGRAM"},
+    {{"-n", "2", "--spares", "-1", "--", "true", NULL}, "--spares '-1'"},
+    {{"-n", "2", "--max-restarts", "x", "--", "true", NULL}, "--max-restarts 'x'"},
+    {{"-n", "2", "--hostfile", "/nonexistent/hosts", "--", "true", NULL}, "/nonexistent/hosts"},
+    {{"-n", "2", "--frobnicate", "--", "true", NULL}, "unknown option '--frobnicate'"},
+};
+
+START_TEST(usage_errors_exit_2)
+{
+    char *out = NULL;
+    th_assert_rc(launch(NULL, &out, NULL, NULL, usage_errors[_i].args), 2);
+    ck_assert_msg(strstr(out, usage_errors[_i].says), "output does not say '%s':\n%s", usage_errors[_i].says, out);
+    ck_assert_msg(strncmp(out, "rekindle: run: ", 15) == 0, "not one 'rekindle: run:' line:\n%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(mpirun_not_found_exit_2)
+{
+    char *out = NULL;
+    const char *env[] = {"PATH=/nonexistent", NULL};
+    th_assert_rc(LAUNCH(env, &out, NULL, NULL, "-n", "2", "--", "/bin/true"), 2);
+    ck_assert_msg(strstr(out, "mpirun not found"), "output:\n%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(help)
+{
+    char *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, NULL, NULL, "--help"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "usage: rekindle run -n N"));
+    ck_assert_ptr_nonnull(strstr(out, "--max-restarts"));
+    free(out);
+}
+END_TEST
+
+static Suite *run_suite(void)
+{
+    Suite *s = suite_create("run");
+    TCase *jobs = tcase_create("jobs");
+    tcase_set_timeout(jobs, 90);
+    tcase_add_test(jobs, three_workers_complete);
+    tcase_add_test(jobs, rk_variables_reach_workers);
+    tcase_add_test(jobs, secret_fresh_per_run_or_kept);
+    tcase_add_test(jobs, malformed_secret_refused);
+    tcase_add_test(jobs, spares_started_and_told);
+    tcase_add_test(jobs, hostfile_passed_through);
+    tcase_add_test(jobs, lost_worker_survivors_finish);
+    tcase_add_test(jobs, failing_job_relaunched);
+    tcase_add_test(jobs, missing_program_fails);
+    tcase_add_test(jobs, sigint_leaves_nothing_behind);
+    suite_add_tcase(s, jobs);
+    TCase *cli = tcase_create("command_line");
+    tcase_set_timeout(cli, 30);
+    tcase_add_loop_test(cli, usage_errors_exit_2, 0, (int)(sizeof(usage_errors) / sizeof(usage_errors[0])));
+    tcase_add_test(cli, mpirun_not_found_exit_2);
+    tcase_add_test(cli, help);
+    suite_add_tcase(s, cli);
+    return s;
+}
+
+int main(void)
+{
+    return th_main(run_suite());
+}

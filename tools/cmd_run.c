@@ -1,0 +1,617 @@
+/*
+ * tools/cmd_run.c - `rekindle run`: launches a program on N workers with Open MPI so that
+ * survivors outlive a lost worker, and relaunches a job that died as a whole.
+ *
+ *   rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]
+ *
+ * How it works (docs/LAUNCHER.md has the user's view):
+ *   1. The environment: RK_JOB_SECRET (32 random bytes as 64 lowercase hex digits, unless
+ *      one is set already), RK_SPARES=S, RK_RUN_DIR (a private directory for the run's
+ *      records), RK_RUN_ATTEMPT (0 for the first launch, 1 for the first relaunch...).
+ *      Every RK_* variable is forwarded to the workers with `mpirun -x NAME` (by name:
+ *      the secret never appears on a command line).
+ *   2. mpirun runs N+S copies of `rekindle run --rk-worker DIR -- PROGRAM ARGS`: a small
+ *      wrapper that runs PROGRAM as its child, passes signals on, and when PROGRAM ends
+ *      records how ("exit C" or "signal S") in DIR/rank-<R>, then ends the same way.
+ *   3. Completion: with `--enable-recovery --mca orte_abort_on_non_zero_status 0`,
+ *      mpirun (Open MPI 4.1) exits 0 whatever its processes did, even when every one of
+ *      them failed. So the launcher judges by the records: the job completed if at least
+ *      one worker's PROGRAM exited 0 (workers that were lost along the way are reported
+ *      on stderr). Otherwise the job died; with restarts left it is relaunched (and
+ *      resumes from its latest checkpoint), else the launcher exits with the job's status:
+ *      the exit code of the lowest failing rank, or 128+signal.
+ *   4. Processes: mpirun runs in its own session (setsid); Open MPI gives each worker its
+ *      own process group, but all stay in that session. The launcher is a child
+ *      subreaper, so orphans come back to it. When mpirun is gone, whatever is left in
+ *      the session is SIGKILLed. SIGINT/SIGTERM/SIGHUP are passed to mpirun (a second one,
+ *      or RUN_GRACE_MS without an end, escalates to SIGKILL of the whole session); the
+ *      exit status is then 128+signal and there is no relaunch.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tools.h"
+
+extern char **environ;
+
+enum {
+    RUN_GRACE_MS = 5000,  /* after a forwarded signal, before SIGKILL of the session */
+    SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
+    SECRET_BYTES = 32,
+    MAX_WORKERS = 1 << 16,
+};
+
+struct run_args {
+    int n, spares, max_restarts;
+    const char *hostfile;
+    char **prog; /* PROGRAM and its arguments, NULL-terminated (points into argv) */
+};
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]\n\n"
+            "Launches PROGRAM on N workers with Open MPI (mpirun) so that survivors outlive a\n"
+            "lost worker, and relaunches a job that died as a whole so it resumes from its\n"
+            "latest checkpoint.\n\n"
+            "  -n N              workers (required, >= 1)\n"
+            "  --spares S        start S more processes; RK_SPARES=S tells the library that the\n"
+            "                    last S ranks are spares (default 0)\n"
+            "  --hostfile F      Open MPI hostfile, passed to mpirun (multi-host: set RK_RUN_DIR\n"
+            "                    to a directory every host shares)\n"
+            "  --max-restarts R  relaunch a job that died up to R times (default 0)\n\n"
+            "The workers get every RK_* variable of this environment, a job secret\n"
+            "RK_JOB_SECRET (generated unless set: 64 hex digits), RK_RUN_DIR and\n"
+            "RK_RUN_ATTEMPT. The job completed if at least one worker exited 0; lost\n"
+            "workers are reported on stderr. SIGINT/SIGTERM stop every worker.\n\n"
+            "exit status: 0 the job completed; the job's status (the lowest failing rank's\n"
+            "exit code, or 128+signal) if it died with no restarts left; 128+signal if\n"
+            "stopped by a signal; 2 usage or environment error.\n");
+}
+
+static int parse_count(const char *opt, const char *s, int lo, int hi, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || !*s || *end || errno || v < lo || v > hi)
+        return tool_error(TOOL_USAGE, "run: %s '%s': want an integer in %d..%d", opt, s ? s : "", lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+enum { RUN_HELP_SHOWN = -1 };
+
+/* 0 parsed, RUN_HELP_SHOWN, TOOL_USAGE on a bad command line (message printed). */
+static int parse_run_args(int argc, char **argv, struct run_args *a)
+{
+    *a = (struct run_args){.n = -1};
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *o = argv[i];
+        if (strcmp(o, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            run_usage(stdout);
+            return RUN_HELP_SHOWN;
+        }
+        if (o[0] != '-')
+            break; /* PROGRAM without "--" */
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc;
+        if (strcmp(o, "-n") == 0 || strcmp(o, "-np") == 0)
+            rc = parse_count(o, v, 1, MAX_WORKERS, &a->n);
+        else if (strcmp(o, "--spares") == 0)
+            rc = parse_count(o, v, 0, MAX_WORKERS, &a->spares);
+        else if (strcmp(o, "--max-restarts") == 0)
+            rc = parse_count(o, v, 0, 1000000, &a->max_restarts);
+        else if (strcmp(o, "--hostfile") == 0) {
+            if (!v)
+                return tool_error(TOOL_USAGE, "run: --hostfile needs a file");
+            if (access(v, R_OK) != 0)
+                return tool_error(TOOL_USAGE, "run: --hostfile %s: %s", v, strerror(errno));
+            a->hostfile = v;
+            rc = 0;
+        } else
+            return tool_error(TOOL_USAGE, "run: unknown option '%s' (see rekindle run --help)", o);
+        if (rc != 0)
+            return rc;
+        i++;
+    }
+    if (a->n < 0)
+        return tool_error(TOOL_USAGE, "run: -n N is required (see rekindle run --help)");
+    if (i >= argc)
+        return tool_error(TOOL_USAGE, "run: no PROGRAM to run (rekindle run -n N -- PROGRAM [ARGS...])");
+    if (a->n + a->spares > MAX_WORKERS)
+        return tool_error(TOOL_USAGE, "run: -n %d plus --spares %d is more than %d processes", a->n, a->spares,
+                          MAX_WORKERS);
+    a->prog = argv + i;
+    return 0;
+}
+
+/* ---- the worker wrapper (rekindle run --rk-worker DIR -- PROGRAM ARGS) ------------------ */
+
+static int write_record(const char *dir, const char *rank, const char *text)
+{
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    snprintf(path, sizeof(path), "%s/rank-%s", dir, rank);
+    snprintf(tmp, sizeof(tmp), "%s/.rank-%s", dir, rank);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return -errno;
+    int ok = fputs(text, f) >= 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0)
+        return -EIO;
+    return 0;
+}
+
+static int worker_main(const char *dir, char **prog)
+{
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank)
+        rank = getenv("PMIX_RANK");
+    if (!rank)
+        return tool_error(TOOL_USAGE, "run --rk-worker: no OMPI_COMM_WORLD_RANK (not started by mpirun?)");
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t child = fork();
+    if (child < 0)
+        return tool_error(TOOL_USAGE, "run: rank %s: fork: %s", rank, strerror(errno));
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper lost: its program goes too */
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        execvp(prog[0], prog);
+        fprintf(stderr, "rekindle: run: rank %s: cannot start %s: %s\n", rank, prog[0], strerror(errno));
+        _exit(127);
+    }
+    /* Pass on what is sent to the wrapper; end when the program ends. */
+    int status = 0;
+    for (;;) {
+        siginfo_t si;
+        int sig = sigwaitinfo(&all, &si);
+        if (sig == SIGCHLD) {
+            pid_t w = waitpid(child, &status, WNOHANG);
+            if (w == child)
+                break;
+        } else if (sig > 0 && sig != SIGCHLD) {
+            kill(child, sig);
+        }
+    }
+    char text[64];
+    if (WIFSIGNALED(status))
+        snprintf(text, sizeof(text), "signal %d\n", WTERMSIG(status));
+    else
+        snprintf(text, sizeof(text), "exit %d\n", WEXITSTATUS(status));
+    int rc = write_record(dir, rank, text);
+    if (rc != 0)
+        fprintf(stderr, "rekindle: run: rank %s: cannot record its end in %s: %s\n", rank, dir, strerror(-rc));
+    if (WIFSIGNALED(status)) {
+        /* End the same way, so that mpirun sees what happened (no core of the wrapper). */
+        struct rlimit no_core = {0, 0};
+        setrlimit(RLIMIT_CORE, &no_core);
+        signal(WTERMSIG(status), SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, WTERMSIG(status));
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        raise(WTERMSIG(status));
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+/* ---- the launcher ------------------------------------------------------------------------ */
+
+static char *find_in_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        return NULL;
+    char *copy = strdup(path), *save = NULL;
+    for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save)) {
+        char *cand = NULL;
+        if (asprintf(&cand, "%s/%s", *d ? d : ".", name) < 0)
+            break;
+        if (access(cand, X_OK) == 0) {
+            free(copy);
+            return cand;
+        }
+        free(cand);
+    }
+    free(copy);
+    return NULL;
+}
+
+static bool is_secret(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f')))
+            return false;
+    return n == 2 * SECRET_BYTES;
+}
+
+/* RK_JOB_SECRET: kept if set (and well formed), otherwise 32 random bytes in hex. */
+static int job_secret(void)
+{
+    const char *have = getenv("RK_JOB_SECRET");
+    if (have) {
+        if (!is_secret(have))
+            return tool_error(TOOL_USAGE, "run: RK_JOB_SECRET is set but is not %d lowercase hex digits",
+                              2 * SECRET_BYTES);
+        return 0;
+    }
+    unsigned char raw[SECRET_BYTES];
+    for (size_t got = 0; got < sizeof(raw);) {
+        ssize_t r = getrandom(raw + got, sizeof(raw) - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return tool_error(TOOL_USAGE, "run: getrandom for RK_JOB_SECRET: %s", strerror(errno));
+        got += (size_t)r;
+    }
+    char hex[2 * SECRET_BYTES + 1];
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    setenv("RK_JOB_SECRET", hex, 1);
+    return 0;
+}
+
+/* The argv of mpirun for one attempt (malloc'd array; strings from argv, env or static). */
+static char **mpirun_argv(const char *mpirun, const char *self, const struct run_args *a, const char *rec_dir,
+                          char *nbuf)
+{
+    size_t nenv = 0, nprog = 0;
+    for (char **e = environ; *e; e++)
+        nenv += strncmp(*e, "RK_", 3) == 0;
+    while (a->prog[nprog])
+        nprog++;
+    char **v = calloc(24 + 2 * nenv + nprog, sizeof(char *));
+    if (!v)
+        return NULL;
+    size_t k = 0;
+    v[k++] = (char *)mpirun;
+    v[k++] = "-n";
+    v[k++] = nbuf;
+    v[k++] = "--enable-recovery";
+    v[k++] = "--mca";
+    v[k++] = "orte_abort_on_non_zero_status";
+    v[k++] = "0";
+    v[k++] = "--oversubscribe";
+    v[k++] = "--mca";
+    v[k++] = "btl_vader_single_copy_mechanism";
+    v[k++] = "none";
+    if (geteuid() == 0)
+        v[k++] = "--allow-run-as-root";
+    if (a->hostfile) {
+        v[k++] = "--hostfile";
+        v[k++] = (char *)a->hostfile;
+    }
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, "RK_", 3) != 0)
+            continue;
+        char *eq = strchr(*e, '=');
+        v[k++] = "-x";
+        v[k++] = eq ? strndup(*e, (size_t)(eq - *e)) : strdup(*e); /* freed by free_argv */
+    }
+    v[k++] = (char *)self;
+    v[k++] = "run";
+    v[k++] = "--rk-worker";
+    v[k++] = (char *)rec_dir;
+    v[k++] = "--";
+    for (size_t i = 0; i < nprog; i++)
+        v[k++] = a->prog[i];
+    v[k] = NULL;
+    return v;
+}
+
+static void free_argv(char **v)
+{
+    for (size_t i = 0; v && v[i]; i++)
+        if (strcmp(v[i], "-x") == 0 && v[i + 1])
+            free(v[++i]);
+    free(v);
+}
+
+/* SIGKILLs every process of session `sid` but ourselves; reaps what comes back to us.
+   Returns how many were still there (0: the session is empty, zombies aside). */
+static int session_kill(pid_t sid)
+{
+    int found = 0;
+    DIR *d = opendir("/proc");
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == getpid())
+            continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+            continue;
+        buf[n] = '\0';
+        /* pid (comm) state ppid pgrp session ... ; comm may hold spaces: after the last ')' */
+        char *p = strrchr(buf, ')');
+        char state = 0;
+        long ppid, pgrp, session;
+        if (!p || sscanf(p + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) != 4)
+            continue;
+        if (session != sid || state == 'Z')
+            continue;
+        found++;
+        kill((pid_t)pid, SIGKILL);
+    }
+    closedir(d);
+    while (waitpid(-1, NULL, WNOHANG) > 0) /* orphans reparented to us (subreaper) */
+        ;
+    return found;
+}
+
+static void session_sweep(pid_t sid)
+{
+    int64_t deadline = rk__deadline_ns(SWEEP_MS);
+    while (session_kill(sid) > 0 && !rk__deadline_passed(deadline)) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Runs mpirun to its end. Returns its wait status; *stop_sig is the first stopping
+   signal received (0: none). Signals in `watch` are blocked by the caller. */
+static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        setsid(); /* its own session and process group: see the header, point 4 */
+        sigprocmask(SIG_SETMASK, old_mask, NULL);
+        execv(argv[0], argv);
+        fprintf(stderr, "rekindle: run: cannot start %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    int64_t kill_at = INT64_MAX;
+    bool done = false, killed = false;
+    while (!done) {
+        struct timespec tick = {0, 100 * 1000 * 1000};
+        siginfo_t si;
+        int sig = sigtimedwait(watch, &si, &tick);
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+            if (*stop_sig == 0) {
+                *stop_sig = sig;
+                kill(pid, sig == SIGHUP ? SIGTERM : sig);
+                kill_at = rk__deadline_ns(RUN_GRACE_MS);
+            } else {
+                kill_at = 0; /* a second one: no more waiting */
+            }
+        }
+        int ws = 0;
+        for (pid_t w; (w = waitpid(-1, &ws, WNOHANG)) > 0;) { /* mpirun, or orphans of the session */
+            if (w == pid) {
+                status = ws;
+                done = true;
+            }
+        }
+        if (!done && !killed && rk__mono_ns() >= kill_at) {
+            fprintf(stderr, "rekindle: run: workers still running %d ms after the signal: killing them\n",
+                    RUN_GRACE_MS);
+            kill(-pid, SIGKILL);
+            session_kill(pid);
+            killed = true;
+        }
+    }
+    session_sweep(pid);
+    return status;
+}
+
+/* How the workers of one attempt ended, from their records. */
+struct verdict {
+    int recorded;  /* workers that recorded how they ended */
+    int ok;        /* workers whose PROGRAM exited 0 */
+    int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
+    char lost[512]; /* "rank 1: killed by signal 9; rank 2: no record" */
+};
+
+static void judge(const char *dir, int nproc, struct verdict *v)
+{
+    memset(v, 0, sizeof(*v));
+    size_t len = 0;
+    int listed = 0;
+    for (int r = 0; r < nproc; r++) {
+        char path[PATH_MAX], what[64] = "";
+        bool fits = snprintf(path, sizeof(path), "%s/rank-%d", dir, r) < (int)sizeof(path);
+        FILE *f = fits ? fopen(path, "r") : NULL;
+        int code = -1, status;
+        char kind[16] = "";
+        if (f) {
+            if (fscanf(f, "%15s %d", kind, &code) != 2)
+                kind[0] = '\0';
+            fclose(f);
+        }
+        v->recorded += kind[0] != '\0';
+        if (strcmp(kind, "exit") == 0 && code == 0) {
+            v->ok++;
+            continue;
+        }
+        if (strcmp(kind, "exit") == 0) {
+            snprintf(what, sizeof(what), "exit %d", code);
+            status = code;
+        } else if (strcmp(kind, "signal") == 0) {
+            snprintf(what, sizeof(what), "killed by signal %d (%s)", code, strsignal(code));
+            status = 128 + code;
+        } else {
+            snprintf(what, sizeof(what), "ended without a record");
+            status = 1;
+        }
+        if (v->job_status == 0)
+            v->job_status = status;
+        if (listed++ < 8 && len < sizeof(v->lost))
+            len += (size_t)snprintf(v->lost + len, sizeof(v->lost) - len, "%srank %d: %s", len ? "; " : "", r, what);
+    }
+    if (listed > 8 && len < sizeof(v->lost))
+        snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
+}
+
+static int make_run_dir(char *out, size_t cap, bool *created)
+{
+    const char *given = getenv("RK_RUN_DIR");
+    *created = false;
+    if (given && *given) {
+        if (mkdir(given, 0700) != 0 && errno != EEXIST)
+            return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s: %s", given, strerror(errno));
+        snprintf(out, cap, "%s", given);
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(out, cap, "%s/rekindle-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(out))
+        return tool_error(TOOL_USAGE, "run: cannot create a run directory %s: %s", out, strerror(errno));
+    *created = true;
+    setenv("RK_RUN_DIR", out, 1);
+    return 0;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (e->d_type == DT_DIR)
+            remove_tree(path);
+        else
+            unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+/* One launch: records into RUN_DIR/attempt-K. Returns 0 and fills *v, or the launcher's
+   exit status when it cannot tell (mpirun did not start, or a stopping signal). */
+static int attempt(const char *mpirun, const char *self, const struct run_args *a, const char *run_dir, int k,
+                   const sigset_t *watch, const sigset_t *old, int *stop_sig, struct verdict *v)
+{
+    char rec_dir[PATH_MAX], nbuf[16], kbuf[16];
+    if (snprintf(rec_dir, sizeof(rec_dir), "%s/attempt-%d", run_dir, k) >= (int)sizeof(rec_dir))
+        return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s: path too long", run_dir);
+    remove_tree(rec_dir); /* records of an earlier run in a given RK_RUN_DIR */
+    if (mkdir(rec_dir, 0700) != 0 && errno != EEXIST)
+        return tool_error(TOOL_USAGE, "run: %s: %s", rec_dir, strerror(errno));
+    snprintf(nbuf, sizeof(nbuf), "%d", a->n + a->spares);
+    snprintf(kbuf, sizeof(kbuf), "%d", k);
+    setenv("RK_RUN_ATTEMPT", kbuf, 1);
+    char **argv = mpirun_argv(mpirun, self, a, rec_dir, nbuf);
+    if (!argv)
+        return tool_error(TOOL_USAGE, "run: out of memory");
+    int status = run_mpirun(argv, watch, old, stop_sig);
+    free_argv(argv);
+    if (status < 0)
+        return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
+    judge(rec_dir, a->n + a->spares, v);
+    if (*stop_sig)
+        return 128 + *stop_sig;
+    if (v->recorded == 0) {
+        /* no worker recorded its end: mpirun itself failed (its own message is above) */
+        int ms = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        v->job_status = ms ? ms : 1;
+        snprintf(v->lost, sizeof(v->lost), "no worker recorded its end; mpirun exit status %d", ms);
+    }
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    if (argc >= 4 && strcmp(argv[1], "--rk-worker") == 0 && strcmp(argv[3], "--") == 0 && argc >= 5)
+        return worker_main(argv[2], argv + 4);
+
+    struct run_args a;
+    int rc = parse_run_args(argc, argv, &a);
+    if (rc != 0)
+        return rc == RUN_HELP_SHOWN ? TOOL_OK : rc;
+    char *mpirun = find_in_path("mpirun");
+    if (!mpirun)
+        return tool_error(TOOL_USAGE, "run: mpirun not found in PATH (install Open MPI: scripts/install-deps)");
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (sl <= 0) {
+        free(mpirun);
+        return tool_error(TOOL_USAGE, "run: cannot find this program (/proc/self/exe): %s", strerror(errno));
+    }
+    self[sl] = '\0';
+    char run_dir[PATH_MAX];
+    bool created = false;
+    if ((rc = job_secret()) != 0 || (rc = make_run_dir(run_dir, sizeof(run_dir), &created)) != 0) {
+        free(mpirun);
+        return rc;
+    }
+    char sbuf[16];
+    snprintf(sbuf, sizeof(sbuf), "%d", a.spares);
+    setenv("RK_SPARES", sbuf, 1);
+    if (a.hostfile && created)
+        fprintf(stderr, "rekindle: run: note: with --hostfile, set RK_RUN_DIR to a directory every host shares, "
+                        "or workers on other hosts cannot record how they ended\n");
+
+    sigset_t watch, old;
+    sigemptyset(&watch);
+    sigaddset(&watch, SIGINT);
+    sigaddset(&watch, SIGTERM);
+    sigaddset(&watch, SIGHUP);
+    sigaddset(&watch, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &watch, &old);
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+    int status = 0, stop_sig = 0;
+    for (int k = 0;; k++) {
+        struct verdict v;
+        status = attempt(mpirun, self, &a, run_dir, k, &watch, &old, &stop_sig, &v);
+        if (status != 0)
+            break; /* stopped, or could not launch */
+        if (v.ok > 0) {
+            if (v.lost[0])
+                fprintf(stderr, "rekindle: run: job completed by %d of %d workers; lost: %s\n", v.ok,
+                        a.n + a.spares, v.lost);
+            status = 0;
+            break;
+        }
+        status = v.job_status ? v.job_status : 1;
+        if (k >= a.max_restarts) {
+            fprintf(stderr, "rekindle: run: job failed (%s)%s\n", v.lost,
+                    a.max_restarts ? ": no restarts left" : "");
+            break;
+        }
+        fprintf(stderr, "rekindle: run: job failed (%s): relaunching, restart %d of %d\n", v.lost, k + 1,
+                a.max_restarts);
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (created)
+        remove_tree(run_dir);
+    free(mpirun);
+    return status;
+}
