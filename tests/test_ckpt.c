@@ -1,0 +1,336 @@
+/*
+ * tests/test_ckpt.c - the checkpoint engine through the public API, with real processes
+ * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant of ckpt/ckpt.c
+ * it checks (I1..I7).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "harness.h"
+
+#define S2 "step-000000000002"
+#define S4 "step-000000000004"
+
+static char *prog;
+
+static void setup(void)
+{
+    prog = th_bin("../tests/prog_ckpt");
+}
+
+static void teardown(void)
+{
+    free(prog);
+}
+
+static char envbuf[8][4200];
+
+/* env: RK_CKPT_DIR=dir plus extras; returns a NULL-terminated static array. */
+static const char *const *env_for(const char *dir, const char *extra1, const char *extra2)
+{
+    static const char *e[8];
+    int k = 0;
+    snprintf(envbuf[k], sizeof(envbuf[k]), "RK_CKPT_DIR=%s", dir);
+    e[k] = envbuf[k];
+    k++;
+    const char *fixed[] = {"RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=20000",
+                           "RK_JOB_SECRET=0000000000000000000000000000000000000000000000000000000000000001"};
+    for (size_t i = 0; i < RK_ARRAY_LEN(fixed); i++)
+        e[k++] = fixed[i];
+    if (extra1)
+        e[k++] = extra1;
+    if (extra2)
+        e[k++] = extra2;
+    e[k] = NULL;
+    return e;
+}
+
+static int run_prog(int np, const char *dir, const char *mode, const char *arg, const char *extra1,
+                    const char *extra2, char **out)
+{
+    char *argv[] = {prog, (char *)mode, (char *)arg, "7", NULL, NULL};
+    if (np == 0)
+        argv[4] = "big";
+    const char *const *env = env_for(dir, extra1, extra2);
+    if (np <= 1)
+        return th_run(argv, env, 60, out);
+    return th_mpirun(np, argv, env, 90, out);
+}
+
+static bool exists(const char *dir, const char *name)
+{
+    char p[4200];
+    struct stat sb;
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    return stat(p, &sb) == 0;
+}
+
+static int count_dot_dirs(const char *dir)
+{
+    char cmd[4300], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.' || true", dir);
+    th_sh(cmd, 10, &out);
+    int n = out ? atoi(out) : -1;
+    free(out);
+    return n;
+}
+
+#define RUN_OK(np, dir, mode, arg, e1, e2)                                                  \
+    do {                                                                                   \
+        char *o_ = NULL;                                                                   \
+        int rc_ = run_prog(np, dir, mode, arg, e1, e2, &o_);                               \
+        ck_assert_msg(rc_ == 0, "%s %s: exit %d: %s", mode, arg, rc_, o_ ? o_ : "");       \
+        free(o_);                                                                          \
+    } while (0)
+
+/* I1, I2: every dtype, odd sizes (1 element, 4097, 16 MiB + 12), nested names, zero size;
+   buffers scribbled right after rk_step_done; retention keeps 2; no '.'-directory left. */
+START_TEST(roundtrip_single_rank)
+{
+    char *dir = th_tmpdir("rt");
+    RUN_OK(0, dir, "write", "5", "RK_EVENT_LOG=/dev/null", NULL);
+    ck_assert(exists(dir, S2) && exists(dir, S4));
+    ck_assert_int_eq(count_dot_dirs(dir), 0);
+    RUN_OK(0, dir, "resume", "4", NULL, NULL);
+    RUN_OK(0, dir, "write", "7", NULL, NULL); /* 2, 4, 6: keep 2 */
+    ck_assert(!exists(dir, S2) && exists(dir, S4) && exists(dir, "step-000000000006"));
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* The event log carries ckpt_committed with the contract's fields. */
+START_TEST(events_committed)
+{
+    char *dir = th_tmpdir("ev"), ev[4200], path[4300];
+    snprintf(ev, sizeof(ev), "RK_EVENT_LOG=%s/events", dir);
+    char sub[4200];
+    snprintf(sub, sizeof(sub), "%s/ck", dir);
+    RUN_OK(1, sub, "write", "4", ev, NULL);
+    snprintf(path, sizeof(path), "%s/events.0", dir);
+    char *log = th_read_file(path, NULL);
+    ck_assert_ptr_nonnull(log);
+    ck_assert_msg(strstr(log, "\"event\": \"ckpt_committed\", \"step\": 2, \"bytes\": ") != NULL, "%s", log);
+    ck_assert_ptr_nonnull(strstr(log, "\"stall_ms\""));
+    ck_assert_ptr_nonnull(strstr(log, "\"persist_ms\""));
+    free(log);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I4: 2 ranks write (each tensor once), resume on 3 and on 1. */
+START_TEST(two_ranks_resume_three_and_one)
+{
+    char *dir = th_tmpdir("mpi");
+    RUN_OK(2, dir, "write", "5", NULL, NULL);
+    ck_assert(exists(dir, S4 "/shard-0.h5") && exists(dir, S4 "/shard-1.h5") && exists(dir, S4 "/index.h5"));
+    char *out = NULL;
+    int rc = run_prog(3, dir, "resume", "4", NULL, NULL, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "rank 2 resumed 4"), "exit %d: %s", rc, out);
+    free(out);
+    RUN_OK(1, dir, "resume", "4", NULL, NULL);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+static void flip_byte(const char *path, off_t off)
+{
+    int fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    unsigned char b = 0;
+    ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+    b ^= 0x10;
+    ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* I6/I7 on the reading side: a bit flip, a truncated shard, a foreign index: each
+   newest checkpoint is skipped and the previous one restored. */
+START_TEST(corruption_falls_back)
+{
+    const char *damage[] = {"flip", "truncate", "foreign"};
+    for (size_t k = 0; k < RK_ARRAY_LEN(damage); k++) {
+        char *dir = th_tmpdir("bad"), p[4300];
+        RUN_OK(1, dir, "write", "5", NULL, NULL);
+        if (k == 0) {
+            snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
+            flip_byte(p, 1048576 + 10); /* raw data starts after the 1 MiB metadata block */
+        } else if (k == 1) {
+            snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
+            ck_assert_int_eq(truncate(p, 1048576 + 100), 0);
+        } else {
+            snprintf(p, sizeof(p), "%s/" S4 "/index.h5", dir);
+            ck_assert_int_eq(th_write_file(p, "not an HDF5 file at all\n", 24), 0);
+        }
+        RUN_OK(1, dir, "resume", "2", NULL, NULL);
+        th_rmrf(dir);
+        free(dir);
+    }
+}
+END_TEST
+
+/* Restore of another set of tensors: RK_E_MISMATCH, buffers untouched. */
+START_TEST(mismatch_is_clear)
+{
+    char *dir = th_tmpdir("mm"), *out = NULL;
+    RUN_OK(1, dir, "write", "3", NULL, NULL);
+    int rc = run_prog(1, dir, "other", "0", NULL, NULL, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "resume: RK_E_MISMATCH") && strstr(out, "untouched 1") &&
+                      strstr(out, "weights/f32"),
+                  "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* No checkpoint: rk_resume returns 0 and next_step 0. */
+START_TEST(resume_nothing)
+{
+    char *dir = th_tmpdir("none");
+    RUN_OK(1, dir, "resume", "-1", NULL, NULL);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* A missing directory is created; one that cannot be (a file in the way) fails rk_init. */
+START_TEST(bad_directory)
+{
+    char *dir = th_tmpdir("dir"), sub[4300], *out = NULL;
+    snprintf(sub, sizeof(sub), "%s/a/b/c", dir);
+    RUN_OK(1, sub, "write", "2", NULL, NULL);
+    snprintf(sub, sizeof(sub), "%s/file", dir);
+    ck_assert_int_eq(th_write_file(sub, "x", 1), 0);
+    snprintf(sub, sizeof(sub), "%s/file/ck", dir);
+    int rc = run_prog(1, sub, "write", "2", NULL, NULL, &out);
+    ck_assert_msg(rc == 3 && strstr(out, "rk_init") && strstr(out, "file/ck"), "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I7: ENOSPC and EIO injected into checkpoint 4's files: rk_wait reports it, checkpoint 2
+   stays intact and restorable, nothing named step-…4 exists. */
+START_TEST(faults_fail_cleanly)
+{
+    const char *faults[] = {"RK_FAULT=write@0=enospc", "RK_FAULT=sync@0=eio", "RK_FAULT=write@*=short",
+                            "RK_FAULT=rename@0=eio", "RK_FAULT=syncdir@0=eio"};
+    for (size_t k = 0; k < RK_ARRAY_LEN(faults); k++) {
+        char *dir = th_tmpdir("fault"), *out = NULL;
+        int rc = run_prog(1, dir, "write", "5", faults[k], "RK_FAULT_PATH=000000000004", &out);
+        ck_assert_msg(rc == 3 && strstr(out, "rk_wait"), "%s: exit %d: %s", faults[k], rc, out);
+        free(out);
+        ck_assert_msg(!exists(dir, S4), "%s: a failed checkpoint was committed", faults[k]);
+        RUN_OK(1, dir, "resume", "2", NULL, NULL);
+        th_rmrf(dir);
+        free(dir);
+    }
+}
+END_TEST
+
+/* I1: a crash injected at every I/O operation of checkpoint 2 in turn never leaves a
+   committed-but-bad checkpoint; the next start removes the dead attempt. */
+START_TEST(crash_at_every_operation)
+{
+    int committed = 0, crashed = 0;
+    for (int n = 0; n < 200; n++) {
+        char *dir = th_tmpdir("crash"), f[64], *out = NULL;
+        snprintf(f, sizeof(f), "RK_FAULT=any@%d=crash", n);
+        int rc = run_prog(1, dir, "write", "3", f, "RK_FAULT_PATH=000000000002", &out);
+        free(out);
+        bool done = rc == 0;
+        ck_assert_msg(rc == 0 || rc == 128 + 9, "%s: exit %d", f, rc);
+        crashed += !done;
+        if (exists(dir, S2)) {
+            committed++;
+            RUN_OK(1, dir, "resume", "2", NULL, NULL);
+        } else {
+            RUN_OK(1, dir, "resume", "-1", NULL, NULL);
+        }
+        ck_assert_int_eq(count_dot_dirs(dir), 0); /* cleaned at start by the resume run */
+        th_rmrf(dir);
+        free(dir);
+        if (done)
+            break;
+    }
+    ck_assert_int_gt(crashed, 3);
+    ck_assert_int_gt(committed, 0);
+}
+END_TEST
+
+/* h5py reads every tensor through index.h5 bitwise equal to the shard bytes the verified
+   reader restores, with the contract's dtypes and the registered shapes. */
+START_TEST(h5py_reads_index)
+{
+    const char *py = getenv("RK_TEST_PYTHON");
+    char *dir = th_tmpdir("py"), cmd[8192], *out = NULL;
+    RUN_OK(2, dir, "write", "3", NULL, NULL);
+    snprintf(cmd, sizeof(cmd),
+             "cd / && %s - <<'EOF'\n"
+             "import h5py, numpy as np, glob, os\n"
+             "d = '%s/" S2 "'\n"
+             "f = h5py.File(d + '/index.h5', 'r')\n"
+             "assert int(f.attrs['step']) == 2 and int(f.attrs['world_size']) == 2 and int(f.attrs['format_version']) == 1\n"
+             "want = {'f32':'float32','f64':'float64','f16':'float16','i32':'int32','i64':'int64','u8':'uint8'}\n"
+             "n = 0\n"
+             "for ok in sorted(glob.glob(d + '/shard-*.ok')):\n"
+             "    raw = open(ok[:-3] + '.h5', 'rb').read()\n"
+             "    for line in open(ok).read().splitlines():\n"
+             "        if not line.startswith('t '): continue\n"
+             "        p = line.split(' ', 4 + int(line.split(' ')[3]) + 3)\n"
+             "        dt, nd = p[2], int(p[3]); shape = tuple(int(x) for x in p[4:4+nd])\n"
+             "        nbytes, off, name = int(p[4+nd]), int(p[5+nd]), p[7+nd]\n"
+             "        ds = f[name]\n"
+             "        assert ds.shape == shape, (name, ds.shape, shape)\n"
+             "        if dt == 'bf16':\n"
+             "            t = ds.id.get_type(); assert t.get_size() == 2 and t.get_ebias() == 127 and t.get_fields() == (15, 7, 8, 0, 7), t.get_fields()\n"
+             "            a = np.empty(shape, dtype=np.uint16); ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, a, mtype=t)\n"
+             "        else:\n"
+             "            assert ds.dtype == np.dtype(want[dt]), (name, ds.dtype)\n"
+             "            a = ds[()]\n"
+             "        assert np.asarray(a).tobytes() == raw[off:off+nbytes], name\n"
+             "        n += 1\n"
+             "print('checked', n)\n"
+             "EOF\n",
+             py ? py : "/usr/bin/python3", dir);
+    int rc = th_sh(cmd, 60, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "checked 9"), "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ckpt");
+    TCase *tc = tcase_create("api");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, roundtrip_single_rank);
+    tcase_add_test(tc, events_committed);
+    tcase_add_test(tc, two_ranks_resume_three_and_one);
+    tcase_add_test(tc, corruption_falls_back);
+    tcase_add_test(tc, mismatch_is_clear);
+    tcase_add_test(tc, resume_nothing);
+    tcase_add_test(tc, bad_directory);
+    tcase_add_test(tc, faults_fail_cleanly);
+    tcase_add_test(tc, h5py_reads_index);
+    suite_add_tcase(s, tc);
+    TCase *tcc = tcase_create("crash");
+    tcase_add_checked_fixture(tcc, setup, teardown);
+    tcase_set_timeout(tcc, 240);
+    tcase_add_test(tcc, crash_at_every_operation);
+    suite_add_tcase(s, tcc);
+    return th_main(s);
+}
