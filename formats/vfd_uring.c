@@ -19,9 +19,10 @@
  *     memory the caller promised to keep until H5Fclose/H5Fflush returns. The driver does
  *     not offer HDF5's data sieve, whose buffer HDF5 reuses: raw data arrives straight
  *     from H5Dwrite's buffer (with no type conversion).
- *  7. No callback that H5Fclose runs fails inside fmt_vfd_close (HDF5 1.10 leaves a
- *     dangling id behind a failed H5Fclose): errors there are recorded and returned by
- *     fmt_vfd_close.
+ *  7. HDF5 1.10 leaves a dangling id behind a failed H5Fclose (and crashes closing it
+ *     again at exit), so a callback that H5Fclose runs fails only for an error HDF5 has not
+ *     been told about yet (report()), and never inside fmt_vfd_close, which reports the
+ *     error itself. H5Dwrite and H5Fflush always fail on a sticky error.
  *  4. Every kernel operation moves at most split_max bytes (io_uring lengths are 32-bit,
  *     pwrite stops near 2 GiB).
  *  5. The first I/O error (real or injected through fio.h) is sticky: it is logged once,
@@ -100,7 +101,8 @@ typedef struct vfd {
     int nslots, inflight;
     int error;
     int *close_rc; /* fmt_vfd_close's: gets the error of the close */
-    bool quiet; /* inside fmt_vfd_close's H5Fclose: errors are recorded, never returned */
+    bool quiet;    /* inside fmt_vfd_close's H5Fclose: errors are recorded, never returned */
+    bool reported; /* a callback has returned the sticky error to HDF5 */
     char warn[256];
 } vfd;
 
@@ -118,6 +120,17 @@ static int set_error(vfd *f, int rc, const char *what, uint64_t off)
                  (unsigned long long)off, rk_strerror(rc));
     }
     return f->error;
+}
+
+/* Invariant 7: whether a callback returns failure for rc. Inside fmt_vfd_close never; in
+   H5Fclose (closing) or in a write, only an error HDF5 has not been told about yet, so that
+   the caller's H5Fclose after a failed H5Dwrite or H5Fflush succeeds and frees the file. */
+static bool report(vfd *f, int rc, bool closing)
+{
+    if (rc == 0 || f->quiet || (closing && f->reported))
+        return false;
+    f->reported = true;
+    return true;
 }
 
 #define VFD_PUSH(maj, min, ...) H5Epush2(H5E_DEFAULT, __FILE__, __func__, __LINE__, H5E_ERR_CLS, maj, min, __VA_ARGS__)
@@ -357,7 +370,7 @@ static int sync_range(vfd *f, bool rd, uint64_t off, size_t len, char *buf)
 static int xfer(vfd *f, bool rd, H5FD_mem_t type, uint64_t off, size_t len, char *buf)
 {
     bool big_raw = type == H5FD_MEM_DRAW && len >= VFD_ASYNC_MIN;
-    if (f->vp == VP_BUFFERED || !f->ring_ok || !big_raw)
+    if (f->vp == VP_BUFFERED || !f->ring_ok || !big_raw || (rd && f->error))
         return sync_range(f, rd, off, len, buf);
     bool direct = f->vp == VP_URING_DIRECT;
     uint64_t a0 = off, a1 = off + len;
@@ -536,14 +549,14 @@ static herr_t vfd_close(H5FD_t *file)
         close(f->dfd);
     if (close(f->fd) != 0 && rc == 0)
         rc = set_error(f, -errno, "close", 0);
-    bool quiet = f->quiet;
-    if (rc && !quiet)
+    bool fail = report(f, rc, true);
+    if (fail)
         VFD_PUSH(H5E_VFL, H5E_CANTCLOSEFILE, "%s: %s (the file is not complete)", f->path, rk_strerror(rc));
     if (f->close_rc)
         *f->close_rc = rc;
     free(f->path);
     free(f);
-    return rc && !quiet ? -1 : 0;
+    return fail ? -1 : 0;
 }
 
 static int vfd_cmp(const H5FD_t *a, const H5FD_t *b)
@@ -596,13 +609,15 @@ static herr_t vfd_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, 
         return -1;
     }
     emit_warning(f);
+    int before = f->error;
     drain(f);
     /* Past the end of the file HDF5 expects zeros (as with sec2). */
     size_t n = addr >= f->eof ? 0 : (size_t)(f->eof - addr < size ? f->eof - addr : size);
     memset((char *)buf + n, 0, size - n);
     int rc = n ? xfer(f, true, type, addr, n, buf) : 0;
-    if (rc == 0)
-        rc = drain(f);
+    drain(f);
+    if (rc == 0 && f->error != before)
+        rc = f->error;
     if (rc && !f->quiet) {
         VFD_PUSH(H5E_IO, H5E_READERROR, "read %s at %llu: %s", f->path, (unsigned long long)addr, rk_strerror(rc));
         return -1;
@@ -633,13 +648,13 @@ static herr_t vfd_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr,
     emit_warning(f);
     int rc = f->error;
     f->dirty = true;
-    if (rc && f->quiet)
-        return 0; /* the file is already lost; fmt_vfd_close reports it */
+    if (rc && (f->quiet || (f->reported && type != H5FD_MEM_DRAW)))
+        return 0; /* metadata of a lost file, from H5Fclose: the caller was told already */
     if (rc == 0 && type == H5FD_MEM_DRAW && size >= VFD_ASYNC_MIN && addr + size > f->eof && f->vp != VP_BUFFERED)
         rc = grow(f, addr + size);
     if (rc == 0)
         rc = xfer(f, false, type, addr, size, (char *)buf);
-    if (rc && !f->quiet) {
+    if (report(f, rc, false)) {
         VFD_PUSH(H5E_IO, H5E_WRITEERROR, "write %s at %llu: %s", f->path, (unsigned long long)addr,
                  rk_strerror(rc));
         return -1;
@@ -655,7 +670,7 @@ static herr_t vfd_flush(H5FD_t *file, hid_t dxpl, hbool_t closing)
     int rc = drain(f);
     if (rc == 0 && f->writable && f->dirty)
         rc = sync_file(f);
-    if (rc && !f->quiet) {
+    if (report(f, rc, closing)) {
         VFD_PUSH(H5E_IO, H5E_CANTFLUSH, "flush %s: %s", f->path, rk_strerror(rc));
         return -1;
     }
@@ -674,7 +689,7 @@ static herr_t vfd_truncate(H5FD_t *file, hid_t dxpl, hbool_t closing)
             f->eof = f->eoa;
         f->dirty = true;
     }
-    if (rc && !f->quiet) {
+    if (report(f, rc, closing)) {
         VFD_PUSH(H5E_IO, H5E_SEEKERROR, "truncate %s: %s", f->path, rk_strerror(rc));
         return -1;
     }

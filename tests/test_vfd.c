@@ -600,6 +600,44 @@ START_TEST(plain_h5fclose_fails)
 }
 END_TEST
 
+/* Invariant 7: after a failed H5Dwrite, a plain H5Fclose frees the file (no dangling id:
+   the child exits through HDF5's atexit cleanup without crashing), and H5Fflush fails. */
+START_TEST(plain_h5fclose_after_failed_write)
+{
+    scratch sc = scratch_begin("plain2", "p.h5");
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setenv("RK_LOG", "error", 1);
+        rk__log_reload();
+        fmt_vfd_stats st;
+        fmt_vfd_opts o = {.stats = &st};
+        hid_t fapl = fmt_vfd_fapl(&o);
+        hid_t f = H5Fcreate(sc.path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+        hsize_t dim = 3 * MIB;
+        hid_t sp = H5Screate_simple(1, &dim, NULL);
+        hid_t d = H5Dcreate2(f, "x", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        void *buf = calloc(1, dim);
+        setenv("RK_FAULT", "write@1=eio", 1);
+        fmt_fault_reset();
+        int bad = 0;
+        bad |= H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0;
+        bad |= (H5Fflush(f, H5F_SCOPE_LOCAL) >= 0) << 1;
+        bad |= (H5Dclose(d) < 0) << 2;
+        bad |= (H5Fclose(f) < 0) << 3;
+        bad |= (st.error != -EIO) << 4;
+        H5Sclose(sp);
+        H5Pclose(fapl);
+        free(buf);
+        exit(bad); /* runs HDF5's cleanup at exit */
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %#x", status);
+    scratch_end(&sc);
+}
+END_TEST
+
 /* A crash injected into the driver's write kills the writer (SIGKILL), in a child. */
 START_TEST(crash_in_driver_write)
 {
@@ -643,6 +681,7 @@ int main(void)
     tcase_add_loop_test(tc, fault_at_every_index_fails, 0, (int)RK_ARRAY_LEN(ft_cfg));
     tcase_add_test(tc, crash_in_driver_write);
     tcase_add_test(tc, plain_h5fclose_fails);
+    tcase_add_test(tc, plain_h5fclose_after_failed_write);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
