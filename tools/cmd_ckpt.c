@@ -1,0 +1,386 @@
+/*
+ * tools/cmd_ckpt.c - the checkpoint subcommands of `rekindle` (contract section 4):
+ *   ls DIR [--json]            verify DIR [--step S | --all]      inspect DIR [--step S]
+ *   restore DIR [--step S] --out FILE.h5                          gc DIR --keep K
+ * Exit status: 0 success, 1 the checked thing is bad, 2 usage or environment error.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../ckpt/ckpt.h"
+#include "../formats/fmt.h"
+#include "tools.h"
+
+struct args {
+    const char *dir, *out;
+    int64_t step; /* -1: default */
+    long keep;    /* -1: not given */
+    bool all, json;
+};
+
+/* Whether opt is one of the space-separated words of allowed. */
+static bool opt_allowed(const char *allowed, const char *opt)
+{
+    size_t n = strlen(opt);
+    for (const char *p = strstr(allowed, opt); p; p = strstr(p + 1, opt))
+        if ((p == allowed || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+static int parse(int argc, char **argv, const char *usage, const char *allowed, struct args *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->step = -1;
+    a->keep = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            printf("usage: rekindle %s\n", usage);
+            return TOOL_OK + 100;
+        }
+        bool has_val = strcmp(s, "--step") == 0 || strcmp(s, "--out") == 0 || strcmp(s, "--keep") == 0;
+        if (s[0] == '-' && (!opt_allowed(allowed, s) || (has_val && i + 1 >= argc)))
+            return tool_error(TOOL_USAGE, "%s: bad option '%s' (usage: rekindle %s)", argv[0], s, usage);
+        long v;
+        const char *why;
+        if (strcmp(s, "--step") == 0 || strcmp(s, "--keep") == 0) {
+            if (rk__parse_int(argv[++i], strcmp(s, "--keep") == 0 ? 1 : 0, 999999999999L, &v, &why) != 0)
+                return tool_error(TOOL_USAGE, "%s: %s '%s': %s", argv[0], s, argv[i], why);
+            if (s[2] == 's')
+                a->step = v;
+            else
+                a->keep = v;
+        } else if (strcmp(s, "--out") == 0) {
+            a->out = argv[++i];
+        } else if (strcmp(s, "--all") == 0) {
+            a->all = true;
+        } else if (strcmp(s, "--json") == 0) {
+            a->json = true;
+        } else if (!a->dir) {
+            a->dir = s;
+        } else {
+            return tool_error(TOOL_USAGE, "%s: unexpected argument '%s' (usage: rekindle %s)", argv[0], s, usage);
+        }
+    }
+    struct stat sb;
+    if (!a->dir)
+        return tool_error(TOOL_USAGE, "%s: no directory given (usage: rekindle %s)", argv[0], usage);
+    if (stat(a->dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return tool_error(TOOL_USAGE, "%s: %s: %s", argv[0], a->dir, errno ? strerror(errno) : "not a directory");
+    return 0;
+}
+
+#define PARSE(usage, allowed)                                                               \
+    struct args a;                                                                         \
+    int prc_ = parse(argc, argv, usage, allowed, &a);                                      \
+    if (prc_)                                                                              \
+        return prc_ == TOOL_OK + 100 ? TOOL_OK : prc_;
+
+static void step_path(char *buf, size_t cap, const char *dir, int64_t step)
+{
+    char name[64];
+    fmt_step_name(name, sizeof(name), step);
+    snprintf(buf, cap, "%s/%s", dir, name);
+}
+
+/* The step to work on: --step S (must exist), else the newest committed. -1: reported. */
+static int64_t pick_step(const char *cmd, const struct args *a)
+{
+    char p[4200];
+    struct stat sb;
+    if (a->step >= 0) {
+        step_path(p, sizeof(p), a->dir, a->step);
+        if (stat(p, &sb) != 0) {
+            tool_error(TOOL_USAGE, "%s: no committed checkpoint of step %" PRId64 " in %s", cmd, a->step, a->dir);
+            return -1;
+        }
+        return a->step;
+    }
+    int64_t s = ckpt_newest_below(a->dir, INT64_MAX);
+    if (s < 0)
+        tool_error(TOOL_USAGE, "%s: no committed checkpoint in %s", cmd, a->dir);
+    return s;
+}
+
+static uint64_t total_bytes(const fmt_ckpt *c)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < c->n; i++)
+        b += c->t[i].nbytes;
+    return b;
+}
+
+/* ---- ls ------------------------------------------------------------------------------ */
+
+int cmd_ls(int argc, char **argv)
+{
+    PARSE("ls DIR [--json]", "--json")
+    DIR *d = opendir(a.dir);
+    if (!d)
+        return tool_error(TOOL_USAGE, "ls: %s: %s", a.dir, strerror(errno));
+    struct dirent *de;
+    bool first = true;
+    if (a.json)
+        printf("[");
+    else
+        printf("%-14s %-10s %6s %8s %12s  %s\n", "step", "state", "world", "tensors", "bytes", "time");
+    char **names = NULL;
+    size_t n = 0;
+    while ((de = readdir(d)) != NULL) {
+        if (!fmt_parse_step_name(de->d_name, NULL) && !fmt_is_tmp_name(de->d_name))
+            continue;
+        char **q = realloc(names, (n + 1) * sizeof(*names));
+        if (!q)
+            break;
+        names = q;
+        names[n++] = strdup(de->d_name);
+    }
+    closedir(d);
+    for (size_t i = 0; i < n; i++) /* by step label */
+        for (size_t j = i + 1; j < n; j++) {
+            const char *x = strchr(names[i], '-') + (names[i][0] == '.' ? 6 : 1);
+            const char *y = strchr(names[j], '-') + (names[j][0] == '.' ? 6 : 1);
+            if (strcmp(x, y) > 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+        }
+    for (size_t i = 0; i < n; i++) {
+        char p[4200], when[32] = "";
+        int64_t step = -1;
+        bool tmp = fmt_is_tmp_name(names[i]);
+        fmt_parse_step_name(tmp ? names[i] + 5 : names[i], &step);
+        snprintf(p, sizeof(p), "%s/%s", a.dir, names[i]);
+        struct stat sb;
+        if (stat(p, &sb) == 0) {
+            struct tm tm;
+            localtime_r(&sb.st_mtime, &tm);
+            strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+        }
+        fmt_ckpt *c = NULL;
+        const char *state = tmp ? "incomplete" : (fmt_ckpt_open(p, &c) == 0 ? "committed" : "corrupt");
+        int world = c ? c->world : 0;
+        size_t nt = c ? c->n : 0;
+        uint64_t bytes = c ? total_bytes(c) : 0;
+        if (a.json)
+            printf("%s\n {\"step\": %" PRId64 ", \"state\": \"%s\", \"world_size\": %d, \"tensors\": %zu, \"bytes\": %" PRIu64
+                   ", \"time\": \"%s\", \"path\": \"%s\"}",
+                   first ? "" : ",", step, state, world, nt, bytes, when, names[i]);
+        else
+            printf("%-14" PRId64 " %-10s %6d %8zu %12" PRIu64 "  %s\n", step, state, world, nt, bytes, when);
+        first = false;
+        fmt_ckpt_close(&c);
+        free(names[i]);
+    }
+    free(names);
+    if (a.json)
+        printf("%s]\n", first ? "" : "\n");
+    return TOOL_OK;
+}
+
+/* ---- verify -------------------------------------------------------------------------- */
+
+int cmd_verify(int argc, char **argv)
+{
+    PARSE("verify DIR [--step S | --all]", "--step --all")
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (a.all) {
+        if (fmt_list_steps(a.dir, &steps, &n) != 0 || n == 0) {
+            free(steps);
+            return tool_error(TOOL_USAGE, "verify: no committed checkpoint in %s", a.dir);
+        }
+    } else {
+        int64_t s = pick_step("verify", &a);
+        if (s < 0)
+            return TOOL_USAGE;
+        steps = malloc(sizeof(*steps));
+        if (!steps)
+            return TOOL_USAGE;
+        steps[n++] = s;
+    }
+    int status = TOOL_OK;
+    for (size_t i = 0; i < n; i++) {
+        char p[4200], bad[4096];
+        step_path(p, sizeof(p), a.dir, steps[i]);
+        int rc = ckpt_verify_dir(p, bad, sizeof(bad));
+        if (rc == 0) {
+            printf("%s: ok\n", p);
+        } else {
+            printf("%s: BAD (%s): %s\n", p, rk_strerror(rc), bad);
+            status = TOOL_BAD;
+        }
+    }
+    free(steps);
+    return status;
+}
+
+/* ---- inspect ------------------------------------------------------------------------- */
+
+int cmd_inspect(int argc, char **argv)
+{
+    PARSE("inspect DIR [--step S]", "--step")
+    int64_t s = pick_step("inspect", &a);
+    if (s < 0)
+        return TOOL_USAGE;
+    char p[4200];
+    step_path(p, sizeof(p), a.dir, s);
+    fmt_ckpt *c = NULL;
+    int rc = fmt_ckpt_open(p, &c);
+    if (rc)
+        return tool_error(TOOL_BAD, "inspect: %s: %s", p, rk_last_error());
+    printf("%s: step %" PRId64 ", world_size %d, format_version %d, io_path %s, %zu tensors, %" PRIu64 " bytes\n", p,
+           c->step, c->world, c->version, c->io_path, c->n, total_bytes(c));
+    for (size_t i = 0; i < c->n; i++) {
+        const fmt_tensor *t = &c->t[i];
+        char shape[200];
+        size_t len = (size_t)snprintf(shape, sizeof(shape), "(");
+        for (int d = 0; d < t->ndim && len < sizeof(shape); d++)
+            len += (size_t)snprintf(shape + len, sizeof(shape) - len, "%s%" PRId64, d ? "," : "", t->shape[d]);
+        if (len < sizeof(shape))
+            snprintf(shape + len, sizeof(shape) - len, ")");
+        printf("%s\t%s\t%s\t%" PRIu64 "\tshard-%d.h5\txxh3:%016" PRIx64 "\n", t->name, rk__dtype_name(t->dtype), shape,
+               t->nbytes, t->rank, t->xxh3);
+    }
+    fmt_ckpt_close(&c);
+    return TOOL_OK;
+}
+
+/* ---- restore ------------------------------------------------------------------------- */
+
+static int write_one(hid_t f, hid_t lcpl, const fmt_tensor *t, const void *buf)
+{
+    hsize_t dims[FMT_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++)
+        dims[d] = (hsize_t)t->shape[d];
+    hid_t sp = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
+    hid_t ty = fmt_h5_type(t->dtype), ds = -1, as = H5Screate(H5S_SCALAR), at = -1;
+    int rc = -1;
+    if (sp >= 0 && ty >= 0 && as >= 0 && (ds = H5Dcreate2(f, t->name, ty, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
+        (t->nbytes == 0 || H5Dwrite(ds, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0) &&
+        (at = H5Acreate2(ds, "xxh3_64", H5T_STD_U64LE, as, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
+        H5Awrite(at, H5T_NATIVE_UINT64, &t->xxh3) >= 0)
+        rc = 0;
+    if (at >= 0)
+        H5Aclose(at);
+    if (ds >= 0)
+        H5Dclose(ds);
+    if (as >= 0)
+        H5Sclose(as);
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (sp >= 0)
+        H5Sclose(sp);
+    return rc;
+}
+
+int cmd_restore(int argc, char **argv)
+{
+    PARSE("restore DIR [--step S] --out FILE.h5", "--step --out")
+    if (!a.out)
+        return tool_error(TOOL_USAGE, "restore: --out FILE.h5 is required");
+    int64_t s = pick_step("restore", &a);
+    if (s < 0)
+        return TOOL_USAGE;
+    char p[4200], part[4200];
+    step_path(p, sizeof(p), a.dir, s);
+    fmt_ckpt *c = NULL;
+    int rc = fmt_ckpt_open(p, &c);
+    if (rc)
+        return tool_error(TOOL_BAD, "restore: %s: %s", p, rk_last_error());
+    snprintf(part, sizeof(part), "%s.part", a.out);
+    fmt_h5_quiet();
+    int status = TOOL_OK;
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t f = H5Fcreate(part, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (f < 0) {
+        status = tool_error(TOOL_USAGE, "restore: cannot create %s", part);
+        goto out;
+    }
+    if (fmt_h5_root_attrs(f, c->step, c->world, c->io_path) < 0) {
+        status = tool_error(TOOL_USAGE, "restore: %s: cannot write attributes", part);
+        goto out_file;
+    }
+    tool_progress pr;
+    tool_progress_start(&pr, "restore", total_bytes(c));
+    for (size_t i = 0; i < c->n; i++) {
+        void *buf = malloc(c->t[i].nbytes ? c->t[i].nbytes : 1);
+        if (!buf) {
+            status = tool_error(TOOL_USAGE, "restore: out of memory for tensor '%s'", c->t[i].name);
+            break;
+        }
+        if ((rc = fmt_ckpt_read(c, i, buf)) != 0) {
+            status = tool_error(TOOL_BAD, "restore: %s", rk_last_error());
+        } else if (write_one(f, lcpl, &c->t[i], buf) < 0) {
+            status = tool_error(TOOL_USAGE, "restore: %s: cannot write tensor '%s'", part, c->t[i].name);
+        }
+        free(buf);
+        if (status)
+            break;
+        tool_progress_add(&pr, c->t[i].nbytes);
+    }
+    tool_progress_done(&pr);
+out_file:
+    if (H5Fclose(f) < 0 && !status)
+        status = tool_error(TOOL_USAGE, "restore: %s: close failed", part);
+    if (!status && (fmt_fsync_path(part, false) != 0 || rename(part, a.out) != 0))
+        status = tool_error(TOOL_USAGE, "restore: cannot make %s durable: %s", a.out, strerror(errno));
+    if (status)
+        unlink(part);
+    else
+        printf("restored step %" PRId64 " (%zu tensors) into %s\n", c->step, c->n, a.out);
+out:
+    H5Pclose(lcpl);
+    fmt_ckpt_close(&c);
+    return status;
+}
+
+/* ---- gc ------------------------------------------------------------------------------ */
+
+int cmd_gc(int argc, char **argv)
+{
+    PARSE("gc DIR --keep K", "--keep")
+    if (a.keep < 1)
+        return tool_error(TOOL_USAGE, "gc: --keep K (K >= 1) is required");
+    int64_t *steps = NULL;
+    size_t n = 0;
+    if (fmt_list_steps(a.dir, &steps, &n) != 0)
+        return tool_error(TOOL_USAGE, "gc: cannot list %s", a.dir);
+    /* The newest checkpoint that verifies is never removed. */
+    int64_t good = -1;
+    for (size_t i = n; i-- > 0 && good < 0;) {
+        char p[4200];
+        step_path(p, sizeof(p), a.dir, steps[i]);
+        if (ckpt_verify_dir(p, NULL, 0) == 0)
+            good = steps[i];
+        else
+            printf("%s does not verify\n", p);
+    }
+    int status = TOOL_OK;
+    for (size_t i = 0; i + (size_t)a.keep < n; i++) {
+        if (steps[i] == good)
+            continue;
+        char p[4200], trash[4300];
+        step_path(p, sizeof(p), a.dir, steps[i]);
+        snprintf(trash, sizeof(trash), "%s/.trash-gc-%012" PRId64, a.dir, steps[i]);
+        if (rename(p, trash) != 0 || fmt_remove_tree(trash) != 0) {
+            status = tool_error(TOOL_USAGE, "gc: cannot remove %s: %s", p, strerror(errno));
+            continue;
+        }
+        printf("removed %s\n", p);
+    }
+    if (good < 0 && n > 0)
+        printf("gc: no checkpoint in %s verifies\n", a.dir);
+    free(steps);
+    return status;
+}
