@@ -1,0 +1,189 @@
+/*
+ * tests/test_train_mpi.c - rk-train on what the library builds around it: data-parallel
+ * runs of several ranks started by `rekindle run` (needs the allreduce ring) and resuming from a checkpoint
+ * (needs the checkpoint engine). Each part is probed first: a part that reports "not
+ * available" has its cases left out with a "SKIP:" line; if neither is there the whole
+ * suite is skipped (exit 77), never passed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "rekindle.h"
+
+#define JOB_TIMEOUT_S 90
+
+static void clear_rk_env(void)
+{
+    const char *vars[] = {"RK_CKPT_DIR", "RK_CKPT_EVERY", "RK_KEEP", "RK_EVENT_LOG", "RK_LOG", "RK_JOB_SECRET"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        unsetenv(vars[i]);
+}
+
+/* rk-train ARGS on `world` ranks through `rekindle run` (which gives the job its
+   secret), or with world 0 as a single process without mpirun. */
+static int train(int world, const char *const env[], char **out, const char *const args[])
+{
+    char *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train"), nbuf[16];
+    snprintf(nbuf, sizeof(nbuf), "%d", world);
+    char *argv[20] = {rekindle, "run", "-n", nbuf, "--"};
+    size_t n = world ? 5 : 0;
+    argv[n++] = bin;
+    for (size_t i = 0; args[i] && n < 19; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    clear_rk_env();
+    int rc = th_run(argv, env, JOB_TIMEOUT_S, out);
+    free(bin);
+    free(rekindle);
+    return rc;
+}
+
+#define TRAIN(world, env, out, ...) train(world, env, out, (const char *const[]){__VA_ARGS__, NULL})
+
+/* Every rank's final line: `world` lines, all the same, for `steps` steps; the hash. */
+static void final_lines(const char *out, int world, int steps, char hash[17])
+{
+    char want[64];
+    snprintf(want, sizeof(want), "final step=%d world=%d hash=", steps, world);
+    int n = 0;
+    hash[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "final step=")); p++) {
+        ck_assert_msg(strncmp(p, want, strlen(want)) == 0, "final line %.60s, want %s...", p, want);
+        const char *h = p + strlen(want);
+        ck_assert_msg(strspn(h, "0123456789abcdef") == 16 && h[16] == '\n', "bad hash in %.60s", p);
+        if (n++ == 0)
+            snprintf(hash, 17, "%.16s", h);
+        else
+            ck_assert_msg(strncmp(h, hash, 16) == 0, "ranks disagree: %.16s vs %s", h, hash);
+    }
+    ck_assert_msg(n == world, "%d final lines, want %d:\n%s", n, world, out);
+}
+
+static int step_lines(const char *out)
+{
+    int n = 0;
+    for (const char *p = out; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        n += strncmp(p, "step ", 5) == 0;
+    return n;
+}
+
+/* ---- several ranks ---------------------------------------------------------------------- */
+
+/* Same world size and arguments: the same bits, on every rank; only rank 0 prints steps. */
+START_TEST(two_ranks_reproducible)
+{
+    char *a = NULL, *b = NULL, ha[17], hb[17];
+    th_assert_rc(TRAIN(2, NULL, &a, "--steps", "30", "--seed", "5"), 0);
+    th_assert_rc(TRAIN(2, NULL, &b, "--steps", "30", "--seed", "5"), 0);
+    final_lines(a, 2, 30, ha);
+    final_lines(b, 2, 30, hb);
+    ck_assert_str_eq(ha, hb);
+    ck_assert_int_eq(step_lines(a), 30);
+    ck_assert_ptr_nonnull(strstr(a, "step 29 loss "));
+    ck_assert_ptr_nonnull(strstr(a, " world 2\n"));
+    free(a);
+    free(b);
+}
+END_TEST
+
+/* The global batch is split unevenly over 3 ranks (64 = 21 + 21 + 22) and still learns. */
+START_TEST(three_ranks_learn)
+{
+    char *out = NULL, h[17];
+    th_assert_rc(TRAIN(3, NULL, &out, "--steps", "200"), 0);
+    final_lines(out, 3, 200, h);
+    double first = -1, last = -1;
+    const char *p = strstr(out, "step 0 loss "), *q = strstr(out, "step 199 loss ");
+    ck_assert_msg(p && q, "missing step lines:\n%.400s", out);
+    sscanf(p, "step 0 loss %lf", &first);
+    sscanf(q, "step 199 loss %lf", &last);
+    ck_assert_msg(last < first / 4, "loss did not go down on 3 ranks: %g -> %g", first, last);
+    free(out);
+}
+END_TEST
+
+/* ---- resume from a checkpoint ------------------------------------------------------------ */
+
+/* 20 steps with checkpoints every 10, then the same command for 30 steps resumes at 20
+   and ends with the bits of an uninterrupted 30-step run. */
+static void resume_matches(int world)
+{
+    char *dir = th_tmpdir("train-ckpt"), *out = NULL, h_full[17], h_resumed[17];
+    char env_dir[4200];
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s", dir);
+    const char *env[] = {env_dir, "RK_CKPT_EVERY=10", NULL};
+    th_assert_rc(TRAIN(world, NULL, &out, "--steps", "30"), 0);
+    final_lines(out, world ? world : 1, 30, h_full);
+    free(out);
+    th_assert_rc(TRAIN(world, env, &out, "--steps", "20"), 0);
+    final_lines(out, world ? world : 1, 20, h_resumed);
+    free(out);
+    th_assert_rc(TRAIN(world, env, &out, "--steps", "30"), 0);
+    ck_assert_msg(strstr(out, "step 19 ") == NULL && strstr(out, "step 20 loss "), "did not resume at step 20:\n%s",
+                  out);
+    final_lines(out, world ? world : 1, 30, h_resumed);
+    ck_assert_str_eq(h_resumed, h_full);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+
+START_TEST(resume_single_process)
+{
+    resume_matches(0);
+}
+END_TEST
+
+START_TEST(resume_two_ranks)
+{
+    resume_matches(2);
+}
+END_TEST
+
+/* Whether a probe run fails because a part is not built: its output says so. */
+static bool part_missing(int world, const char *const env[], const char *what)
+{
+    char *out = NULL;
+    int rc = TRAIN(world, env, &out, "--steps", "2");
+    bool missing = rc != 0 && out && strstr(out, rk_strerror(RK_E_NOTAVAIL));
+    if (missing)
+        printf("SKIP: %s: %s\n", what, rk_strerror(RK_E_NOTAVAIL));
+    else if (rc != 0)
+        printf("probe for %s failed (exit %d): the cases below will say why\n%s\n", what, rc, out ? out : "");
+    free(out);
+    return missing;
+}
+
+int main(void)
+{
+    char *dir = th_tmpdir("train-probe");
+    char env_dir[4200];
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s", dir ? dir : "/nonexistent");
+    const char *env[] = {env_dir, NULL};
+    bool no_ring = part_missing(2, NULL, "multi-rank cases (the allreduce ring)");
+    bool no_ckpt = part_missing(0, env, "resume cases (the checkpoint engine)");
+    th_rmrf(dir);
+    free(dir);
+    if (no_ring && no_ckpt)
+        th_skip_suite("rk-train beyond one process: the allreduce ring and the checkpoint engine are not built yet");
+
+    Suite *s = suite_create("train_mpi");
+    if (!no_ring) {
+        TCase *tc = tcase_create("ranks");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, two_ranks_reproducible);
+        tcase_add_test(tc, three_ranks_learn);
+        suite_add_tcase(s, tc);
+    }
+    if (!no_ckpt) {
+        TCase *tc = tcase_create("resume");
+        tcase_set_timeout(tc, 120);
+        tcase_add_test(tc, resume_single_process);
+        if (!no_ring)
+            tcase_add_test(tc, resume_two_ranks);
+        suite_add_tcase(s, tc);
+    }
+    return th_main(s);
+}
