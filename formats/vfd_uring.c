@@ -66,9 +66,11 @@ _Static_assert(offsetof(H5FD_class_t, name) == 0, "unexpected H5FD_class_t layou
 #define VFD_NAME "rekindle_uring"
 #define VFD_VALUE ((H5FD_class_value_t)0) /* unused in 1.10 */
 #define VFD_MAXADDR (((haddr_t)1 << (8 * sizeof(off_t) - 1)) - 1)
-#define VFD_DEF_QD 16
+#define VFD_DEF_QD 16    /* staged: 16 x 1 MiB of staging memory */
+#define VFD_DEF_QD_ZC 32 /* zero copy: no staging memory, deeper and larger */
 #define VFD_MAX_QD 256
 #define VFD_DEF_PIECE ((size_t)1 << 20)
+#define VFD_DEF_PIECE_ZC ((size_t)4 << 20)
 #define VFD_DEF_SPLIT ((size_t)1 << 30)
 #define VFD_META_BLOCK ((hsize_t)1 << 20)
 #define VFD_ASYNC_MIN ((size_t)64 << 10) /* raw writes below this go synchronously */
@@ -783,7 +785,7 @@ hid_t fmt_vfd_fapl(const fmt_vfd_opts *o)
     if (c.mode == FMT_IO_AUTO && fmt_io_mode_parse(getenv("RK_IO"), &c.mode) != 0)
         return H5I_INVALID_HID;
     if (c.queue_depth == 0)
-        c.queue_depth = VFD_DEF_QD;
+        c.queue_depth = c.zero_copy ? VFD_DEF_QD_ZC : VFD_DEF_QD;
     if (c.queue_depth < 1 || c.queue_depth > VFD_MAX_QD || (int)c.mode < 0 || c.mode > FMT_IO_BUFFERED) {
         rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_OPTION, "fmt_vfd_fapl: queue depth %d not in 1..%d or bad mode %d",
                  c.queue_depth, VFD_MAX_QD, (int)c.mode);
@@ -792,7 +794,7 @@ hid_t fmt_vfd_fapl(const fmt_vfd_opts *o)
     c.split_max = c.split_max ? c.split_max : VFD_DEF_SPLIT;
     c.split_max = c.split_max > VFD_DEF_SPLIT ? VFD_DEF_SPLIT : c.split_max;
     c.split_max = c.split_max < VFD_PAGE ? VFD_PAGE : c.split_max / VFD_PAGE * VFD_PAGE;
-    c.piece = c.piece ? (c.piece + VFD_PAGE - 1) / VFD_PAGE * VFD_PAGE : VFD_DEF_PIECE;
+    c.piece = c.piece ? (c.piece + VFD_PAGE - 1) / VFD_PAGE * VFD_PAGE : c.zero_copy ? VFD_DEF_PIECE_ZC : VFD_DEF_PIECE;
     c.piece = c.piece > c.split_max ? c.split_max : c.piece;
     hid_t id = vfd_driver_id();
     if (id < 0) {

@@ -56,8 +56,9 @@ typedef struct fmt_vfd_stats {
 
 typedef struct fmt_vfd_opts {
     enum fmt_io_mode mode; /* FMT_IO_AUTO: RK_IO if set, else io_uring + O_DIRECT where possible */
-    int queue_depth;       /* 0: default 16 (1..256) */
-    size_t piece;          /* 0: default 1 MiB; rounded to 4 KiB */
+    int queue_depth;       /* 0: default 16, 32 with zero_copy (1..256) */
+    size_t piece;          /* 0: default 1 MiB, 4 MiB with zero_copy; rounded to 4 KiB. Staging
+                              memory (allocated as used, freed at close): queue_depth x piece */
     bool zero_copy;        /* caller promises raw-data buffers given to H5Dwrite stay untouched
                               until H5Fclose returns: the driver may hand them to the kernel
                               (the driver turns HDF5's data sieve off, so raw data reaches it
