@@ -1,24 +1,123 @@
 /*
- * recover/api_det.c - the failure detector's seam into the API.
- * The detector (detector/) is not built yet: rk_init runs without one and says so at
- * info level; nothing here pretends that failures are being watched.
+ * recover/api_det.c - the failure detector's seam into the API: rk_init starts a detector
+ * per worker (rec_det_open), rk_finalize stops it (rec_det_close), and every training call
+ * first asks whether this worker was fenced (rec_det_status).
+ *
+ * rec_det_open runs on the thread that owns MPI: each worker binds its detector socket,
+ * then one MPI_Allgather on ctx->comm exchanges {address, status, key}; the decision to go
+ * on is taken from the gathered records, so every worker takes the same one (no worker
+ * is left waiting in a collective another one skipped). The MAC key comes from
+ * RK_JOB_SECRET (64 hex chars); without it rank 0 makes a random key that travels in the
+ * same Allgather, and says so once.
  */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../detector/det.h"
 #include "rec_internal.h"
+
+struct det_rec {
+    det_addr addr;
+    int32_t status;
+    uint8_t has_key;
+    uint8_t key[DET_KEY_BYTES];
+};
+
+static int worst(const struct det_rec *all, int n, int *who)
+{
+    for (int r = 0; r < n; r++) {
+        if (all[r].status != 0) {
+            *who = r;
+            return all[r].status;
+        }
+    }
+    return 0;
+}
 
 int rec_det_open(rk_ctx *ctx)
 {
-    (void)ctx;
-    RK_LOG_INFO(RK_SUB_DET, "failure detector not built yet: peers are not watched");
-    return 0;
+    int rc, mrc, who = -1;
+    size_t n = (size_t)(ctx->world0 > 0 ? ctx->world0 : 1);
+    struct det_rec mine;
+    memset(&mine, 0, sizeof(mine));
+    uint8_t key[DET_KEY_BYTES];
+    const char *secret = getenv("RK_JOB_SECRET");
+    det_cfg cfg = {.rank = ctx->rank0, .world = ctx->world0, .heartbeat_ms = ctx->opt.heartbeat_ms,
+                   .iface = ctx->opt.det_iface, .ev = ctx->ev};
+
+    mine.status = det_open(&ctx->det, &cfg);
+    if (mine.status == 0)
+        det_local_addr(ctx->det, &mine.addr);
+    if (secret && *secret) {
+        if (det_key_from_secret(secret, key) != 0 && mine.status == 0)
+            mine.status = rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,
+                                   "RK_JOB_SECRET: expected 64 hexadecimal characters (32 bytes)");
+    } else if (ctx->rank0 == 0) {
+        if ((rc = det_key_random(mine.key)) != 0 && mine.status == 0)
+            mine.status = rc;
+        mine.has_key = 1;
+        if (ctx->world0 == 1)
+            RK_LOG_INFO(RK_SUB_DET, "RK_JOB_SECRET not set: detector datagrams carry a MAC with a key made for this job at start");
+        else
+            RK_LOG_WARN(RK_SUB_DET, "RK_JOB_SECRET not set: detector datagrams carry a MAC with a key made for this "
+                        "job by rank 0 and shared over MPI (set RK_JOB_SECRET, 64 hex chars, for a launcher secret)");
+    }
+
+    struct det_rec *all = calloc(n, sizeof(*all));
+    if (!all) {
+        rc = -ENOMEM; /* out of memory before the collective: nothing sensible is left to do */
+        goto out_close;
+    }
+    mrc = MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, ctx->comm);
+    if (mrc != MPI_SUCCESS) {
+        rc = rec_mpi_fail(mrc, "rk_init: MPI_Allgather of detector addresses");
+        goto out_free;
+    }
+    if ((rc = worst(all, ctx->world0, &who)) != 0) {
+        if (who != ctx->rank0)
+            rk__fail(RK_SUB_DET, RK_LOG_ERROR, rc, "rk_init: the detector of rank %d could not start (%s)", who,
+                     rk_strerror(rc));
+        goto out_free;
+    }
+    det_addr *addrs = calloc(n, sizeof(*addrs));
+    if (!addrs) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    bool loop = false, hosts_differ = false;
+    for (int r = 0; r < ctx->world0; r++) {
+        addrs[r] = all[r].addr;
+        loop |= all[r].addr.loopback;
+        hosts_differ |= all[r].addr.host_id != all[0].addr.host_id;
+    }
+    if (loop && hosts_differ) {
+        rc = rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,
+                      "rk_init: a detector bound to loopback in a job spanning hosts: set RK_DET_IFACE to an "
+                      "interface or address the other hosts can reach");
+    } else {
+        rc = det_start(ctx->det, addrs, (secret && *secret) ? key : all[0].key);
+    }
+    free(addrs);
+out_free:
+    free(all);
+out_close:
+    memset(key, 0, sizeof(key));
+    if (rc != 0)
+        det_close(&ctx->det);
+    return rc;
 }
 
 void rec_det_close(rk_ctx *ctx)
 {
-    (void)ctx;
+    det_close(&ctx->det);
 }
 
 int rec_det_status(rk_ctx *ctx)
 {
-    (void)ctx;
+    if (ctx->det && det_fenced(ctx->det)) {
+        rk__set_last_error("this worker was declared dead by the others and is fenced: it must stop");
+        return RK_E_FENCED;
+    }
     return 0;
 }

@@ -1,0 +1,443 @@
+/*
+ * detector/det.c - the detector's handle: its UDP socket, its thread, and the
+ * thread-safe view and event stream that recovery consumes.
+ *
+ * The protocol (design header: det_proto.c) is a pure state machine; this file is the thin
+ * I/O around it. The thread sleeps in poll() until a datagram arrives or the protocol's
+ * next deadline; then it authenticates and feeds every pending datagram (det_wire.c), runs
+ * the timers, sends what the protocol queued and publishes its events. It never calls
+ * MPI, never touches the disk except to append an event line, and never waits on a peer:
+ * sends are non-blocking and a full socket buffer drops the datagram (a heartbeat lost).
+ *
+ * Locking: one mutex guards the protocol, the published view, the event queue and the
+ * counters; det_seq() and det_fenced() are lock-free atomics for cheap polling.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "det_internal.h"
+
+#define EVQ_CAP 256
+
+struct det {
+    det_cfg cfg;
+    int fd;                   /* UDP socket */
+    int wake_fd;              /* eventfd: wakes the thread (stop) */
+    int notify_fd;            /* eventfd: readable after each change (det_wait_fd) */
+    pthread_t thr;
+    bool started;
+    atomic_bool stop, fenced;
+    atomic_uint_fast64_t seq;
+    pthread_mutex_t mu;
+    detp *proto;
+    detw wire;
+    struct sockaddr_in *addrs; /* nslots; sin_port 0: unknown */
+    det_addr self_addr;
+    det_view view;
+    det_event evq[EVQ_CAP];
+    size_t evq_head, evq_n;
+    uint64_t ev_lost;
+    det_stats stats;
+};
+
+static uint64_t host_hash(void)
+{
+    char name[256] = "";
+    gethostname(name, sizeof(name) - 1);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *c = name; *c; c++)
+        h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    return h;
+}
+
+/* The address to bind and advertise: iface as an address or an interface name, else the
+   first non-loopback IPv4 of an UP interface, else loopback (*loop = true). */
+static int pick_addr(const char *iface, struct in_addr *out, bool *loop)
+{
+    *loop = false;
+    if (iface && inet_pton(AF_INET, iface, out) == 1) {
+        *loop = (ntohl(out->s_addr) >> 24) == 127;
+        return 0;
+    }
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        return rk__fail(RK_SUB_DET, RK_LOG_ERROR, -errno, "detector: getifaddrs: %s", strerror(errno));
+    bool found = false;
+    for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
+            continue;
+        if (iface ? strcmp(i->ifa_name, iface) != 0 : (i->ifa_flags & IFF_LOOPBACK) != 0)
+            continue;
+        *out = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        *loop = (i->ifa_flags & IFF_LOOPBACK) != 0;
+        found = true;
+    }
+    freeifaddrs(ifs);
+    if (found)
+        return 0;
+    if (iface)
+        return rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,
+                        "RK_DET_IFACE='%s': neither an IPv4 address nor an UP interface with one", iface);
+    out->s_addr = htonl(INADDR_LOOPBACK);
+    *loop = true;
+    RK_LOG_INFO(RK_SUB_DET, "no UP non-loopback IPv4 interface: the detector uses 127.0.0.1 (single-host jobs only)");
+    return 0;
+}
+
+int det_open(det **out, const det_cfg *cfg)
+{
+    int rc;
+    if (!out || !cfg)
+        return -EINVAL;
+    *out = NULL;
+    int nslots = cfg->nslots ? cfg->nslots : cfg->world;
+    if (cfg->world < 1 || cfg->rank < 0 || cfg->rank >= cfg->world || nslots < cfg->world ||
+        nslots > DET_MAX_SLOTS || cfg->heartbeat_ms < 1)
+        return rk__fail(RK_SUB_DET, RK_LOG_ERROR, -EINVAL, "det_open: rank %d world %d slots %d period %d ms",
+                        cfg->rank, cfg->world, nslots, cfg->heartbeat_ms);
+    det *d = calloc(1, sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->cfg = *cfg;
+    d->cfg.nslots = nslots;
+    d->cfg.iface = NULL;
+    d->fd = d->wake_fd = d->notify_fd = -1;
+    if ((rc = pthread_mutex_init(&d->mu, NULL)) != 0) {
+        free(d);
+        return -rc;
+    }
+    d->addrs = calloc((size_t)nslots, sizeof(*d->addrs));
+    if (!d->addrs) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    struct in_addr ip;
+    bool loop;
+    if ((rc = pick_addr(cfg->iface, &ip, &loop)) != 0)
+        goto out_free;
+    d->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    d->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    d->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (d->fd < 0 || d->wake_fd < 0 || d->notify_fd < 0) {
+        rc = rk__fail(RK_SUB_DET, RK_LOG_ERROR, -errno, "detector: socket/eventfd: %s", strerror(errno));
+        goto out_close;
+    }
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = ip, .sin_port = 0};
+    socklen_t sl = sizeof(sa);
+    if (bind(d->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(d->fd, (struct sockaddr *)&sa, &sl) != 0) {
+        char a[INET_ADDRSTRLEN];
+        rc = rk__fail(RK_SUB_DET, RK_LOG_ERROR, -errno, "detector: bind %s: %s",
+                      inet_ntop(AF_INET, &ip, a, sizeof(a)), strerror(errno));
+        goto out_close;
+    }
+    int rcvbuf = 1 << 20;
+    setsockopt(d->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)); /* best effort */
+    d->self_addr.ipv4 = sa.sin_addr.s_addr;
+    d->self_addr.port = sa.sin_port;
+    d->self_addr.loopback = loop;
+    d->self_addr.host_id = host_hash();
+    *out = d;
+    return 0;
+
+out_close:
+    if (d->fd >= 0)
+        close(d->fd);
+    if (d->wake_fd >= 0)
+        close(d->wake_fd);
+    if (d->notify_fd >= 0)
+        close(d->notify_fd);
+out_free:
+    free(d->addrs);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    return rc;
+}
+
+void det_local_addr(const det *d, det_addr *out)
+{
+    *out = d->self_addr;
+}
+
+int det_port(const det *d)
+{
+    return ntohs(d->self_addr.port);
+}
+
+/* ---- the thread (mutex held in everything below) ------------------------------------- */
+
+static const char *event_name(int kind)
+{
+    switch (kind) {
+    case DET_EV_SUSPECT: return "suspect";
+    case DET_EV_REFUTED: return "refuted";
+    case DET_EV_DEAD: return "peer_dead";
+    case DET_EV_LEFT: return "peer_left";
+    case DET_EV_FENCED: return "fenced";
+    default: return "view_installed";
+    }
+}
+
+static void publish(det *d, det_event *e)
+{
+    e->t_ns = rk__real_ns();
+    if (d->evq_n == EVQ_CAP) {
+        d->evq_head = (d->evq_head + 1) % EVQ_CAP;
+        d->evq_n--;
+        d->ev_lost++;
+    }
+    d->evq[(d->evq_head + d->evq_n++) % EVQ_CAP] = *e;
+    detp_view(d->proto, &d->view);
+    if (e->kind == DET_EV_FENCED)
+        atomic_store(&d->fenced, true);
+    atomic_fetch_add(&d->seq, 1);
+    uint64_t one = 1;
+    if (write(d->notify_fd, &one, sizeof(one)) < 0) {
+        /* counter saturated: readers are already woken */
+    }
+    const char *name = event_name(e->kind);
+    switch (e->kind) {
+    case DET_EV_DEAD:
+        RK_LOG_WARN(RK_SUB_DET, "peer %d declared dead after %.0f ms of silence: epoch %llu, %d members",
+                    e->peer, e->after_ms, (unsigned long long)e->epoch, d->view.nmembers);
+        RK_EVENT(d->cfg.ev, name, RK_EV_I("peer", e->peer), RK_EV_I("epoch", e->epoch),
+                 RK_EV_D("after_ms", e->after_ms));
+        break;
+    case DET_EV_FENCED:
+        RK_LOG_ERR(RK_SUB_DET, "the other workers declared this one dead: fenced, it sends nothing more");
+        RK_EVENT(d->cfg.ev, name, RK_EV_I("epoch", e->epoch));
+        break;
+    case DET_EV_VIEW:
+        RK_EVENT(d->cfg.ev, name, RK_EV_I("epoch", e->epoch), RK_EV_I("world", d->view.nmembers));
+        break;
+    default:
+        RK_LOG_INFO(RK_SUB_DET, "%s: peer %d (%.0f ms silent), epoch %llu", name, e->peer, e->after_ms,
+                    (unsigned long long)e->epoch);
+        RK_EVENT(d->cfg.ev, name, RK_EV_I("peer", e->peer), RK_EV_I("epoch", e->epoch),
+                 RK_EV_D("after_ms", e->after_ms));
+        break;
+    }
+}
+
+static void flush(det *d)
+{
+    detm m;
+    det_event e;
+    uint8_t buf[DETW_MAX];
+    while (detp_pop_send(d->proto, &m)) {
+        struct sockaddr_in *to = &d->addrs[m.dst];
+        if (to->sin_port == 0)
+            continue; /* a spare whose address is not known yet */
+        size_t n = detw_encode(&d->wire, &m, buf);
+        if (sendto(d->fd, buf, n, MSG_DONTWAIT, (struct sockaddr *)to, sizeof(*to)) == (ssize_t)n) {
+            d->stats.tx_pkts++;
+            d->stats.tx_bytes += n;
+        }
+    }
+    while (detp_pop_event(d->proto, &e))
+        publish(d, &e);
+}
+
+static void drain(det *d, int64_t now)
+{
+    uint8_t buf[DETW_MAX + 64];
+    detm m;
+    for (int i = 0; i < 4096; i++) {
+        ssize_t n = recv(d->fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0)
+            break; /* EAGAIN, or an ICMP error of an earlier send: nothing to act on */
+        size_t len = (size_t)n;
+        int v = len > sizeof(buf) ? DETW_OVERSIZE : detw_decode(&d->wire, buf, len, &m);
+        detw_count(&d->stats, v, len);
+        if (v == DETW_OK)
+            detp_recv(d->proto, &m, now);
+    }
+}
+
+static void *det_thread(void *arg)
+{
+    det *d = arg;
+    while (!atomic_load(&d->stop)) {
+        pthread_mutex_lock(&d->mu);
+        int64_t wait = detp_next_deadline(d->proto) - rk__mono_ns();
+        pthread_mutex_unlock(&d->mu);
+        int ms = wait <= 0 ? 0 : (int)((wait + 999999) / 1000000);
+        struct pollfd pf[2] = {{.fd = d->fd, .events = POLLIN}, {.fd = d->wake_fd, .events = POLLIN}};
+        if (poll(pf, 2, ms) < 0 && errno != EINTR)
+            break;
+        if (atomic_load(&d->stop))
+            break;
+        pthread_mutex_lock(&d->mu);
+        int64_t now = rk__mono_ns();
+        drain(d, now); /* before the timers: a packet waiting in the buffer is a sign of life */
+        detp_tick(d->proto, now);
+        flush(d);
+        pthread_mutex_unlock(&d->mu);
+    }
+    return NULL;
+}
+
+int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES])
+{
+    int rc;
+    if (!d || !addrs || !key || d->started)
+        return -EINVAL;
+    for (int r = 0; r < d->cfg.world; r++) {
+        d->addrs[r].sin_family = AF_INET;
+        d->addrs[r].sin_addr.s_addr = addrs[r].ipv4;
+        d->addrs[r].sin_port = addrs[r].port;
+    }
+    if ((rc = detw_init(&d->wire, key, d->cfg.nslots, d->cfg.rank)) != 0)
+        return rc;
+    uint64_t seed;
+    memcpy(&seed, key, sizeof(seed));
+    detp_cfg pc = {.self = d->cfg.rank, .world = d->cfg.world, .nslots = d->cfg.nslots,
+                   .period_ns = (int64_t)d->cfg.heartbeat_ms * 1000000, .k = 3, .nhelpers = 2,
+                   .seed = seed ^ (uint64_t)rk__mono_ns()};
+    if ((rc = detp_create(&d->proto, &pc, rk__mono_ns())) != 0)
+        goto out_wire;
+    detp_view(d->proto, &d->view);
+    /* The thread takes no signals: they stay the application's. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = -pthread_create(&d->thr, NULL, det_thread, d);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        rk__fail(RK_SUB_DET, RK_LOG_ERROR, rc, "detector: pthread_create: %s", strerror(-rc));
+        goto out_proto;
+    }
+    d->started = true;
+    return 0;
+
+out_proto:
+    detp_destroy(&d->proto);
+out_wire:
+    detw_fini(&d->wire);
+    return rc;
+}
+
+void det_close(det **pd)
+{
+    if (!pd || !*pd)
+        return;
+    det *d = *pd;
+    if (d->started) {
+        pthread_mutex_lock(&d->mu);
+        detp_leave(d->proto, rk__mono_ns());
+        flush(d);
+        pthread_mutex_unlock(&d->mu);
+        atomic_store(&d->stop, true);
+        uint64_t one = 1;
+        if (write(d->wake_fd, &one, sizeof(one)) < 0) {
+            /* cannot fail for an eventfd below its maximum; stop is set anyway */
+        }
+        pthread_join(d->thr, NULL);
+        det_stats *s = &d->stats;
+        RK_LOG_INFO(RK_SUB_DET, "detector stopped: sent %llu packets, received %llu (%llu accepted; dropped: "
+                    "%llu bad MAC, %llu replayed, %llu malformed)", (unsigned long long)s->tx_pkts,
+                    (unsigned long long)s->rx_pkts, (unsigned long long)s->rx_ok,
+                    (unsigned long long)s->drop_mac, (unsigned long long)s->drop_replay,
+                    (unsigned long long)s->drop_malformed);
+        RK_EVENT(d->cfg.ev, "det_stats", RK_EV_I("tx_pkts", s->tx_pkts), RK_EV_I("tx_bytes", s->tx_bytes),
+                 RK_EV_I("rx_pkts", s->rx_pkts), RK_EV_I("rx_bytes", s->rx_bytes), RK_EV_I("rx_ok", s->rx_ok),
+                 RK_EV_I("drop_short", s->drop_short), RK_EV_I("drop_oversize", s->drop_oversize),
+                 RK_EV_I("drop_magic", s->drop_magic), RK_EV_I("drop_version", s->drop_version),
+                 RK_EV_I("drop_job", s->drop_job), RK_EV_I("drop_mac", s->drop_mac),
+                 RK_EV_I("drop_replay", s->drop_replay), RK_EV_I("drop_malformed", s->drop_malformed),
+                 RK_EV_I("drop_nonmember", s->drop_nonmember));
+        detp_destroy(&d->proto);
+        detw_fini(&d->wire);
+    }
+    close(d->fd);
+    close(d->wake_fd);
+    close(d->notify_fd);
+    free(d->addrs);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    *pd = NULL;
+}
+
+/* ---- the interface for recovery --------------------------------------------------------- */
+
+uint64_t det_seq(const det *d)
+{
+    return atomic_load(&((det *)d)->seq);
+}
+
+int det_wait_fd(const det *d)
+{
+    return d->notify_fd;
+}
+
+bool det_fenced(const det *d)
+{
+    return atomic_load(&((det *)d)->fenced);
+}
+
+void det_view_get(const det *d, det_view *out)
+{
+    det *m = (det *)d;
+    pthread_mutex_lock(&m->mu);
+    *out = m->view;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int det_next_event(det *d, det_event *ev, uint64_t *lost)
+{
+    pthread_mutex_lock(&d->mu);
+    int got = d->evq_n > 0;
+    if (got) {
+        *ev = d->evq[d->evq_head];
+        d->evq_head = (d->evq_head + 1) % EVQ_CAP;
+        d->evq_n--;
+    }
+    if (lost)
+        *lost = d->ev_lost;
+    pthread_mutex_unlock(&d->mu);
+    return got;
+}
+
+int det_install_view(det *d, const det_view *v)
+{
+    if (!d || !v || !d->started)
+        return -EINVAL;
+    pthread_mutex_lock(&d->mu);
+    int rc = detp_install_view(d->proto, v, rk__mono_ns());
+    flush(d);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+void det_stats_get(const det *d, det_stats *out)
+{
+    det *m = (det *)d;
+    pthread_mutex_lock(&m->mu);
+    *out = m->stats;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int det_set_addr(det *d, int slot, const det_addr *a)
+{
+    if (!d || !a || slot < 0 || slot >= d->cfg.nslots)
+        return -EINVAL;
+    pthread_mutex_lock(&d->mu);
+    d->addrs[slot].sin_family = AF_INET;
+    d->addrs[slot].sin_addr.s_addr = a->ipv4;
+    d->addrs[slot].sin_port = a->port;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}

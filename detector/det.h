@@ -1,0 +1,122 @@
+/*
+ * detector/det.h - the failure detector: the one header of detector/ that other parts
+ * include. Design: detector/det_proto.c (file header) and docs/DETECTOR.md.
+ *
+ * One detector per worker, on its own thread with its own UDP socket. It never calls MPI:
+ * the caller exchanges addresses (det_local_addr -> MPI_Allgather -> det_start) from the
+ * thread that owns MPI.
+ *
+ * Members are identified by their rank at start (0 .. nslots-1). Slots at or above the
+ * initial world are spares: representable in every view, members only once recovery
+ * installs a view that contains them (det_install_view).
+ *
+ * Thread safety: every function below may be called from any thread while the detector
+ * runs, except det_open/det_start/det_close (the owning thread only).
+ */
+#ifndef RK_DET_H
+#define RK_DET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common.h"
+
+#define DET_MAX_SLOTS 4096          /* ranks at start + spares */
+#define DET_KEY_BYTES 32
+
+typedef struct det det;
+
+/* What a worker advertises to the others (exchanged as raw bytes over MPI). */
+typedef struct det_addr {
+    uint32_t ipv4;                  /* network byte order */
+    uint16_t port;                  /* network byte order */
+    uint8_t loopback;               /* 1: bound to loopback (single-host job only) */
+    uint8_t pad_;
+    uint64_t host_id;               /* hash of the host name: who shares a host */
+} det_addr;
+
+typedef struct det_cfg {
+    int rank;                       /* this worker's rank at start */
+    int world;                      /* members at start: ranks 0 .. world-1 */
+    int nslots;                     /* world + spares (<= DET_MAX_SLOTS); 0: world */
+    int heartbeat_ms;               /* period */
+    const char *iface;              /* interface name or IPv4 address; NULL: outward */
+    rk__evlog *ev;                  /* event log (may be NULL); not owned */
+} det_cfg;
+
+/* The membership as this worker sees it. */
+typedef struct det_view {
+    uint64_t epoch;                 /* bumped on every membership change */
+    int nslots;
+    int nmembers;
+    uint64_t members[DET_MAX_SLOTS / 64]; /* bit r: slot r is a member */
+} det_view;
+
+static inline bool det_view_has(const det_view *v, int r)
+{
+    return r >= 0 && r < v->nslots && (v->members[r / 64] >> (r % 64)) & 1;
+}
+
+enum det_event_kind {
+    DET_EV_SUSPECT = 1,   /* peer silent; others asked to probe it */
+    DET_EV_REFUTED,       /* a suspect answered: alive again */
+    DET_EV_DEAD,          /* peer declared dead: removed from the view */
+    DET_EV_LEFT,          /* peer left cleanly (det_close): removed from the view */
+    DET_EV_FENCED,        /* this worker was declared dead: it stopped sending */
+    DET_EV_VIEW,          /* recovery installed a new view */
+};
+
+typedef struct det_event {
+    int kind;             /* enum det_event_kind */
+    int peer;             /* rank at start (self for FENCED, -1 for VIEW) */
+    uint64_t epoch;       /* view epoch after the event */
+    double after_ms;      /* silence of peer when it was suspected/declared */
+    int64_t t_ns;         /* CLOCK_REALTIME when this worker learned it */
+} det_event;
+
+/* Counters of everything received and dropped (never acted on). */
+typedef struct det_stats {
+    uint64_t tx_pkts, tx_bytes, rx_pkts, rx_bytes;
+    uint64_t rx_ok;
+    uint64_t drop_short, drop_oversize, drop_magic, drop_version, drop_job, drop_mac;
+    uint64_t drop_replay, drop_malformed, drop_nonmember;
+} det_stats;
+
+/* Binds the socket (cfg->iface, or the host's outward IPv4: the first non-loopback address
+   of an UP interface, else loopback). No thread yet. *out owned by the caller, det_close. */
+int det_open(det **out, const det_cfg *cfg);
+/* The address to advertise. */
+void det_local_addr(const det *d, det_addr *out);
+/* Starts the thread. addrs[0..world-1] from every worker (index = rank at start); key: the
+   32-byte MAC key (det_key_from_secret). Returns 0 or a negative code. */
+int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES]);
+/* Tells the members this worker leaves (unless fenced), stops the thread, closes the
+   socket, frees; *d = NULL. Never waits on a peer. NULL-safe. */
+void det_close(det **d);
+
+/* Parses RK_JOB_SECRET-style text (64 hex chars) into the MAC key; RK_E_OPTION if bad. */
+int det_key_from_secret(const char *hex, uint8_t key[DET_KEY_BYTES]);
+/* A fresh random key (for a job without a secret: rank 0 makes it, MPI shares it). */
+int det_key_random(uint8_t key[DET_KEY_BYTES]);
+
+/* An atomic counter bumped on every membership change and every event: poll it. */
+uint64_t det_seq(const det *d);
+/* An eventfd readable after each bump (read it to rearm); for poll(). */
+int det_wait_fd(const det *d);
+/* Copies the current view. */
+void det_view_get(const det *d, det_view *out);
+/* Pops the oldest unread event: 1 and *ev filled, 0 if none. Bounded queue: the oldest
+   are dropped (and counted in *lost if non-NULL) when nobody reads. */
+int det_next_event(det *d, det_event *ev, uint64_t *lost);
+/* Whether the others declared this worker dead. */
+bool det_fenced(const det *d);
+/* Recovery agreed on a new membership (epoch must exceed the current one; it may add
+   spares, never a rank declared dead). Returns 0, -EINVAL, or RK_E_FENCED. */
+int det_install_view(det *d, const det_view *v);
+void det_stats_get(const det *d, det_stats *out);
+/* Where a spare listens, once known (before det_install_view makes it a member). */
+int det_set_addr(det *d, int slot, const det_addr *a);
+/* The UDP port bound (host byte order), for diagnostics and tests. */
+int det_port(const det *d);
+
+#endif

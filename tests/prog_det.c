@@ -1,0 +1,74 @@
+/*
+ * tests/prog_det.c - a worker for the detector's integration tests and benchmarks.
+ *
+ * rk_init, then rk_step_done in a loop with small sleeps for PROG_DET_MS milliseconds
+ * (default 8000), then rk_finalize. With PROG_DET_DIR set it writes "<pid> <port>" to
+ * PROG_DET_DIR/rank-<R> once the detector runs, so a test can signal it or send it
+ * datagrams. Prints what it observes: "rank R fenced: ..." (then exits 0) when the others
+ * declared it dead, and at the end "rank R epoch E members M".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../detector/det.h"
+#include "../recover/rec_internal.h"
+
+static void write_rank_file(const char *dir, int rank, int port)
+{
+    char tmp[4096], path[4096];
+    snprintf(tmp, sizeof(tmp), "%s/.rank-%d", dir, rank);
+    snprintf(path, sizeof(path), "%s/rank-%d", dir, rank);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fprintf(f, "%d %d\n", (int)getpid(), port);
+    fclose(f);
+    rename(tmp, path);
+}
+
+int main(void)
+{
+    rk_options o;
+    rk_options_init(&o);
+    rk_ctx *ctx = NULL;
+    int rc = rk_init(&ctx, &o);
+    if (rc != 0) {
+        fprintf(stderr, "rk_init: %s: %s\n", rk_strerror(rc), rk_last_error());
+        return 3;
+    }
+    int rank = rk_rank(ctx);
+    const char *dir = getenv("PROG_DET_DIR");
+    if (dir && ctx->det)
+        write_rank_file(dir, rank, det_port(ctx->det));
+    long run_ms = getenv("PROG_DET_MS") ? atol(getenv("PROG_DET_MS")) : 8000;
+    int64_t end = rk__deadline_ns(run_ms);
+    int64_t step = 0;
+    while (!rk__deadline_passed(end)) {
+        rc = rk_step_done(ctx, step++);
+        if (rc == RK_E_FENCED) {
+            printf("rank %d fenced: %s\n", rank, rk_strerror(rc));
+            fflush(stdout);
+            break;
+        }
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: rk_step_done: %s\n", rank, rk_strerror(rc));
+            return 5;
+        }
+        rk__sleep_ns(10 * 1000000LL);
+    }
+    if (rc == 0 && ctx->det) {
+        det_view v;
+        det_view_get(ctx->det, &v);
+        printf("rank %d epoch %llu members %d\n", rank, (unsigned long long)v.epoch, v.nmembers);
+        fflush(stdout);
+    }
+    rc = rk_finalize(&ctx);
+    if (rc != 0) {
+        fprintf(stderr, "rank %d: rk_finalize: %s\n", rank, rk_strerror(rc));
+        return 4;
+    }
+    return 0;
+}

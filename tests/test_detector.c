@@ -1,0 +1,926 @@
+/*
+ * tests/test_detector.c - the failure detector (detector/).
+ *
+ * "sim": the protocol state machine (det_proto.c) driven by a simulated clock and network
+ * with loss, delay, reordering, duplication, partitions, crashes and pauses. Each test
+ * names the invariants (I1..I8 of det_proto.c's header) it checks.
+ * "wire": the datagram format, MAC, replay window and key parsing (det_wire.c).
+ * "proc": real workers under mpirun (tests/prog_det.c), the event log as the oracle:
+ * kill -9, SIGSTOP/SIGCONT (fencing), forged and garbage datagrams from outside the job.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../detector/det_internal.h"
+#include "harness.h"
+
+#define MS 1000000LL
+#define P (100 * MS)
+
+/* ---- the simulated network -------------------------------------------------------------- */
+
+enum { SIM_MAX = 16, SIM_QCAP = 200000, SIM_EVCAP = 512 };
+
+struct inflight {
+    int64_t at;
+    detm m;
+};
+
+struct sim {
+    int n;
+    detp *node[SIM_MAX];
+    bool crashed[SIM_MAX], paused[SIM_MAX];
+    bool cut[SIM_MAX][SIM_MAX]; /* cut[a][b]: a -> b drops */
+    int64_t now;
+    double loss, dup;
+    int64_t delay_min, delay_max;
+    uint64_t rng;
+    struct inflight *q;
+    size_t nq;
+    det_event ev[SIM_MAX][SIM_EVCAP];
+    int nev[SIM_MAX];
+    long sent[SIM_MAX][DETM_TYPE_MAX];
+};
+
+static uint64_t sim_rand(struct sim *s)
+{
+    s->rng ^= s->rng << 13;
+    s->rng ^= s->rng >> 7;
+    s->rng ^= s->rng << 17;
+    return s->rng;
+}
+
+static double sim_unit(struct sim *s)
+{
+    return (double)(sim_rand(s) >> 11) / (double)(1ull << 53);
+}
+
+static struct sim *sim_new(int n, uint64_t seed)
+{
+    struct sim *s = calloc(1, sizeof(*s));
+    ck_assert_ptr_nonnull(s);
+    s->q = calloc(SIM_QCAP, sizeof(*s->q));
+    ck_assert_ptr_nonnull(s->q);
+    s->n = n;
+    s->rng = seed | 1;
+    s->now = 1000 * MS;
+    s->delay_min = 1 * MS / 10;
+    s->delay_max = 1 * MS;
+    for (int i = 0; i < n; i++) {
+        detp_cfg c = {.self = i, .world = n, .nslots = n + 2, .period_ns = P, .k = 3, .nhelpers = 2,
+                      .seed = seed + (uint64_t)i};
+        th_assert_rc(detp_create(&s->node[i], &c, s->now), 0);
+    }
+    return s;
+}
+
+static void sim_free(struct sim *s)
+{
+    for (int i = 0; i < s->n; i++)
+        detp_destroy(&s->node[i]);
+    free(s->q);
+    free(s);
+}
+
+static void sim_enqueue(struct sim *s, const detm *m)
+{
+    if (s->cut[m->src][m->dst] || sim_unit(s) < s->loss)
+        return;
+    int copies = sim_unit(s) < s->dup ? 2 : 1;
+    for (int c = 0; c < copies && s->nq < SIM_QCAP; c++) {
+        int64_t d = s->delay_min + (int64_t)(sim_unit(s) * (double)(s->delay_max - s->delay_min));
+        s->q[s->nq].at = s->now + d;
+        s->q[s->nq++].m = *m;
+    }
+}
+
+static void sim_collect(struct sim *s, int i)
+{
+    detm m;
+    det_event e;
+    while (detp_pop_send(s->node[i], &m)) {
+        ck_assert_int_eq(m.src, i);
+        s->sent[i][m.type]++;
+        sim_enqueue(s, &m);
+    }
+    while (detp_pop_event(s->node[i], &e))
+        if (s->nev[i] < SIM_EVCAP)
+            s->ev[i][s->nev[i]++] = e;
+}
+
+/* Advances the simulated clock to `until` in 1 ms steps. */
+static void sim_run(struct sim *s, int64_t until)
+{
+    for (; s->now <= until; s->now += MS) {
+        for (size_t j = 0; j < s->nq;) {
+            struct inflight *f = &s->q[j];
+            int dst = f->m.dst;
+            if (f->at > s->now || s->paused[dst]) { /* a paused worker's socket keeps it */
+                j++;
+                continue;
+            }
+            if (!s->crashed[dst]) {
+                detp_recv(s->node[dst], &f->m, s->now);
+                sim_collect(s, dst);
+            }
+            s->q[j] = s->q[--s->nq]; /* removal reorders the rest: fine, delays vary anyway */
+        }
+        for (int i = 0; i < s->n; i++) {
+            if (s->crashed[i] || s->paused[i])
+                continue;
+            if (detp_next_deadline(s->node[i]) <= s->now)
+                detp_tick(s->node[i], s->now);
+            sim_collect(s, i);
+        }
+    }
+}
+
+static int count_ev(const struct sim *s, int i, int kind, int peer)
+{
+    int c = 0;
+    for (int j = 0; j < s->nev[i]; j++)
+        c += s->ev[i][j].kind == kind && (peer < 0 || s->ev[i][j].peer == peer);
+    return c;
+}
+
+static int count_ev_all(const struct sim *s, int kind)
+{
+    int c = 0;
+    for (int i = 0; i < s->n; i++)
+        c += count_ev(s, i, kind, -1);
+    return c;
+}
+
+/* Every live (not crashed, not fenced) node has the same view (I4); returns its epoch. */
+static uint64_t assert_same_view(const struct sim *s)
+{
+    det_view ref, v;
+    int first = -1;
+    for (int i = 0; i < s->n; i++) {
+        if (s->crashed[i] || detp_fenced(s->node[i]))
+            continue;
+        if (first < 0) {
+            detp_view(s->node[i], &ref);
+            first = i;
+            continue;
+        }
+        detp_view(s->node[i], &v);
+        ck_assert_msg(v.epoch == ref.epoch && v.nmembers == ref.nmembers &&
+                          memcmp(v.members, ref.members, sizeof(v.members)) == 0,
+                      "node %d view (epoch %llu, %d members) != node %d view (epoch %llu, %d members)", i,
+                      (unsigned long long)v.epoch, v.nmembers, first, (unsigned long long)ref.epoch, ref.nmembers);
+    }
+    return ref.epoch;
+}
+
+/* One protocol instance outside a simulated network, created at time 0. */
+static detp *one_node(int self, int world, int nslots, int k)
+{
+    detp *p = NULL;
+    detp_cfg c = {.self = self, .world = world, .nslots = nslots, .period_ns = P, .k = k, .nhelpers = k - 1, .seed = 1};
+    th_assert_rc(detp_create(&p, &c, 0), 0);
+    return p;
+}
+
+/* ---- sim tests ------------------------------------------------------------------------------ */
+
+/* I1: each member sends k heartbeats per period, whatever the size; I2: no suspicion when
+   heartbeats flow. */
+START_TEST(sim_steady_state_constant_traffic)
+{
+    int sizes[] = {4, 8, 16};
+    for (size_t z = 0; z < 3; z++) {
+        struct sim *s = sim_new(sizes[z], 42);
+        sim_run(s, s->now + 10000 * MS);
+        for (int i = 0; i < s->n; i++) {
+            ck_assert_msg(s->sent[i][DETM_HB] >= 3 * 99 && s->sent[i][DETM_HB] <= 3 * 102,
+                          "n=%d node %d sent %ld heartbeats in 100 periods, want 3 per period", s->n, i,
+                          s->sent[i][DETM_HB]);
+            ck_assert_int_eq(s->sent[i][DETM_PING_REQ], 0);
+        }
+        ck_assert_int_eq(count_ev_all(s, DET_EV_SUSPECT), 0);
+        ck_assert_int_eq(count_ev_all(s, DET_EV_DEAD), 0);
+        ck_assert_uint_eq(assert_same_view(s), 0);
+        sim_free(s);
+    }
+}
+END_TEST
+
+/* I2, I4, I5: a crash is probed, suspected, declared; every survivor gets the same view. */
+START_TEST(sim_crash_detected_same_view)
+{
+    struct sim *s = sim_new(8, 7);
+    sim_run(s, s->now + 2000 * MS);
+    s->crashed[3] = true;
+    int64_t t_kill = s->now;
+    sim_run(s, s->now + 2000 * MS);
+    for (int i = 0; i < s->n; i++) {
+        if (i == 3)
+            continue;
+        ck_assert_msg(count_ev(s, i, DET_EV_DEAD, 3) == 1, "node %d: %d peer_dead(3) events", i,
+                      count_ev(s, i, DET_EV_DEAD, 3));
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, -1), 1);
+        ck_assert_int_eq(detp_peer_state(s->node[i], 3), DETP_DEAD);
+    }
+    /* the observers (4, 5, 6) probed through helpers and suspected before declaring */
+    long preq = 0;
+    for (int i = 4; i <= 6; i++) {
+        preq += s->sent[i][DETM_PING_REQ];
+        ck_assert_int_ge(count_ev(s, i, DET_EV_SUSPECT, 3), 1);
+        for (int j = 0; j < s->nev[i]; j++)
+            if (s->ev[i][j].kind == DET_EV_DEAD)
+                ck_assert_msg(s->ev[i][j].after_ms >= 300, "declared after %.0f ms < 3 periods",
+                              s->ev[i][j].after_ms);
+    }
+    ck_assert_int_ge(preq, 2);
+    ck_assert_uint_eq(assert_same_view(s), 1);
+    (void)t_kill;
+    /* I1: after the change the ring closes over the gap: 2 observes 4 now */
+    ck_assert_int_ge(detp_timeout_ns(s->node[4], 2), 3 * P);
+    ck_assert_int_eq(detp_timeout_ns(s->node[4], 3), -1);
+    sim_free(s);
+}
+END_TEST
+
+/* I2, I5: with 10% loss, delays to 40 ms (reordering) and 5% duplicates, no false
+   declaration, and two crashes still reach every survivor. */
+START_TEST(sim_lossy_network)
+{
+    struct sim *s = sim_new(10, 1234);
+    s->loss = 0.10;
+    s->dup = 0.05;
+    s->delay_max = 40 * MS;
+    sim_run(s, s->now + 20000 * MS);
+    ck_assert_int_eq(count_ev_all(s, DET_EV_DEAD), 0);
+    s->crashed[5] = true;
+    s->crashed[6] = true; /* adjacent: 7 observed both */
+    sim_run(s, s->now + 5000 * MS);
+    for (int i = 0; i < s->n; i++) {
+        if (s->crashed[i])
+            continue;
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 5), 1);
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 6), 1);
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, -1), 2);
+    }
+    ck_assert_uint_eq(assert_same_view(s), 2);
+    sim_free(s);
+}
+END_TEST
+
+/* I3: a peer that its observer cannot reach directly is kept alive by indirect probes. */
+START_TEST(sim_indirect_probe_saves_reachable_peer)
+{
+    struct sim *s = sim_new(6, 99);
+    s->cut[2][3] = s->cut[3][2] = true; /* 3 observes 2 but cannot hear it */
+    sim_run(s, s->now + 10000 * MS);
+    ck_assert_int_eq(count_ev_all(s, DET_EV_DEAD), 0);
+    ck_assert_int_gt(s->sent[3][DETM_PING_REQ], 0);
+    ck_assert_int_gt(s->sent[4][DETM_PING] + s->sent[5][DETM_PING], 0); /* helpers probed */
+    sim_free(s);
+}
+END_TEST
+
+/* I3: a suspect that learns of it refutes with a higher incarnation. */
+START_TEST(sim_suspect_refutes_with_incarnation)
+{
+    detp *p = one_node(1, 4, 4, 3);
+    detm m = {.type = DETM_SUSPECT, .src = 2, .dst = 1, .inc = 0, .subject = 1, .origin = -1};
+    detp_recv(p, &m, 10 * MS);
+    detm out;
+    bool alive = false;
+    while (detp_pop_send(p, &out))
+        if (out.type == DETM_ALIVE) {
+            alive = true;
+            ck_assert_int_eq(out.dst, 2);
+            ck_assert_int_eq(out.subject, 1);
+            ck_assert_uint_eq(out.inc, 1);
+        }
+    ck_assert(alive);
+    /* an old suspicion (inc 0 < 1) is not refuted again */
+    detp_recv(p, &m, 20 * MS);
+    while (detp_pop_send(p, &out))
+        ck_assert_int_ne(out.type, DETM_ALIVE);
+    detp_destroy(&p);
+    ck_assert_ptr_null(p);
+}
+END_TEST
+
+/* I3: a suspect's heartbeat refutes the suspicion (REFUTED event), no declaration. */
+START_TEST(sim_late_heartbeat_refutes)
+{
+    struct sim *s = sim_new(4, 5);
+    sim_run(s, s->now + 1000 * MS);
+    s->paused[0] = true; /* 1, 2, 3 observe 0 */
+    sim_run(s, s->now + 260 * MS); /* past T - p/2: suspect, before T */
+    ck_assert_int_ge(count_ev(s, 1, DET_EV_SUSPECT, 0), 1);
+    s->paused[0] = false;
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_int_eq(count_ev_all(s, DET_EV_DEAD), 0);
+    ck_assert_int_ge(count_ev(s, 1, DET_EV_REFUTED, 0), 1);
+    sim_free(s);
+}
+END_TEST
+
+/* I2: the timeout adapts to jitter, with the floor of 3 periods and a cap of 10. */
+START_TEST(sim_timeout_adapts_to_jitter)
+{
+    detp *p = one_node(1, 3, 3, 2);
+    ck_assert_int_ge(detp_timeout_ns(p, 0), 1000 * MS); /* never heard: the start-up grace */
+    int64_t t = 0;
+    for (int i = 0; i < 50; i++) {
+        t += P;
+        detm hb = {.type = DETM_HB, .src = 0, .dst = 1, .subject = -1, .origin = -1};
+        detp_recv(p, &hb, t);
+    }
+    ck_assert_int_eq(detp_timeout_ns(p, 0), 3 * P); /* regular: the floor */
+    for (int i = 0; i < 50; i++) {
+        t += i % 2 ? 40 * MS : 160 * MS;
+        detm hb = {.type = DETM_HB, .src = 0, .dst = 1, .subject = -1, .origin = -1};
+        detp_recv(p, &hb, t);
+    }
+    int64_t jt = detp_timeout_ns(p, 0);
+    ck_assert_msg(jt > 3 * P && jt <= 10 * P, "timeout under jitter %lld ms", (long long)(jt / MS));
+    ck_assert_int_eq(detp_timeout_ns(p, 1), -1); /* not observed: self */
+    detp_destroy(&p);
+}
+END_TEST
+
+/* I6, I8: a paused worker is declared dead; when it resumes, it reads the declaration,
+   fences itself, sends nothing more and declares nobody. */
+START_TEST(sim_paused_worker_fences_itself)
+{
+    struct sim *s = sim_new(5, 77);
+    sim_run(s, s->now + 1000 * MS);
+    s->paused[2] = true;
+    sim_run(s, s->now + 3000 * MS);
+    for (int i = 0; i < s->n; i++)
+        if (i != 2)
+            ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 2), 1);
+    s->paused[2] = false;
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert(detp_fenced(s->node[2]));
+    ck_assert_int_eq(count_ev(s, 2, DET_EV_FENCED, 2), 1);
+    ck_assert_int_eq(count_ev(s, 2, DET_EV_DEAD, -1), 0);
+    long before = 0, after = 0;
+    for (int t = 0; t < DETM_TYPE_MAX; t++)
+        before += s->sent[2][t];
+    sim_run(s, s->now + 1000 * MS);
+    for (int t = 0; t < DETM_TYPE_MAX; t++)
+        after += s->sent[2][t];
+    ck_assert_int_eq(after, before);
+    ck_assert_uint_eq(assert_same_view(s), 1);
+    for (int i = 0; i < s->n; i++)
+        if (i != 2)
+            ck_assert_int_eq(detp_peer_state(s->node[i], 2), DETP_DEAD); /* I4: no rejoin */
+    sim_free(s);
+}
+END_TEST
+
+/* I4, I7: a partition: each side declares the other; messages from the other side are
+   never acted on after the heal, and nobody rejoins. */
+START_TEST(sim_partition_no_rejoin)
+{
+    struct sim *s = sim_new(6, 3);
+    sim_run(s, s->now + 1000 * MS);
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+            s->cut[a][b] = (a < 4) != (b < 4);
+    sim_run(s, s->now + 3000 * MS);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 4), 1);
+        ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 5), 1);
+    }
+    memset(s->cut, 0, sizeof(s->cut));
+    sim_run(s, s->now + 3000 * MS);
+    for (int i = 0; i < 4; i++)
+        if (!detp_fenced(s->node[i]))
+            ck_assert_int_eq(detp_peer_state(s->node[i], 4), DETP_DEAD);
+    sim_free(s);
+}
+END_TEST
+
+/* I4, I5: a clean leave is a membership change without a peer_dead. */
+START_TEST(sim_leave_is_not_death)
+{
+    struct sim *s = sim_new(5, 11);
+    sim_run(s, s->now + 1000 * MS);
+    detp_leave(s->node[1], s->now);
+    sim_collect(s, 1);
+    s->crashed[1] = true;
+    sim_run(s, s->now + 3000 * MS);
+    ck_assert_int_eq(count_ev_all(s, DET_EV_DEAD), 0);
+    for (int i = 0; i < s->n; i++)
+        if (i != 1)
+            ck_assert_int_eq(count_ev(s, i, DET_EV_LEFT, 1), 1);
+    ck_assert_uint_eq(assert_same_view(s), 1);
+    sim_free(s);
+}
+END_TEST
+
+/* I4: recovery installs views: a spare joins, a dead rank never comes back, epochs grow. */
+START_TEST(sim_install_view_spares)
+{
+    struct sim *s = sim_new(4, 21); /* slots 4, 5 are spares */
+    sim_run(s, s->now + 500 * MS);
+    det_view v;
+    detp_view(s->node[0], &v);
+    ck_assert_int_eq(v.nmembers, 4);
+    ck_assert(!det_view_has(&v, 4));
+    ck_assert_int_eq(detp_peer_state(s->node[0], 4), DETP_NONMEMBER);
+    s->crashed[2] = true;
+    sim_run(s, s->now + 2000 * MS);
+    detp_view(s->node[0], &v);
+    ck_assert_uint_eq(v.epoch, 1);
+    det_view nv = v;
+    nv.epoch = 1;
+    th_assert_rc(detp_install_view(s->node[0], &nv, s->now), -EINVAL); /* epoch must grow */
+    nv.epoch = 2;
+    nv.members[0] |= 1u << 2;
+    th_assert_rc(detp_install_view(s->node[0], &nv, s->now), -EINVAL); /* dead stays out */
+    nv.members[0] &= ~(1ull << 2);
+    nv.members[0] |= 1u << 4;
+    nv.nmembers = 4;
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            th_assert_rc(detp_install_view(s->node[i], &nv, s->now), 0);
+    ck_assert_int_eq(detp_peer_state(s->node[0], 4), DETP_ALIVE);
+    detp_view(s->node[1], &v);
+    ck_assert_uint_eq(v.epoch, 2);
+    ck_assert(det_view_has(&v, 4));
+    sim_collect(s, 0);
+    ck_assert_int_eq(count_ev(s, 0, DET_EV_VIEW, -1), 1);
+    sim_free(s);
+}
+END_TEST
+
+/* I7: messages from a non-member slot or to someone else are ignored. */
+START_TEST(sim_nonmember_ignored)
+{
+    detp *p = one_node(0, 3, 5, 2);
+    detm m = {.type = DETM_DECL, .src = 4, .dst = 0, .subject = -1, .origin = -1, .ndecl = 1};
+    m.decl[0].rank = 1;
+    m.decl[0].silence_ms = 500;
+    detp_recv(p, &m, MS);
+    ck_assert_int_eq(detp_peer_state(p, 1), DETP_ALIVE);
+    m.src = 2;
+    m.dst = 1;
+    detp_recv(p, &m, MS);
+    ck_assert_int_eq(detp_peer_state(p, 1), DETP_ALIVE);
+    m.dst = 0;
+    detp_recv(p, &m, MS);
+    ck_assert_int_eq(detp_peer_state(p, 1), DETP_DEAD);
+    detp_destroy(&p);
+}
+END_TEST
+
+/* ---- wire ----------------------------------------------------------------------------------- */
+
+static const uint8_t key1[DET_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+static const uint8_t key2[DET_KEY_BYTES] = {9, 8, 7};
+
+START_TEST(wire_roundtrip_and_rejects)
+{
+    detw tx, rx, other;
+    th_assert_rc(detw_init(&tx, key1, 8, 2), 0);
+    th_assert_rc(detw_init(&rx, key1, 8, 3), 0);
+    th_assert_rc(detw_init(&other, key2, 8, 2), 0);
+    detm m = {.type = DETM_PING_REQ, .src = 2, .dst = 3, .inc = 7, .epoch = 9, .subject = 5, .origin = 2,
+              .nonce = 0xabcdef, .ndecl = 2};
+    m.decl[0] = (detm_decl){4, 321};
+    m.decl[1] = (detm_decl){6, 0xffffffffu};
+    uint8_t buf[DETW_MAX + 16], copy[DETW_MAX + 16];
+    size_t n = detw_encode(&tx, &m, buf);
+    ck_assert_uint_eq(n, DETW_HDR + 16 + DETW_MAC);
+    memcpy(copy, buf, n);
+    detm got;
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_OK);
+    ck_assert_int_eq(got.type, m.type);
+    ck_assert_int_eq(got.subject, 5);
+    ck_assert_uint_eq(got.nonce, 0xabcdef);
+    ck_assert_uint_eq(got.decl[1].silence_ms, 0xffffffffu);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_REPLAY); /* the same datagram again */
+    th_assert_rc(detw_decode(&rx, buf, 10, &got), DETW_SHORT);
+    th_assert_rc(detw_decode(&rx, buf, DETW_MAX + 1, &got), DETW_OVERSIZE);
+    copy[70] ^= 1; /* a flipped bit in a declaration */
+    th_assert_rc(detw_decode(&rx, copy, n, &got), DETW_BADMAC);
+    n = detw_encode(&other, &m, buf); /* another job's key */
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADJOB);
+    n = detw_encode(&tx, &m, buf);
+    buf[4] = 2;
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADVERSION);
+    buf[0] = 'X';
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADMAGIC);
+    m.dst = 4; /* authentic but for another worker */
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_MALFORMED);
+    m.dst = 3;
+    m.subject = 8; /* out of the job's slots */
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_MALFORMED);
+    m.subject = 5;
+    m.src = 9;
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_NONMEMBER);
+    /* random garbage never passes, never crashes */
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < 20000; i++) {
+        size_t len = (size_t)(r % (DETW_MAX + 8));
+        for (size_t j = 0; j < len; j++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            buf[j] = (uint8_t)r;
+        }
+        if (i % 3 == 0 && len >= 16) { /* right magic, version and job: must fail the MAC */
+            memcpy(buf, copy, 16);
+        }
+        ck_assert_int_ne(detw_decode(&rx, buf, len, &got), DETW_OK);
+    }
+    det_stats st = {0};
+    detw_count(&st, DETW_BADMAC, 100);
+    detw_count(&st, DETW_OK, 92);
+    ck_assert_uint_eq(st.drop_mac, 1);
+    ck_assert_uint_eq(st.rx_ok, 1);
+    ck_assert_uint_eq(st.rx_bytes, 192);
+    detw_fini(&tx);
+    detw_fini(&rx);
+    detw_fini(&other);
+}
+END_TEST
+
+START_TEST(wire_replay_window_reorder)
+{
+    detw tx, rx;
+    th_assert_rc(detw_init(&tx, key1, 4, 0), 0);
+    th_assert_rc(detw_init(&rx, key1, 4, 1), 0);
+    detm m = {.type = DETM_HB, .src = 0, .dst = 1, .subject = -1, .origin = -1};
+    uint8_t b[100][DETW_MAX];
+    size_t n[100];
+    for (int i = 0; i < 100; i++)
+        n[i] = detw_encode(&tx, &m, b[i]);
+    detm got;
+    th_assert_rc(detw_decode(&rx, b[50], n[50], &got), DETW_OK);
+    th_assert_rc(detw_decode(&rx, b[40], n[40], &got), DETW_OK);    /* late, in the window */
+    th_assert_rc(detw_decode(&rx, b[40], n[40], &got), DETW_REPLAY);
+    th_assert_rc(detw_decode(&rx, b[60], n[60], &got), DETW_OK);
+    th_assert_rc(detw_decode(&rx, b[50], n[50], &got), DETW_REPLAY);
+    th_assert_rc(detw_decode(&rx, b[55], n[55], &got), DETW_OK);
+    th_assert_rc(detw_decode(&rx, b[99], n[99], &got), DETW_OK);
+    th_assert_rc(detw_decode(&rx, b[20], n[20], &got), DETW_REPLAY); /* too old */
+    detw_fini(&tx);
+    detw_fini(&rx);
+}
+END_TEST
+
+START_TEST(wire_secret_parsing)
+{
+    uint8_t k[DET_KEY_BYTES];
+    const char *good = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF";
+    th_assert_rc(det_key_from_secret(good, k), 0);
+    ck_assert_uint_eq(k[0], 0x00);
+    ck_assert_uint_eq(k[1], 0x11);
+    ck_assert_uint_eq(k[31], 0xff);
+    th_assert_rc(det_key_from_secret("00112233", k), RK_E_OPTION);
+    th_assert_rc(det_key_from_secret(NULL, k), RK_E_OPTION);
+    char bad[65];
+    memcpy(bad, good, 65);
+    bad[10] = 'g';
+    th_assert_rc(det_key_from_secret(bad, k), RK_E_OPTION);
+    uint8_t r1[DET_KEY_BYTES], r2[DET_KEY_BYTES];
+    th_assert_rc(det_key_random(r1), 0);
+    th_assert_rc(det_key_random(r2), 0);
+    ck_assert(memcmp(r1, r2, sizeof(r1)) != 0);
+}
+END_TEST
+
+/* ---- proc: real workers under mpirun ------------------------------------------------------- */
+
+struct job {
+    pid_t pid;   /* the forked child that runs mpirun */
+    char *dir, *out_path;
+    int n;
+};
+
+/* Starts prog_det on n workers in the background; extra: mpirun options before it. */
+static struct job start_job(int n, int run_ms, const char *const extra[], const char *secret)
+{
+    struct job j = {.n = n};
+    j.dir = th_tmpdir("det");
+    ck_assert_ptr_nonnull(j.dir);
+    if (asprintf(&j.out_path, "%s/out.txt", j.dir) < 0)
+        ck_abort();
+    j.pid = fork();
+    ck_assert_int_ge(j.pid, 0);
+    if (j.pid == 0) {
+        /* exec, so that nothing of this (instrumented) process lingers in the child */
+        char ms[64], nb[16], *prog = NULL, *pdir = NULL, *evl = NULL, *sec = NULL;
+        if (asprintf(&pdir, "PROG_DET_DIR=%s", j.dir) < 0 || asprintf(&evl, "RK_EVENT_LOG=%s/ev", j.dir) < 0 ||
+            asprintf(&prog, "%s/tests/prog_det", getenv("RK_TEST_BUILD")) < 0 ||
+            (secret && asprintf(&sec, "RK_JOB_SECRET=%s", secret) < 0))
+            _exit(90);
+        snprintf(ms, sizeof(ms), "PROG_DET_MS=%d", run_ms);
+        snprintf(nb, sizeof(nb), "%d", n);
+        putenv(pdir);
+        putenv(evl);
+        putenv(ms);
+        putenv("RK_HEARTBEAT_MS=100");
+        if (sec)
+            putenv(sec);
+        int fd = open(j.out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0)
+            _exit(91);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        const char *argv[32] = {"timeout", "-k", "5", "150", "mpirun", "-n", nb, "--oversubscribe",
+                                "--allow-run-as-root", "--mca", "btl", "self,vader,tcp"};
+        int a = 12;
+        for (int i = 0; extra && extra[i]; i++)
+            argv[a++] = extra[i];
+        argv[a++] = prog;
+        argv[a] = NULL;
+        execvp("timeout", (char *const *)argv);
+        _exit(127);
+    }
+    return j;
+}
+
+/* Waits (bounded) until every worker wrote its pid and port. */
+static void job_addrs(const struct job *j, int *pids, int *ports)
+{
+    for (int r = 0; r < j->n; r++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/rank-%d", j->dir, r);
+        char *s = NULL;
+        for (int t = 0; t < 600 && !(s = th_read_file(path, NULL)); t++)
+            usleep(100 * 1000);
+        ck_assert_msg(s != NULL, "rank %d never started", r);
+        ck_assert_int_eq(sscanf(s, "%d %d", &pids[r], &ports[r]), 2);
+        free(s);
+    }
+}
+
+/* Waits for the job; returns its output (malloc'd) and mpirun's status in *status. */
+static char *finish_job(struct job *j, int *status)
+{
+    int st = 0;
+    waitpid(j->pid, &st, 0);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char *out = th_read_file(j->out_path, NULL);
+    return out ? out : strdup("");
+}
+
+static void job_free(struct job *j)
+{
+    th_rmrf(j->dir);
+    free(j->dir);
+    free(j->out_path);
+}
+
+static char *event_log(const struct job *j, int r)
+{
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/ev.%d", j->dir, r);
+    char *s = th_read_file(path, NULL);
+    return s ? s : strdup("");
+}
+
+static int count_str(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+static const char *const recovery_opts[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", NULL};
+static const char secret[] = "5a0c4f1e2b7d9386a1c3e5f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b";
+
+/* I2, I5 on real processes: kill -9 one worker, every survivor logs peer_dead for it with
+   the same epoch, and the survivors finish in bounded time. */
+START_TEST(proc_kill9_every_survivor_sees_peer_dead)
+{
+    struct job j = start_job(4, 9000, recovery_opts, secret);
+    int pids[4], ports[4];
+    job_addrs(&j, pids, ports);
+    usleep(1500 * 1000);
+    ck_assert_int_eq(kill(pids[2], SIGKILL), 0);
+    int status;
+    char *out = finish_job(&j, &status);
+    for (int r = 0; r < 4; r++) {
+        if (r == 2)
+            continue;
+        char *ev = event_log(&j, r);
+        ck_assert_msg(strstr(ev, "\"event\": \"peer_dead\", \"peer\": 2, \"epoch\": 1") != NULL,
+                      "rank %d event log lacks peer_dead of 2:\n%s\njob output:\n%s", r, ev, out);
+        ck_assert_msg(count_str(ev, "\"event\": \"peer_dead\"") == 1, "rank %d: more than one death:\n%s", r, ev);
+        char want[64]; /* it went on to the end (later epochs: workers that finished left) */
+        snprintf(want, sizeof(want), "rank %d epoch ", r);
+        ck_assert_msg(strstr(out, want) != NULL, "missing '%s' in:\n%s", want, out);
+        free(ev);
+    }
+    free(out);
+    job_free(&j);
+}
+END_TEST
+
+/* I6 on real processes: a stopped worker is declared dead; after SIGCONT it fences itself
+   (rk_step_done returns RK_E_FENCED) instead of rejoining. */
+START_TEST(proc_sigstop_then_fenced)
+{
+    struct job j = start_job(4, 9000, recovery_opts, secret);
+    int pids[4], ports[4];
+    job_addrs(&j, pids, ports);
+    usleep(1500 * 1000);
+    ck_assert_int_eq(kill(pids[1], SIGSTOP), 0);
+    /* wait (bounded) until a survivor logged the death, then resume it */
+    char *ev = NULL;
+    for (int t = 0; t < 200; t++) {
+        free(ev);
+        ev = event_log(&j, 0);
+        if (strstr(ev, "\"event\": \"peer_dead\", \"peer\": 1"))
+            break;
+        usleep(50 * 1000);
+    }
+    ck_assert_int_eq(kill(pids[1], SIGCONT), 0);
+    int status;
+    char *out = finish_job(&j, &status);
+    ck_assert_msg(strstr(ev, "\"event\": \"peer_dead\", \"peer\": 1") != NULL, "rank 0 log:\n%s\n%s", ev, out);
+    ck_assert_msg(strstr(out, "rank 1 fenced: ") != NULL, "rank 1 did not fence itself:\n%s", out);
+    char *ev1 = event_log(&j, 1);
+    ck_assert_msg(strstr(ev1, "\"event\": \"fenced\"") != NULL, "rank 1 log:\n%s", ev1);
+    ck_assert_msg(strstr(ev1, "\"event\": \"peer_dead\"") == NULL, "the resumed worker declared others dead:\n%s", ev1);
+    for (int r = 0; r < 4; r++) {
+        if (r == 1)
+            continue;
+        char want[64];
+        snprintf(want, sizeof(want), "rank %d epoch ", r);
+        ck_assert_msg(strstr(out, want) != NULL, "missing '%s' in:\n%s", want, out);
+        char *e = event_log(&j, r);
+        ck_assert_msg(count_str(e, "\"event\": \"peer_dead\"") == 1 &&
+                          strstr(e, "\"event\": \"peer_dead\", \"peer\": 1, \"epoch\": 1"),
+                      "rank %d log:\n%s", r, e);
+        free(e);
+    }
+    free(ev);
+    free(ev1);
+    free(out);
+    job_free(&j);
+}
+END_TEST
+
+static void send_udp(int port, const void *buf, size_t len)
+{
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    /* the worker bound the host's outward address: find it through a connected socket */
+    int probe = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in any = {.sin_family = AF_INET, .sin_port = htons(9)};
+    inet_pton(AF_INET, "192.0.2.123", &any.sin_addr);
+    socklen_t sl = sizeof(to);
+    if (connect(probe, (struct sockaddr *)&any, sizeof(any)) != 0 || getsockname(probe, (struct sockaddr *)&to, &sl) != 0)
+        inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    close(probe);
+    to.sin_port = htons((uint16_t)port);
+    to.sin_family = AF_INET;
+    sendto(fd, buf, len, 0, (struct sockaddr *)&to, sizeof(to));
+    close(fd);
+}
+
+static uint64_t stat_field(const char *ev, const char *key)
+{
+    const char *line = strstr(ev, "\"event\": \"det_stats\"");
+    if (!line)
+        return 0;
+    char k[64];
+    snprintf(k, sizeof(k), "\"%s\": ", key);
+    const char *p = strstr(line, k);
+    return p ? strtoull(p + strlen(k), NULL, 10) : 0;
+}
+
+/* Forged (wrong key), replayed-looking, garbage, short and oversized datagrams sent from
+   outside the job are dropped and counted; nobody is declared dead. */
+START_TEST(proc_forged_and_garbage_rejected)
+{
+    struct job j = start_job(4, 5000, NULL, secret);
+    int pids[4], ports[4];
+    job_addrs(&j, pids, ports);
+    detw forger;
+    static const uint8_t wrong[DET_KEY_BYTES] = {0xde, 0xad};
+    uint8_t k[DET_KEY_BYTES];
+    th_assert_rc(det_key_from_secret(secret, k), 0);
+    th_assert_rc(detw_init(&forger, wrong, 4, 3), 0);
+    detm m = {.type = DETM_DECL, .src = 1, .dst = 3, .subject = -1, .origin = -1, .ndecl = 1};
+    m.decl[0] = (detm_decl){0, 999};
+    uint8_t buf[2048];
+    size_t n = detw_encode(&forger, &m, buf);
+    /* a forgery under the right job id: copy it in, MAC stays wrong */
+    detw right;
+    th_assert_rc(detw_init(&right, k, 4, 3), 0);
+    uint8_t job[8];
+    for (int i = 0; i < 8; i++)
+        job[i] = (uint8_t)(right.job >> (8 * i));
+    for (int i = 0; i < 10; i++) {
+        send_udp(ports[3], buf, n);                 /* wrong job */
+        memcpy(buf + 8, job, 8);
+        send_udp(ports[3], buf, n);                 /* right job, bad MAC */
+        send_udp(ports[3], "garbage!", 8);          /* short */
+        memset(buf + 200, 'x', 1000);
+        send_udp(ports[3], buf, 1200);              /* oversized */
+        n = detw_encode(&forger, &m, buf);
+    }
+    int status;
+    char *out = finish_job(&j, &status);
+    ck_assert_msg(status == 0, "mpirun exit %d:\n%s", status, out);
+    char *ev = event_log(&j, 3);
+    ck_assert_msg(stat_field(ev, "drop_job") >= 10 && stat_field(ev, "drop_mac") >= 10 &&
+                      stat_field(ev, "drop_short") >= 10 && stat_field(ev, "drop_oversize") >= 10,
+                  "rank 3 counters:\n%s", ev);
+    ck_assert_msg(stat_field(ev, "rx_ok") > 0, "rank 3 accepted nothing:\n%s", ev);
+    for (int r = 0; r < 4; r++) {
+        char *e = event_log(&j, r);
+        ck_assert_msg(strstr(e, "\"peer_dead\"") == NULL && strstr(e, "\"fenced\"") == NULL,
+                      "rank %d acted on a forgery:\n%s", r, e);
+        free(e);
+    }
+    detw_fini(&forger);
+    detw_fini(&right);
+    free(ev);
+    free(out);
+    job_free(&j);
+}
+END_TEST
+
+/* A single process: the detector runs with no peers, and stops cleanly. */
+START_TEST(proc_single_process)
+{
+    unsetenv("RK_JOB_SECRET");
+    rk_ctx *ctx = NULL;
+    th_assert_rc(rk_init(&ctx, NULL), 0);
+    th_assert_rc(rk_step_done(ctx, 0), 0);
+    th_assert_rc(rk_finalize(&ctx), 0);
+}
+END_TEST
+
+/* A malformed RK_JOB_SECRET is refused by rk_init, naming the variable. */
+START_TEST(proc_bad_secret_refused)
+{
+    rk_ctx *ctx = NULL;
+    setenv("RK_JOB_SECRET", "xyz", 1);
+    int saved = dup(STDERR_FILENO), null = open("/dev/null", 1);
+    dup2(null, STDERR_FILENO);
+    int rc = rk_init(&ctx, NULL);
+    dup2(saved, STDERR_FILENO);
+    th_assert_rc(rc, RK_E_OPTION);
+    ck_assert_ptr_null(ctx);
+    ck_assert_ptr_nonnull(strstr(rk_last_error(), "RK_JOB_SECRET"));
+}
+END_TEST
+
+static Suite *detector_suite(void)
+{
+    Suite *s = suite_create("detector");
+    TCase *tc = tcase_create("sim");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, sim_steady_state_constant_traffic);
+    tcase_add_test(tc, sim_crash_detected_same_view);
+    tcase_add_test(tc, sim_lossy_network);
+    tcase_add_test(tc, sim_indirect_probe_saves_reachable_peer);
+    tcase_add_test(tc, sim_suspect_refutes_with_incarnation);
+    tcase_add_test(tc, sim_late_heartbeat_refutes);
+    tcase_add_test(tc, sim_timeout_adapts_to_jitter);
+    tcase_add_test(tc, sim_paused_worker_fences_itself);
+    tcase_add_test(tc, sim_partition_no_rejoin);
+    tcase_add_test(tc, sim_leave_is_not_death);
+    tcase_add_test(tc, sim_install_view_spares);
+    tcase_add_test(tc, sim_nonmember_ignored);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("wire");
+    tcase_add_test(tc, wire_roundtrip_and_rejects);
+    tcase_add_test(tc, wire_replay_window_reorder);
+    tcase_add_test(tc, wire_secret_parsing);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("proc");
+    tcase_set_timeout(tc, 200);
+    tcase_add_test(tc, proc_single_process);
+    tcase_add_test(tc, proc_bad_secret_refused);
+    tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
+    tcase_add_test(tc, proc_sigstop_then_fenced);
+    tcase_add_test(tc, proc_forged_and_garbage_rejected);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return th_main(detector_suite());
+}
