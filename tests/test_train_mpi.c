@@ -5,9 +5,13 @@
  * available" has its cases left out with a "SKIP:" line; if neither is there the whole
  * suite is skipped (exit 77), never passed.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "rekindle.h"
@@ -142,6 +146,84 @@ START_TEST(resume_two_ranks)
 }
 END_TEST
 
+/* A worker SIGKILLed part-way through a 3-worker job with checkpoints, launched with
+   --max-restarts 2: the job ends with exit 0 and every remaining worker's final line for
+   step 3000. If it ends on 3 workers (survivors failed, the job was relaunched and
+   resumed from disk), the hash is that of an uninterrupted 3-worker run; a job that
+   shrank instead ends on fewer workers, whose sums differ in order. */
+START_TEST(killed_worker_job_finishes)
+{
+    char *dir = th_tmpdir("train-kill"), *out = NULL, h_full[17], h_job[17];
+    th_assert_rc(TRAIN(3, NULL, &out, "--steps", "3000", "--seed", "4242"), 0);
+    final_lines(out, 3, 3000, h_full);
+    free(out);
+
+    char *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train"), env_dir[4200], log[4300];
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s", dir);
+    snprintf(log, sizeof(log), "%s/job.log", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        clear_rk_env();
+        putenv(env_dir);
+        putenv("RK_CKPT_EVERY=100");
+        putenv("RK_TIMEOUT_MS=3000");
+        if (!freopen(log, "w", stdout))
+            _exit(126);
+        dup2(STDOUT_FILENO, STDERR_FILENO);
+        execl(rekindle, rekindle, "run", "-n", "3", "--max-restarts", "2", "--", bin, "--steps", "3000", "--seed",
+              "4242", (char *)NULL);
+        _exit(127);
+    }
+    /* Once a checkpoint is committed, kill the second rk-train process found. */
+    char pattern[4200], *pg = NULL;
+    snprintf(pattern, sizeof(pattern), "^%s --steps 3000 --seed 4242$", bin);
+    char *pgrep[] = {"pgrep", "-f", "--", pattern, NULL};
+    long victim = 0;
+    for (int i = 0; i < 600 && victim == 0; i++) {
+        char probe[4300];
+        snprintf(probe, sizeof(probe), "%s/step-000000000100", dir);
+        if (access(probe, F_OK) == 0 && th_run(pgrep, NULL, 10, &pg) == 0) {
+            char *second = strchr(pg, '\n');
+            victim = second && second[1] ? atol(second + 1) : 0;
+        }
+        free(pg);
+        pg = NULL;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (victim > 0)
+        kill((pid_t)victim, SIGKILL);
+    int status = 0, waited = 0;
+    for (; waited < 1200 && waitpid(pid, &status, WNOHANG) == 0; waited++) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (waited == 1200) {
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+    }
+    out = th_read_file(log, NULL);
+    ck_assert_msg(victim > 0, "no worker to kill was found; job log:\n%s", out ? out : "");
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "job status %#x; log tail:\n%s", status,
+                  out && strlen(out) > 3000 ? out + strlen(out) - 3000 : out);
+    const char *f = strstr(out, "final step=3000 world=");
+    ck_assert_msg(f != NULL, "no final line");
+    int world = atoi(f + strlen("final step=3000 world="));
+    final_lines(out, world, 3000, h_job);
+    if (world == 3) {
+        ck_assert_msg(strstr(out, "relaunching, restart 1 of 2") != NULL, "3 workers at the end but no relaunch");
+        ck_assert_str_eq(h_job, h_full);
+    }
+    free(out);
+    free(rekindle);
+    free(bin);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Whether a probe run fails because a part is not built: its output says so. */
 static bool part_missing(int world, const char *const env[], const char *what)
 {
@@ -181,8 +263,10 @@ int main(void)
         TCase *tc = tcase_create("resume");
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, resume_single_process);
-        if (!no_ring)
+        if (!no_ring) {
             tcase_add_test(tc, resume_two_ranks);
+            tcase_add_test(tc, killed_worker_job_finishes);
+        }
         suite_add_tcase(s, tc);
     }
     return th_main(s);
