@@ -164,17 +164,19 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
         st->bytes += m->t[i].nbytes;
     }
     errno = 0;
-    herr_t hc = H5Fclose(f);
+    /* fmt_vfd_close, not H5Fclose: a failing H5Fclose leaves HDF5 1.10 a dangling id that
+       crashes the process at exit (formats/vfd_uring.h). */
+    int cc = fmt_vfd_close(&f);
     f = -1;
-    if (hc < 0 || vst.error) {
-        rc = vst.error ? vst.error : h5_errno_code();
+    if (cc < 0 || vst.error) {
+        rc = vst.error ? vst.error : cc;
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: close (flush) failed: %s", path, rk_strerror(rc));
         goto out_plist;
     }
     rc = 0; /* the driver made it durable */
 out_file:
     if (f >= 0)
-        H5Fclose(f);
+        fmt_vfd_close(&f);
 out_plist:
     if (dcpl >= 0)
         H5Pclose(dcpl);
