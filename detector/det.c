@@ -51,6 +51,7 @@ struct det {
     size_t evq_head, evq_n;
     uint64_t ev_lost;
     det_stats stats;
+    int64_t t_start;          /* det_start, monotonic ns */
 };
 
 static uint64_t host_hash(void)
@@ -321,6 +322,7 @@ int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES])
         goto out_proto;
     }
     d->started = true;
+    d->t_start = rk__mono_ns();
     return 0;
 
 out_proto:
@@ -352,7 +354,8 @@ void det_close(det **pd)
                     (unsigned long long)s->rx_pkts, (unsigned long long)s->rx_ok,
                     (unsigned long long)s->drop_mac, (unsigned long long)s->drop_replay,
                     (unsigned long long)s->drop_malformed);
-        RK_EVENT(d->cfg.ev, "det_stats", RK_EV_I("tx_pkts", s->tx_pkts), RK_EV_I("tx_bytes", s->tx_bytes),
+        RK_EVENT(d->cfg.ev, "det_stats", RK_EV_D("run_ms", rk__ms_since(d->t_start)),
+                 RK_EV_I("tx_pkts", s->tx_pkts), RK_EV_I("tx_bytes", s->tx_bytes),
                  RK_EV_I("rx_pkts", s->rx_pkts), RK_EV_I("rx_bytes", s->rx_bytes), RK_EV_I("rx_ok", s->rx_ok),
                  RK_EV_I("drop_short", s->drop_short), RK_EV_I("drop_oversize", s->drop_oversize),
                  RK_EV_I("drop_magic", s->drop_magic), RK_EV_I("drop_version", s->drop_version),
