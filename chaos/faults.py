@@ -1,0 +1,267 @@
+"""chaos/faults.py - the kinds of fault, how a run's schedule is drawn, and how each is
+injected into a live Job.
+
+A schedule is drawn from random.Random(f"{campaign seed}/{run index}") only, so a run is
+reproduced by its campaign seed and index alone (chaos/run --seed S --only I).
+
+Kinds (KINDS below; `--faults` picks among them):
+  kill_worker       SIGKILL of one random worker at a random moment
+  kill_coord        SIGKILL of the coordinator (the lowest live rank)
+  kill_two          SIGKILL of two workers at the same instant
+  kill_in_recovery  SIGKILL of one worker, then of another as soon as a death is declared
+  stop_cont         SIGSTOP of a worker for longer than the detector's timeout, then SIGCONT:
+                    it must fence itself, not rejoin
+  job_kill          SIGKILL of every worker: the job dies whole, `rekindle run` relaunches it
+  relaunch          SIGKILL of the launcher and everything under it; the harness relaunches
+  io_fault          a checkpoint I/O fault (RK_FAULT=OP@N=KIND) on one rank, first launch only
+  corrupt           between two launches: a bit flipped in, or a file of, the newest
+                    committed checkpoint truncated
+  hb_jitter         heartbeat trouble for a few seconds on the run's own loopback (a private
+                    network namespace): tc netem delay, jitter and loss where the kernel
+                    has netem, else iptables dropping 5-10% of UDP (the heartbeats). No
+                    worker may be declared dead for it
+  min_world         RK_MIN_WORLD = the world size and a worker killed: the job must stop
+                    with the clear error, not hang and not continue
+Moments: 'step' (a random step), 'snapshot' (the step whose rk_step_done takes a
+snapshot), 'persist' (a few ms after it: the write is in flight), 'commit' (as soon as a
+ckpt_committed event is seen), 'dead' (as soon as a peer_dead event is seen: recovery).
+"""
+import os
+import random
+import shutil
+import signal
+import subprocess
+
+from job import now_ns
+
+KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "stop_cont", "job_kill",
+         "relaunch", "io_fault", "corrupt", "hb_jitter", "min_world"]
+# Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
+IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "stop_cont", "io_fault", "hb_jitter"}
+
+IO_OPS = ["write", "sync", "rename", "syncdir", "open", "odirect", "truncate"]
+IO_KINDS = ["eio", "enospc", "short", "crash"]
+
+
+def majority_left(world, killed, lowest):
+    """Whether the survivors of `killed` may continue (recovery rule I1: a strict majority
+    of the previous view, or exactly half of it holding its lowest rank)."""
+    left = world - len(killed)
+    return 2 * left > world or (2 * left == world and lowest not in killed)
+
+
+def draw(rng, kinds, workers, steps, every):
+    """The run's plan: {'kind', 'faults': [fault dicts], 'env', 'max_restarts', 'netns',
+    'expect'}. expect: 'finish' (completes, in place if the kind is in IN_PLACE) or
+    'stop' (ends with the min_world error)."""
+    kind = rng.choice(kinds)
+    plan = {"kind": kind, "faults": [], "env": {}, "max_restarts": 2, "netns": False,
+            "expect": "finish", "in_place": kind in IN_PLACE}
+    lo, hi = max(every + 1, steps // 6), max(every + 2, (steps * 3) // 4)
+
+    def moment():
+        m = rng.choice(["step", "snapshot", "persist", "commit"])
+        s = rng.randint(lo, hi)
+        if m in ("snapshot", "persist"):
+            s = (s // every) * every + every - 1  # rk_step_done(s) takes the snapshot of s+1
+        return {"moment": m, "step": s, "delay_ms": rng.randint(1, 30) if m == "persist" else 0}
+
+    def fault(k, **kw):
+        f = {"kind": k, "fired": False}
+        f.update(moment())
+        f.update(kw)
+        plan["faults"].append(f)
+        return f
+
+    if kind == "kill_worker":
+        fault("kill", pick="random_not_lowest", n=1)
+    elif kind == "kill_coord":
+        fault("kill", pick="lowest", n=1)
+    elif kind == "kill_two":
+        fault("kill", pick="random", n=2)
+    elif kind == "kill_in_recovery":
+        fault("kill", pick="random_not_lowest", n=1)
+        fault("kill", pick="random", n=1, moment="dead", delay_ms=rng.randint(0, 50))
+    elif kind == "stop_cont":
+        fault("stop", pick="random_not_lowest", n=1, hold_ms=rng.randint(2500, 4000))
+    elif kind == "job_kill":
+        fault("kill", pick="all", n=0)
+        plan["in_place"] = False
+    elif kind == "relaunch":
+        fault("relaunch", pick="all", n=0)
+    elif kind == "io_fault":
+        op, k = rng.choice(IO_OPS), rng.choice(IO_KINDS)
+        if op == "odirect":
+            k = "einval"  # the file system refuses O_DIRECT: the fallback must be loud and work
+        rank = rng.randrange(workers)
+        plan["env"] = {"RK_FAULT": "%s@%d=%s" % (op, rng.randint(0, 6), k),
+                       "CHAOS_FAULT_RANK": str(rank), "CHAOS_FAULT_ATTEMPT": "0"}
+        plan["faults"].append({"kind": "io", "spec": plan["env"]["RK_FAULT"], "rank": rank,
+                               "moment": "start", "step": -1, "delay_ms": 0, "fired": False})
+    elif kind == "corrupt":
+        fault("corrupt", pick="all", n=0, how=rng.choice(["bitflip", "truncate"]), moment="commit",
+              step=rng.randint(2 * every, max(2 * every, (steps * 2) // 3)) // every * every)
+    elif kind == "hb_jitter":
+        plan["netns"] = True
+        fault("netem", pick="all", n=0, moment="step", step=rng.randint(lo, max(lo, steps // 3)), delay_ms=0, hold_ms=rng.randint(2000, 4000),
+              delay=rng.randint(5, 40), jitter=rng.randint(0, 10), loss=rng.choice([2, 5, 10]))
+    elif kind == "min_world":
+        plan["env"] = {"RK_MIN_WORLD": str(workers)}
+        plan["max_restarts"] = 0
+        plan["expect"] = "stop"
+        plan["in_place"] = False
+        fault("kill", pick="random_not_lowest", n=1)
+    if kind in ("kill_two",):
+        plan["in_place"] = None  # decided when the victims are known (majority rule)
+    return plan
+
+
+def due(f, job, t_now_ns):
+    """Whether fault f should fire now (it arms when its moment is seen, then waits
+    delay_ms)."""
+    if f["fired"] or f.get("failed"):
+        return False
+    if "armed_ns" not in f:
+        m = f["moment"]
+        ok = (m == "start"
+              or (m in ("step", "snapshot", "persist") and job.last_step >= f["step"])
+              or (m == "commit" and any(e.get("step", -1) >= f["step"] for e in job.events_named("ckpt_committed")))
+              or (m == "dead" and job.events_named("peer_dead")))
+        if not ok:
+            return False
+        f["armed_ns"] = t_now_ns
+    return t_now_ns >= f["armed_ns"] + f["delay_ms"] * 1_000_000
+
+
+def pick_victims(f, rng, live):
+    ranks = sorted(live)
+    if not ranks:
+        return []
+    if f["pick"] == "lowest":
+        return ranks[:1]
+    if f["pick"] == "all":
+        return ranks
+    pool = ranks[1:] if f["pick"] == "random_not_lowest" and len(ranks) > 1 else ranks
+    return rng.sample(pool, min(f["n"], len(pool)))
+
+
+def _signal(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def netem(job, on, f=None):
+    """Starts (on) or ends heartbeat trouble on the run's private loopback: tc netem
+    (delay, jitter, loss of every packet) where the kernel has it, else iptables dropping
+    that share of UDP datagrams (the detector's heartbeats; loss only, no delay). Records
+    in f what was really applied. Returns None or why it could not."""
+    ns = ["nsenter", "-t", str(job.proc.pid), "-n", "--"]
+
+    def sh(cmd):
+        try:
+            r = subprocess.run(ns + cmd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return str(e)
+        return None if r.returncode == 0 else "%s: %s" % (cmd[0], r.stderr.strip())
+
+    if not on:
+        return sh(job.netem_off) if getattr(job, "netem_off", None) else None
+    em = ["netem", "delay", "%dms" % f["delay"]] + (["%dms" % f["jitter"]] if f["jitter"] else [])
+    em += ["loss", "%d%%" % f["loss"]] if f["loss"] else []
+    err = sh(["tc", "qdisc", "add", "dev", "lo", "root"] + em)
+    if err is None:
+        job.netem_off, f["scope"] = ["tc", "qdisc", "del", "dev", "lo", "root"], "tc netem, all loopback traffic"
+        return None
+    rule = ["OUTPUT", "-p", "udp", "-m", "statistic", "--mode", "random", "--probability",
+            "%.2f" % (max(f["loss"], 5) / 100.0), "-j", "DROP"]
+    err2 = sh(["iptables", "-A"] + rule) if shutil.which("iptables") else "iptables is not installed"
+    if err2 is None:
+        job.netem_off = ["iptables", "-D"] + rule
+        f["scope"] = "iptables: %d%% of UDP dropped (no netem in this kernel: no delay)" % max(f["loss"], 5)
+        f["delay"] = f["jitter"] = 0
+        f["loss"] = max(f["loss"], 5)
+        return None
+    return "neither tc netem (%s) nor iptables (%s)" % (err, err2)
+
+
+def inject(f, job, rng, world_start):
+    """Fires fault f at the live job. Records in f: t_ns, victims, progress (rank 0's
+    steps done when it fired). Returns None, or why it could not fire."""
+    live = job.live_workers()
+    f["fired"] = True
+    f["t_ns"] = now_ns()
+    f["progress"] = job.last_step + 1
+    f["committed_before"] = max([e["step"] for e in job.events_named("ckpt_committed")], default=0)
+    k = f["kind"]
+    if k == "io":
+        f["victims"] = [f["rank"]]
+        return None
+    if k in ("kill", "stop", "relaunch", "corrupt"):
+        victims = pick_victims(f, rng, live)
+        if not victims:
+            f["fired"] = False
+            return "no live worker to hit"
+        f["victims"] = victims
+        if k == "kill":
+            _signal([live[r] for r in victims], signal.SIGKILL)
+        elif k == "stop":
+            _signal([live[r] for r in victims], signal.SIGSTOP)
+            f["cont_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
+            f["stopped_pids"] = [live[r] for r in victims]
+        else:  # relaunch, corrupt: the whole run, launcher included
+            job.kill_everything()
+        return None
+    if k == "netem":
+        f["victims"] = []
+        err = netem(job, True, f)
+        f["end_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
+        return err
+    return "unknown fault kind " + k
+
+
+def corrupt_newest(ckpt, rng, how):
+    """Damages the newest committed checkpoint: flips one bit inside a tensor's bytes, or
+    truncates the file that holds a tensor to end inside its bytes. Returns (step, what)
+    or (None, why)."""
+    steps = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
+    if not steps:
+        return None, "no committed checkpoint to damage"
+    d = os.path.join(ckpt, steps[-1])
+    tensors = _walk_links(d)
+    if not tensors:
+        return None, "no tensor found in %s" % d
+    name, path, off, size = rng.choice(tensors)
+    step = int(steps[-1][5:])
+    if how == "bitflip":
+        pos, bit = off + rng.randrange(size), rng.randrange(8)
+        with open(path, "r+b") as fh:
+            fh.seek(pos)
+            b = fh.read(1)
+            fh.seek(pos)
+            fh.write(bytes([b[0] ^ (1 << bit)]))
+            fh.flush()
+            os.fsync(fh.fileno())
+        return step, "bit %d of byte %d of %s (tensor %s)" % (bit, pos, os.path.relpath(path, ckpt), name)
+    cut = off + rng.randrange(size)
+    os.truncate(path, cut)
+    return step, "%s truncated to %d bytes (inside tensor %s)" % (os.path.relpath(path, ckpt), cut, name)
+
+
+def _walk_links(d):
+    """(name, file, offset, bytes) of every tensor of index.h5, following external links."""
+    import h5py  # Debian's python3-h5py
+    out = []
+    with h5py.File(os.path.join(d, "index.h5"), "r") as idx:
+        def walk(g, prefix):
+            for key in g:
+                obj = g[key]
+                if isinstance(obj, h5py.Group):
+                    walk(obj, prefix + key + "/")
+                elif obj.id.get_offset() is not None and obj.id.get_storage_size() > 0:
+                    out.append((prefix + key, os.path.join(d, os.path.basename(obj.file.filename)),
+                                obj.id.get_offset(), obj.id.get_storage_size()))
+        walk(idx, "")
+    return out

@@ -1,0 +1,333 @@
+"""chaos/oracles.py - what must hold after every chaos run, checked on the real artifacts.
+
+Each oracle returns (name, status, detail) with status 'ok', 'violation' or 'skipped'
+(skipped only when the thing it checks does not exist in this run, e.g. no final hash
+after a run that had to stop; the reason is in the detail and in the report).
+
+  ended        finished: the last launch exited 0 and every final line says step=N with
+               one hash and one world; or, where the run must stop (min_world), it
+               stopped with that error, within the run's time bound (no hang)
+  in_place     the kinds that must be survived without a relaunch were: no relaunch,
+               the final world is the start world less the lost workers; a SIGSTOPped
+               worker fenced itself (event 'fenced') and did not finish
+  verify       `rekindle verify` passes every committed checkpoint (--all), and fails
+               each one the harness damaged
+  h5           every committed checkpoint opens with h5py: root attributes step (equal
+               to its label), world_size, format_version; every tensor readable
+  fresh_resume no resume older than the newest checkpoint committed before the fault
+  replay       the final hash equals a fault-free replay from the last resume step on the
+               final world size (that checkpoint copied alone into a fresh directory)
+  no_leftover  no process of the run (launcher, mpirun, orted, wrapper, trainer) alive
+               after it ended
+  no_temp      no '.'-prefixed entry in the checkpoint directory after a clean end
+  no_false_dead no worker declared dead that the harness did not kill, stop or crash
+  events       every event-log line is one JSON object with t_ns, rank and event
+"""
+import os
+import re
+import shutil
+import subprocess
+
+from job import FINAL_RE, MPI_ENV
+
+MIN_WORLD_TEXT = "fewer workers survive than min_world"
+
+
+def _ok(name, detail=""):
+    return (name, "ok", detail)
+
+
+def _bad(name, detail):
+    return (name, "violation", detail)
+
+
+def _skip(name, detail):
+    return (name, "skipped", detail)
+
+
+def committed_steps(ckpt):
+    out = []
+    for d in sorted(os.listdir(ckpt)):
+        m = re.fullmatch(r"step-(\d{12})", d)
+        if m:
+            out.append(int(m.group(1)))
+    return out
+
+
+def last_finals(job):
+    return [f for f in job.finals if f[0] == job.phase]
+
+
+def check_ended(job, plan, steps, timed_out):
+    if timed_out:
+        return _bad("ended", "still running after %ds: a hang (every process of the run was killed)" % timed_out)
+    rc = job.rcs[-1] if job.rcs else None
+    finals = last_finals(job)
+    if plan["expect"] == "stop":
+        if rc == 0 or any(f[1] == steps for f in finals):
+            return _bad("ended", "continued below min_world (exit %s, %d final lines)" % (rc, len(finals)))
+        if MIN_WORLD_TEXT not in job.stderr_text():
+            return _bad("ended", "stopped (exit %s) without the min_world error on stderr" % rc)
+        return _ok("ended", "stopped with the min_world error, exit %s" % rc)
+    if rc != 0:
+        tail = job.stderr_text().strip().splitlines()[-3:]
+        return _bad("ended", "rekindle run exited %s: %s" % (rc, " | ".join(tail)))
+    if not finals:
+        return _bad("ended", "exit 0 but no 'final' line")
+    if any(f[1] != steps for f in finals):
+        return _bad("ended", "final step %s, want %d" % (sorted({f[1] for f in finals}), steps))
+    if len({f[3] for f in finals}) != 1 or len({f[2] for f in finals}) != 1:
+        return _bad("ended", "survivors disagree: %s" % sorted({(f[2], f[3]) for f in finals}))
+    if len(finals) != finals[0][2]:
+        return _bad("ended", "%d final lines for a final world of %d" % (len(finals), finals[0][2]))
+    return _ok("ended", "step=%d world=%d hash=%s" % (steps, finals[0][2], finals[0][3]))
+
+
+def check_in_place(job, plan, workers):
+    if plan["in_place"] is not True:
+        return _skip("in_place", "this kind may relaunch the job")
+    if job.phase != 0 or job.relaunches():
+        return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
+    lost = set()
+    for f in plan["faults"]:
+        if f.get("fired") and f["kind"] in ("kill", "stop"):
+            lost |= set(f["victims"])
+        if f.get("fired") and f["kind"] == "io" and f["spec"].endswith("=crash") and crashed(job, f["rank"]):
+            lost.add(f["rank"])
+    finals = last_finals(job)
+    if finals and finals[0][2] != workers - len(lost):
+        return _bad("in_place", "final world %d, want %d - %d lost" % (finals[0][2], workers, len(lost)))
+    for f in plan["faults"]:
+        if f.get("fired") and f["kind"] == "stop":
+            for r in f["victims"]:
+                if not [e for e in job.events if e["_file_rank"] == r and e["event"] == "fenced"]:
+                    return _bad("in_place", "rank %d was stopped and continued, but never fenced itself" % r)
+                if worker_record(job, r) == "exit 0":
+                    return _bad("in_place", "rank %d was declared dead yet finished (exit 0)" % r)
+    return _ok("in_place", "final world %d" % (workers - len(lost)))
+
+
+def worker_record(job, rank, phase=0, attempt=0):
+    try:
+        with open(os.path.join(job.launch_dir, "phase-%d" % phase, "attempt-%d" % attempt, "rank-%d" % rank)) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def crashed(job, rank):
+    return (worker_record(job, rank) or "").startswith("signal 9")
+
+
+def cli(build, args, timeout=120):
+    try:
+        r = subprocess.run([os.path.join(build, "bin", "rekindle")] + args, capture_output=True, text=True,
+                           timeout=timeout)
+        return r.returncode, (r.stdout + r.stderr).strip()
+    except subprocess.TimeoutExpired:
+        return None, "timed out after %ds" % timeout
+
+
+def check_verify(job, build, damaged, plan):
+    for f in plan["faults"]:
+        if "verify_rc" in f and f["verify_rc"] != 1 and "not available" not in f["verify_out"]:
+            return _bad("verify", "verify of the checkpoint just damaged (%s) exit %s, want 1: %s" % (
+                f["damage"], f["verify_rc"], f["verify_out"].splitlines()[-1] if f["verify_out"] else ""))
+    steps = committed_steps(job.ckpt)
+    if not steps:
+        return _skip("verify", "no committed checkpoint")
+    rc, out = cli(build, ["verify", job.ckpt, "--all"])
+    if rc == 2 and "not available" in out:
+        return _skip("verify", "`rekindle verify` is not available in this build")
+    if rc is None:
+        return _bad("verify", "rekindle verify --all: " + out)
+    if not damaged:
+        if rc != 0:
+            return _bad("verify", "rekindle verify --all exit %d: %s" % (rc, out.splitlines()[-1] if out else ""))
+        return _ok("verify", "%d checkpoints verify" % len(steps))
+    if rc != 1:
+        return _bad("verify", "verify --all exit %d with damaged step(s) %s" % (rc, sorted(damaged)))
+    for s in steps:
+        want = 1 if s in damaged else 0
+        rc, out = cli(build, ["verify", job.ckpt, "--step", str(s)])
+        if rc != want:
+            return _bad("verify", "verify --step %d exit %s, want %d: %s" % (s, rc, want, out.splitlines()[-1] if out else ""))
+    return _ok("verify", "%d verify, damaged %s detected" % (len(steps) - len(damaged), sorted(damaged)))
+
+
+def check_h5(job, damaged):
+    import h5py  # Debian's python3-h5py
+    n = 0
+    for s in committed_steps(job.ckpt):
+        if s in damaged:
+            continue
+        path = os.path.join(job.ckpt, "step-%012d" % s, "index.h5")
+        try:
+            with h5py.File(path, "r") as f:
+                a = f.attrs
+                if int(a["step"]) != s or "world_size" not in a or "format_version" not in a:
+                    return _bad("h5", "%s: root attributes %s" % (path, dict(a)))
+                def walk(g):  # g[key] follows the external links that visit() does not
+                    count = 0
+                    for key in g:
+                        obj = g[key]
+                        if isinstance(obj, h5py.Group):
+                            count += walk(obj)
+                        else:
+                            obj[()]
+                            count += 1
+                    return count
+                got = walk(f)
+                if got == 0:
+                    return _bad("h5", "%s: no tensor" % path)
+                n += got
+        except Exception as e:  # any failure to read a committed checkpoint is the finding
+            return _bad("h5", "%s: %s" % (path, e))
+    return _ok("h5", "%d tensors read" % n)
+
+
+def still_damaged(job, damaged):
+    """The damaged steps ({step: when}) that no commit after the damage replaced."""
+    return {s for s, t in damaged.items()
+            if not any(e["step"] == s and e["t_ns"] > t for e in job.events_named("ckpt_committed"))}
+
+
+def newest_commit_before(job, t_ns, damaged):
+    return max([e["step"] for e in job.events_named("ckpt_committed") if e["t_ns"] < t_ns and e["step"] not in damaged],
+               default=0)
+
+
+def check_fresh_resume(job, plan, damaged):
+    worst = None
+    for f in plan["faults"]:
+        if not f.get("fired") or "t_ns" not in f:
+            continue
+        bound = newest_commit_before(job, f["t_ns"], damaged)
+        for e in job.events_named("resumed", f["t_ns"]):
+            recommitted = any(c["step"] == e["step"] and damaged.get(e["step"], 0) < c["t_ns"] < e["t_ns"]
+                              for c in job.events_named("ckpt_committed"))
+            if e["step"] < bound or (e["step"] in damaged and not recommitted):
+                worst = "rank %d resumed step %d (%s) after the %s fault; newest commit before it: %d%s" % (
+                    e["rank"], e["step"], e.get("from"), f["kind"], bound,
+                    " (a damaged checkpoint)" if e["step"] in damaged else "")
+    if worst:
+        return _bad("fresh_resume", worst)
+    return _ok("fresh_resume", "%d resume events" % len(job.events_named("resumed")))
+
+
+def replay_hash(build, src, ckpt_from, step, world, train_args, scratch, mark, env_extra, timeout):
+    """Final hash of rk-train started fresh from checkpoint `step` (0: from scratch) on
+    `world` workers; (hash, detail)."""
+    shutil.rmtree(scratch, ignore_errors=True)
+    ck = os.path.join(scratch, "ckpt")
+    os.makedirs(ck)
+    if step > 0:
+        shutil.copytree(os.path.join(ckpt_from, "step-%012d" % step), os.path.join(ck, "step-%012d" % step))
+    env = dict(os.environ)
+    env.update(env_extra)
+    env.update({"RK_CKPT_DIR": ck, "CHAOS_RUN": mark, "RK_RUN_DIR": scratch})
+    env.update(MPI_ENV)
+    for k in ("RK_FAULT", "RK_FAULT_PATH", "RK_EVENT_LOG", "RK_MIN_WORLD"):
+        env.pop(k, None)
+    cmd = [os.path.join(build, "bin", "rekindle"), "run", "-n", str(world), "--",
+           os.path.join(build, "bin", "rk-train")] + train_args
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return None, "replay timed out after %ds" % timeout
+    hashes = {m.group(3) for m in map(FINAL_RE.match, r.stdout.splitlines()) if m}
+    if r.returncode != 0 or len(hashes) != 1:
+        return None, "replay exit %d, hashes %s: %s" % (r.returncode, sorted(hashes), r.stderr.strip()[-300:])
+    return hashes.pop(), "replay from step %d on %d workers" % (step, world)
+
+
+def check_replay(job, plan, cfg, damaged, cache, scratch, sabotage):
+    finals = last_finals(job)
+    if plan["expect"] == "stop" or not finals:
+        return _skip("replay", "no final hash to compare (the run %s)" % (
+            "had to stop" if plan["expect"] == "stop" else "did not finish"))
+    resumes = sorted(job.events_named("resumed"), key=lambda e: e["t_ns"])
+    step = resumes[-1]["step"] if resumes else 0
+    world, got = finals[0][2], finals[0][3]
+    if step > 0 and not os.path.isdir(os.path.join(job.ckpt, "step-%012d" % step)):
+        return _skip("replay", "resumed step %d has no checkpoint on disk to replay from" % step)
+    if step in damaged:
+        return _bad("replay", "the run resumed from damaged checkpoint %d" % step)
+    args = list(cfg["train_args"])
+    if sabotage == "replay":
+        args[args.index("--seed") + 1] = str(int(args[args.index("--seed") + 1]) + 1)
+    key = (world, tuple(args))
+    if step == 0 and key in cache:
+        want, how = cache[key], "fault-free run on %d workers (cached)" % world
+    else:
+        want, how = replay_hash(cfg["build"], cfg["src"], job.ckpt, step, world, args, scratch,
+                                job.mark + "/replay", cfg["env"], cfg["run_timeout"])
+        if want is None:
+            return _bad("replay", how)
+        if step == 0:
+            cache[key] = want
+    if want != got:
+        return _bad("replay", "final hash %s, %s gives %s" % (got, how, want))
+    return _ok("replay", "%s: %s" % (how, want))
+
+
+def check_no_leftover(leftovers):
+    if leftovers:
+        return _bad("no_leftover", "alive after the run: " + ", ".join("%d %s" % p for p in leftovers[:8]))
+    return _ok("no_leftover")
+
+
+def check_no_temp(job, plan):
+    rc = job.rcs[-1] if job.rcs else None
+    if plan["expect"] != "finish" or rc != 0:
+        return _skip("no_temp", "the job did not end cleanly")
+    temp = sorted(e for e in os.listdir(job.ckpt) if e.startswith("."))
+    return _bad("no_temp", "left in %s: %s" % (job.ckpt, temp)) if temp else _ok("no_temp")
+
+
+def check_no_false_dead(job, plan):
+    hit, whole = set(), False
+    for f in plan["faults"]:
+        if not f.get("fired"):
+            continue
+        if f["kind"] in ("kill", "stop"):
+            hit |= set(f["victims"])
+            whole |= f["pick"] == "all"
+        elif f["kind"] in ("relaunch", "corrupt"):
+            whole = True
+        elif f["kind"] == "io" and crashed(job, f["rank"]):
+            hit.add(f["rank"])
+    if whole:
+        return _skip("no_false_dead", "the whole job was killed")
+    wrong = sorted({(e["rank"], e["peer"]) for e in job.events_named("peer_dead") if e.get("peer") not in hit})
+    if wrong:
+        return _bad("no_false_dead", "declared dead but never killed or stopped (observer, peer): %s" % wrong[:6])
+    return _ok("no_false_dead")
+
+
+def check_events(job):
+    if job.bad_event_lines:
+        return _bad("events", "%d malformed lines, first %s" % (len(job.bad_event_lines), job.bad_event_lines[0]))
+    return _ok("events", "%d lines" % len(job.events))
+
+
+def latencies(job, plan):
+    """Per fired kill/stop fault: kill -> first peer_dead naming a victim (detect_ms),
+    kill -> the last survivor's first resume after it (recover_ms), and steps lost
+    (rank 0's steps done at the kill minus the step resumed)."""
+    out = []
+    for f in plan["faults"]:
+        if not f.get("fired") or f["kind"] not in ("kill", "stop") or f["pick"] == "all":
+            continue
+        t = f["t_ns"]
+        dead = [e["t_ns"] for e in job.events_named("peer_dead", t) if e.get("peer") in f["victims"]]
+        first = {}
+        for e in sorted(job.events_named("resumed", t), key=lambda e: e["t_ns"]):
+            first.setdefault(e["rank"], e)
+        rec = {"fault": f["kind"], "victims": f["victims"], "progress": f["progress"],
+               "detect_ms": (min(dead) - t) / 1e6 if dead else None,
+               "recover_ms": (max(e["t_ns"] for e in first.values()) - t) / 1e6 if first else None,
+               "steps_lost": f["progress"] - min(e["step"] for e in first.values()) if first else None,
+               "from": sorted({e.get("from") for e in first.values()}) if first else None}
+        out.append(rec)
+    return out

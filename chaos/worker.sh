@@ -1,0 +1,14 @@
+#!/bin/sh
+# chaos/worker.sh PROGRAM [ARGS...] - what `rekindle run` starts on each worker in a chaos
+# run: keeps a scheduled checkpoint I/O fault (RK_FAULT, RK_FAULT_PATH) only on the rank
+# and launch attempt the schedule chose, then becomes PROGRAM (exec: same pid, so the
+# harness sees and signals the trainer itself).
+#   CHAOS_FAULT_RANK     rank at start that keeps RK_FAULT (unset: every rank)
+#   CHAOS_FAULT_ATTEMPT  launch attempt (RK_RUN_ATTEMPT) that keeps it (unset: every one)
+if [ -n "${CHAOS_FAULT_RANK:-}" ] && [ "${OMPI_COMM_WORLD_RANK:-}" != "$CHAOS_FAULT_RANK" ]; then
+    unset RK_FAULT RK_FAULT_PATH
+fi
+if [ -n "${CHAOS_FAULT_ATTEMPT:-}" ] && [ "${RK_RUN_ATTEMPT:-0}" != "$CHAOS_FAULT_ATTEMPT" ]; then
+    unset RK_FAULT RK_FAULT_PATH
+fi
+exec "$@"
