@@ -1,0 +1,352 @@
+/*
+ * ring/ring.c - the allreduce engine of the ring: a chunked, pipelined ring allreduce
+ * (reduce-scatter, then allgather) over MPI non-blocking point-to-point, abortable at
+ * every wait. Communicators, rebuild and MPI glue are in ring_mpi.c; the kernels in
+ * ring_reduce.c; the protocol in docs/RING.md.
+ *
+ * Protocol. N members; count elements split into N segments (ring_segment), each into
+ * nch chunks of at most chunk_bytes (nch >= 1, the same for every segment: short or
+ * empty chunks are sent as short or empty messages). Step k = 0 .. 2N-3: member r sends
+ * segment (r-k) mod N to r+1 and receives segment (r-k-1) mod N from r-1; steps below
+ * N-1 reduce what they receive into the buffer (reduce-scatter), the others copy it
+ * (allgather). Chunk j of step k+1 is sent as soon as chunk j of step k is processed,
+ * with up to `window` receives and `window` sends in flight: a pipeline.
+ *
+ * Invariants (tests/test_ring.c names the one each test checks):
+ *  1. Bounded: every wait of a call polls its ring_cancel (changed(), deadline) and the
+ *     call returns RK_E_PEER_LOST / RK_E_TIMEOUT when it fires; no MPI call that can
+ *     block on a peer is made during an allreduce (only Isend, Irecv, Test, Cancel).
+ *  2. The caller's buffer is written only by this thread, from ring-owned receive slots,
+ *     after a receive completed. A receive is posted only for a message already matched
+ *     (MPI_Improbe + MPI_Imrecv); after an abort, a slot whose receive is still pending
+ *     is never reused (ring_grave) until MPI completes it.
+ *  3. Fixed order: segment s is reduced as (..((x_s op x_s+1) op x_s+2) .. op x_s-1)
+ *     (indices mod N, out = acc op in, ring_reduce), the last hop dividing for avg. It
+ *     depends only on (count, N), not on chunking or timing: bitwise reproducible.
+ *  4. Agreement: every message carries the call's signature (count, dtype, op) and
+ *     sequence number in its tag, and its length is checked; a member that sees a
+ *     different signature, a wrong length, bad local arguments or any abort sends an
+ *     abort token to its right neighbour, which forwards it: every member returns an
+ *     error, none writes past its buffer.
+ *  5. Messages are classified by their envelope before they are received: stale ones
+ *     (an aborted call's, lower sequence number) are received into a slot and dropped;
+ *     a message of a later call is never taken by an earlier one.
+ *  6. A send never reads a region of the buffer that a later receive of the same call
+ *     rewrites before the send completed (allgather step k waits for the send of
+ *     step k-N+1 of the same chunk).
+ *
+ * States of a ring and the function for each transition:
+ *
+ *     ring_create --> MEMBER --ring_allreduce ok/error--> MEMBER (stale drained: inv. 5)
+ *          |            |  \--ring_rebuild(list with self)--> MEMBER (new comm, epoch)
+ *          |            \----ring_rebuild(list without self)--> FENCED (every call: RK_E_FENCED)
+ *          \--> SPARE --ring_rebuild(list with self)--> MEMBER
+ *     any --ring_destroy--> (freed; retired communicators and graves released)
+ */
+#include <errno.h>
+#include <sched.h>
+#include <string.h>
+
+#include "ring_internal.h"
+
+struct xfer {
+    ring *r;
+    unsigned char *buf;
+    size_t count, esize, ce, nch, T;
+    rk_dtype dtype;
+    rk_op op;
+    unsigned seq;
+    int tag;
+    size_t posted, consumed;        /* receives posted into slots, and completed */
+    size_t pvalid, valid;           /* chunks of this call posted, and processed (of T) */
+    bool drop[RING_MAX_WINDOW];     /* slot holds a stale message, dropped on completion */
+    size_t sent, sdone;             /* sends: issued, completed in FIFO order */
+    const ring_cancel *cancel;
+    int64_t deadline;
+};
+
+static unsigned signature(size_t count, rk_dtype dtype, rk_op op)
+{
+    uint64_t h = (uint64_t)count * 0x9e3779b97f4a7c15ull;
+    h ^= ((uint64_t)dtype << 8 | (uint64_t)op) * 0xc2b2ae3d27d4eb4full;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (unsigned)(h % RING_SIG_TOKENS);
+}
+
+/* The chunk (k, j) on the side that sends (send=true) or receives it. */
+static unsigned char *chunk_at(const struct xfer *x, size_t t, bool send, size_t *len)
+{
+    ring *r = x->r;
+    size_t k = t / x->nch, j = t % x->nch;
+    int seg = (int)(((size_t)r->rank + 2 * (size_t)r->size - k - (send ? 0 : 1)) % (size_t)r->size);
+    size_t off, slen;
+    ring_segment(x->count, r->size, seg, &off, &slen);
+    size_t coff = j * x->ce;
+    *len = coff < slen ? (slen - coff < x->ce ? slen - coff : x->ce) : 0;
+    return x->buf + (off + (coff < slen ? coff : slen)) * x->esize;
+}
+
+static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_error)
+{
+    int rc = MPI_Test(req, done, st ? st : MPI_STATUS_IGNORE);
+    if (rc == MPI_SUCCESS)
+        return 0;
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (cls == MPI_ERR_TRUNCATE)
+        return ring__mpi_fail(rc, RK_E_COLL_MISMATCH, "allreduce: a message longer than a chunk");
+    return ring__mpi_fail(rc, code_on_error, "allreduce: transfer with a neighbour failed");
+}
+
+/* Receives: each next message from the left is matched with MPI_Improbe and classified
+   by its envelope before anything is received, so a message of a later call is never
+   taken by this one (invariant 5), and a mismatch is seen before a byte is written. */
+static int classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes);
+
+static int post_recvs(struct xfer *x)
+{
+    ring *r = x->r;
+    while (x->posted - x->consumed < (size_t)r->window && x->pvalid < x->T) {
+        int flag = 0;
+        MPI_Message msg;
+        MPI_Status st;
+        int rc = MPI_Improbe(r->left, MPI_ANY_TAG, r->comm, &flag, &msg, &st);
+        if (rc != MPI_SUCCESS)
+            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Improbe");
+        if (!flag)
+            return 0;
+        size_t len;
+        chunk_at(x, x->pvalid, false, &len);
+        int kind = classify(x, &st, len * x->esize);
+        if (kind < 0 && kind != RK_E_COLL_MISMATCH)
+            MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE); /* a token: zero bytes */
+        if (kind < 0)
+            return kind; /* a mismatching message stays queued: stale for the next call */
+        int slot = (int)(x->posted % (size_t)r->window);
+        rc = MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
+                        &r->rreq[slot]);
+        if (rc != MPI_SUCCESS)
+            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Imrecv");
+        x->drop[slot] = kind == 1;
+        x->pvalid += kind == 0;
+        x->posted++;
+    }
+    return 0;
+}
+
+static int post_sends(struct xfer *x)
+{
+    ring *r = x->r;
+    while (x->sent < x->T && x->sent - x->sdone < (size_t)r->window &&
+           (x->sent < x->nch || x->valid > x->sent - x->nch)) {
+        size_t len;
+        unsigned char *p = chunk_at(x, x->sent, true, &len);
+        int rc = MPI_Isend(p, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->comm,
+                           &r->sreq[x->sent % (size_t)r->window]);
+        if (rc != MPI_SUCCESS)
+            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Isend");
+        x->sent++;
+    }
+    return 0;
+}
+
+/* Completes sends in FIFO order; *progress is set when one completed. */
+static int reap_sends(struct xfer *x, bool *progress)
+{
+    ring *r = x->r;
+    while (x->sdone < x->sent) {
+        int done = 0;
+        int rc = test_req(&r->sreq[x->sdone % (size_t)r->window], &done, NULL, RK_E_PEER_LOST);
+        if (rc != 0)
+            return rc;
+        if (!done)
+            break;
+        x->sdone++;
+        *progress = true;
+    }
+    return 0;
+}
+
+/* What a completed receive carried: 0 a chunk of this call, 1 a stale message (drop it),
+   or the error the tag or length means. */
+static int classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes)
+{
+    unsigned tag = (unsigned)st->MPI_TAG, sig = tag & 0xffffu;
+    unsigned age = (x->seq - (tag >> 16)) & RING_SEQ_MASK;
+    if (age != 0 && age <= RING_SEQ_MASK / 2)
+        return 1;
+    if (age != 0) {
+        RK_LOG_DEBUG(RK_SUB_RING, "a message of call %u arrived in call %u", tag >> 16, x->seq & RING_SEQ_MASK);
+        return RK_E_COLL_MISMATCH;
+    }
+    if (sig == RING_TOK_TIMEOUT)
+        return RK_E_TIMEOUT;
+    if (sig == RING_TOK_LOST)
+        return RK_E_PEER_LOST;
+    int bytes = -1;
+    MPI_Get_count(st, MPI_BYTE, &bytes);
+    if (sig == (unsigned)(x->tag & 0xffff) && bytes == (int)want_bytes)
+        return 0;
+    RK_LOG_DEBUG(RK_SUB_RING, "signature %#x and %d bytes from the left, %#x and %zu bytes here", sig,
+                 bytes, (unsigned)x->tag & 0xffff, want_bytes);
+    return RK_E_COLL_MISMATCH;
+}
+
+/* Waits (bounded) until the send of chunk t has completed (invariant 6). */
+static int wait_send(struct xfer *x, size_t t)
+{
+    bool progress;
+    while (x->sdone <= t) {
+        int rc = reap_sends(x, &progress);
+        if (rc == 0 && x->sdone <= t)
+            rc = ring__poll_cancel(x->cancel, x->deadline);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Processes the receive that completed into `slot`. Returns 0, or an error. */
+static int consume(struct xfer *x, int slot)
+{
+    ring *r = x->r;
+    x->consumed++;
+    if (x->drop[slot])
+        return 0; /* stale: dropped (invariant 5) */
+    size_t t = x->valid, len;
+    unsigned char *dst = chunk_at(x, t, false, &len);
+    size_t k = t / x->nch, n1 = (size_t)r->size - 1;
+    if (r->hook)
+        r->hook(r->hook_arg, k < n1 ? 0 : 1, (int)(k < n1 ? k : k - n1), (int)(t % x->nch));
+    const unsigned char *src = r->stage + (size_t)slot * r->chunk_bytes;
+    int rc = 0;
+    if (k < n1) {
+        int div = (x->op == RK_AVG && k == n1 - 1) ? r->size : 0;
+        rc = ring_reduce(dst, src, dst, len, x->dtype, x->op, div);
+    } else {
+        if (t >= n1 * x->nch && (rc = wait_send(x, t - n1 * x->nch)) != 0)
+            return rc;
+        memcpy(dst, src, len * x->esize);
+    }
+    x->valid++;
+    return rc;
+}
+
+/* Abort (invariants 2 and 4): receives already matched keep their slots until MPI
+   completes them (a slot still pending is retired, never reused); sends are released
+   (they only read); the right neighbour is told. */
+static void abort_xfer(struct xfer *x, int why)
+{
+    ring *r = x->r;
+    int pending = 0;
+    for (size_t m = x->consumed; m < x->posted; m++) {
+        int done = 0;
+        if (MPI_Test(&r->rreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+            pending++;
+    }
+    for (size_t m = x->sdone; m < x->sent; m++)
+        MPI_Request_free(&r->sreq[m % (size_t)r->window]);
+    if (pending > 0)
+        ring__stage_bury(r, pending);
+    enum ring_token tok = why == RK_E_TIMEOUT ? RING_TOK_TIMEOUT
+                          : why == RK_E_PEER_LOST ? RING_TOK_LOST : RING_TOK_MISMATCH;
+    ring__send_token(r, x->seq, tok);
+}
+
+static int run(struct xfer *x)
+{
+    ring *r = x->r;
+    unsigned idle = 0;
+    int rc = ring__poll_cancel(x->cancel, x->deadline); /* a call never starts cancelled */
+    if (rc != 0)
+        return rc;
+    while (x->valid < x->T || x->sdone < x->T) {
+        bool progress = false;
+        if ((rc = post_recvs(x)) != 0 || (rc = post_sends(x)) != 0)
+            return rc;
+        if (x->consumed < x->posted) {
+            int slot = (int)(x->consumed % (size_t)r->window), done = 0;
+            if ((rc = test_req(&r->rreq[slot], &done, NULL, RK_E_PEER_LOST)) != 0)
+                return rc;
+            if (done) {
+                if ((rc = consume(x, slot)) != 0)
+                    return rc;
+                progress = true;
+            }
+        }
+        if ((rc = reap_sends(x, &progress)) != 0)
+            return rc;
+        if (progress) {
+            idle = 0;
+            continue;
+        }
+        if ((rc = ring__poll_cancel(x->cancel, x->deadline)) != 0)
+            return rc;
+        if (++idle >= 64) /* oversubscribed cores: let the neighbour run */
+            sched_yield();
+    }
+    return 0;
+}
+
+static const char *why_text(int rc)
+{
+    switch (rc) {
+    case RK_E_PEER_LOST: return "a member was lost (membership changed or a member aborted)";
+    case RK_E_TIMEOUT: return "the deadline passed";
+    case RK_E_COLL_MISMATCH: return "members passed different count, dtype or op";
+    default: return rk_strerror(rc);
+    }
+}
+
+int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
+                   const ring_cancel *cancel)
+{
+    if (!r)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_allreduce: ring is NULL");
+    if (r->fenced)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_FENCED,
+                        "ring_allreduce: the membership of epoch %llu excludes this process",
+                        (unsigned long long)r->epoch);
+    if (r->comm == MPI_COMM_NULL)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE,
+                        "ring_allreduce: this process is a spare, not a member of the ring");
+    struct xfer x = {.r = r, .buf = buf, .count = count, .dtype = dtype, .op = op,
+                     .seq = ++r->seq, .cancel = cancel};
+    int rc = 0;
+    x.esize = rk__dtype_size(dtype);
+    if (x.esize == 0)
+        rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_DTYPE, "ring_allreduce: unknown dtype %d", (int)dtype);
+    else if ((unsigned)op > RK_MIN)
+        rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_OP, "ring_allreduce: unknown op %d", (int)op);
+    else if (op == RK_AVG && (dtype == RK_I32 || dtype == RK_I64 || dtype == RK_U8))
+        rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_OP, "ring_allreduce: avg of integers (%s): use sum",
+                      rk__dtype_name(dtype));
+    else if (!buf && count > 0)
+        rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_allreduce: NULL buffer with count %zu", count);
+    if (rc != 0) {
+        if (r->size > 1)
+            ring__send_token(r, x.seq, RING_TOK_MISMATCH); /* the others fail too (inv. 4) */
+        return rc;
+    }
+    if (r->size == 1)
+        return 0; /* one contribution; avg divides by 1: exact */
+
+    x.ce = r->chunk_bytes / x.esize;
+    size_t seg0_off, seg0_len;
+    ring_segment(count, r->size, 0, &seg0_off, &seg0_len); /* segment 0 is a longest one */
+    x.nch = seg0_len == 0 ? 1 : (seg0_len + x.ce - 1) / x.ce;
+    x.T = 2 * ((size_t)r->size - 1) * x.nch;
+    x.tag = (int)(((x.seq & RING_SEQ_MASK) << 16) | signature(count, dtype, op));
+    x.deadline = ring__deadline(r, cancel);
+
+    rc = run(&x);
+    if (rc == 0)
+        return 0;
+    abort_xfer(&x, rc);
+    int level = rc == RK_E_COLL_MISMATCH ? RK_LOG_ERROR : RK_LOG_WARN;
+    return rk__fail(RK_SUB_RING, level, rc,
+                    "ring_allreduce: aborted at chunk %zu of %zu (ring rank %d of %d, epoch %llu): %s",
+                    x.valid, x.T, r->rank, r->size, (unsigned long long)r->epoch, why_text(rc));
+}

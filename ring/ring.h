@@ -1,0 +1,113 @@
+/*
+ * ring/ring.h - the allreduce ring: the one header of ring/ that other parts include.
+ *
+ * A chunked, pipelined ring allreduce (reduce-scatter, then allgather) over Open MPI
+ * non-blocking point-to-point on a communicator of the current members. Every wait polls
+ * a cancellation source (ring_cancel), so a call returns a distinct error within a bound
+ * when a member dies; the ring is then rebuilt over the survivors (and spares) with
+ * ring_rebuild(). See ring/ring.c for the design (invariants, state diagram) and
+ * docs/RING.md for the protocol.
+ *
+ * Threading: MPI_THREAD_SERIALIZED; a ring is used by one thread at a time, the thread
+ * that calls MPI. The changed() callback of a ring_cancel runs on that thread.
+ */
+#ifndef RK_RING_H
+#define RK_RING_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+/* The cancellation source polled by every wait of the ring.
+ *   deadline_ns: absolute CLOCK_MONOTONIC time (rk__mono_ns()); 0: the ring's default
+ *                timeout (ring_create's timeout_ms) counted from the call's start;
+ *                INT64_MAX: none. Passing it returns RK_E_TIMEOUT.
+ *   changed:     NULL, or returns true once the membership changed (the detector's view);
+ *                then the call returns RK_E_PEER_LOST. Must be cheap: it is polled in
+ *                the wait loops (every few microseconds while a call waits). */
+typedef struct ring_cancel {
+    int64_t deadline_ns;
+    bool (*changed)(void *arg);
+    void *arg;
+} ring_cancel;
+
+typedef struct ring ring;
+
+/* Creates a ring over `members` (ranks of `comm`, any order; the ring orders them by
+   rank; NULL/0: every rank of comm). Collective over ALL of comm (it duplicates comm,
+   with MPI_ERRORS_RETURN); a process of comm that is not a member gets a ring in the
+   spare state (ring_is_member() false) that can join later through ring_rebuild().
+   timeout_ms: the default bound of every wait (< 0: none). *r is owned by the caller,
+   released with ring_destroy(). */
+int ring_create(ring **r, MPI_Comm comm, const int *members, int nmembers, int timeout_ms);
+/* Releases the ring and its communicators; *r = NULL. Receive buffers that MPI might
+   still write after an aborted call are released only once MPI says it is done with them. */
+void ring_destroy(ring **r);
+
+/* In place: buf (count elements of dtype on every member) becomes the reduction over
+   the members. dtypes: f32, f64, f16, bf16 (16-bit types accumulate in f32 per hop),
+   i32, i64, u8 (wrap-around arithmetic); ops: sum, avg, max, min. For a given
+   membership the order of the reduction is fixed (docs/RING.md), so results are bitwise
+   reproducible. cancel may be NULL (the default deadline only).
+   Errors (every member returns one when any fails; the ring stays usable):
+     -EINVAL (NULL buffer with count > 0), RK_E_DTYPE, RK_E_OP: bad arguments here;
+     RK_E_COLL_MISMATCH: the members passed different count, dtype or op;
+     RK_E_PEER_LOST: cancel->changed() fired, a member aborted for that reason, or MPI
+     reported a failed transfer; RK_E_TIMEOUT: the deadline passed;
+     RK_E_STATE: this process is not a member (a spare).
+   On any error buf holds a mix of inputs and partial results: no receive writes into it
+   after the call returns. */
+int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
+                   const ring_cancel *cancel);
+
+/* Rebuilds the ring over `members` (ranks of the communicator given to ring_create; the
+   survivors of the current ring and/or spares) for membership epoch `epoch`. Collective
+   over the listed members only, which must all pass the same list and epoch; the new
+   ring never talks to an excluded rank. Members are renumbered densely in the order of
+   their ranks in the original communicator. A first handshake among the members is
+   bounded by cancel (RK_E_TIMEOUT / RK_E_PEER_LOST, nothing changed); after it the
+   communicator is built with MPI_Comm_create_group (MPIX_Comm_shrink first, where the
+   MPI library has ULFM). Returns RK_E_FENCED if this process is not in the list. */
+int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch,
+                 const ring_cancel *cancel);
+
+bool ring_is_member(const ring *r);
+int ring_rank(const ring *r);   /* rank in the ring (dense), -1 for a spare */
+int ring_size(const ring *r);   /* members in the ring */
+uint64_t ring_epoch(const ring *r);
+/* The ring's communicator (MPI_COMM_NULL for a spare); owned by the ring. */
+MPI_Comm ring_comm(const ring *r);
+
+/* Test hook: called on the calling thread at each step of every allreduce, before the
+   receive of (phase, step, chunk) is processed; phase 0 = reduce-scatter, 1 = allgather,
+   step 0..size-2, chunk 0.. . Tests make a chosen member raise(SIGKILL) here. */
+typedef void (*ring_hook_fn)(void *arg, int phase, int step, int chunk);
+void ring_set_test_hook(ring *r, ring_hook_fn fn, void *arg);
+
+/* Tuning (benchmarks): bytes per chunk (a multiple of 8, >= 64) and chunks in flight per
+   direction (1..64). Defaults: 256 KiB, 4. Must be equal on every member. */
+int ring_set_chunking(ring *r, size_t chunk_bytes, int window);
+
+/* ---- reduction kernels (ring_reduce.c), exposed for tests ----------------------------- */
+
+/* out[i] = acc[i] op in[i] for n elements (out may alias acc or in): acc is the partial
+   result of the members before, in this member's contribution. For the last hop of
+   RK_AVG pass divisor = members (> 0): the sum is divided before rounding; divisor 0
+   makes RK_AVG add. 16-bit floats are converted to f32, combined and rounded to nearest
+   even once. Integers wrap around; RK_AVG of integers is refused.
+   Returns 0, RK_E_DTYPE or RK_E_OP. */
+int ring_reduce(void *out, const void *acc, const void *in, size_t n, rk_dtype dtype, rk_op op,
+                int divisor);
+float ring_f16_to_f32(uint16_t h);
+uint16_t ring_f32_to_f16(float f);   /* round to nearest even; NaN stays NaN */
+float ring_bf16_to_f32(uint16_t h);
+uint16_t ring_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
+
+/* The fixed split of count elements into `size` segments: segment s starts at
+   *off and has *len elements (docs/RING.md). */
+void ring_segment(size_t count, int size, int s, size_t *off, size_t *len);
+
+#endif

@@ -1,0 +1,437 @@
+/*
+ * ring/ring_mpi.c - the ring's communicators and its MPI glue: create, destroy, rebuild
+ * over survivors and spares (shrink), receive slots and their graveyard, abort tokens,
+ * and the translation of MPI error codes. See ring.c for the design.
+ *
+ * Rebuild without ULFM (Debian's Open MPI 4.1): a bounded handshake among the listed
+ * members on the parent communicator (every member sends its epoch to every other and
+ * waits, polling the cancellation source), then MPI_Comm_create_group over exactly the
+ * listed members with a tag from the epoch: a collective of the survivors alone, that
+ * never touches an excluded rank. With ULFM (MPIX_Comm_shrink, detected at compile time)
+ * a rebuild that only drops members shrinks the old ring instead.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ring_internal.h"
+
+/* After mpi.h: Open MPI's extensions, where ULFM (MPIX_Comm_shrink) would be declared. */
+#if defined(__has_include)
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>
+#endif
+#endif
+#if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI && defined(MPIX_ERR_PROC_FAILED)
+#define RING_HAVE_ULFM 1
+#endif
+
+int ring__mpi_fail(int mpi_rc, int code, const char *what)
+{
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(mpi_rc, msg, &len) != MPI_SUCCESS)
+        snprintf(msg, sizeof(msg), "MPI error %d", mpi_rc);
+    /* Debug level: the caller reports the failure once, with its context. */
+    return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, code, "%s: %s", what, msg);
+}
+
+int64_t ring__deadline(const ring *r, const ring_cancel *c)
+{
+    if (c && c->deadline_ns != 0)
+        return c->deadline_ns;
+    return rk__deadline_ns(r->timeout_ms);
+}
+
+void ring__send_token(ring *r, unsigned seq, enum ring_token tok)
+{
+    MPI_Request q;
+    int tag = (int)(((seq & RING_SEQ_MASK) << 16) | (unsigned)tok);
+    if (r->comm != MPI_COMM_NULL && r->size > 1 &&
+        MPI_Isend(NULL, 0, MPI_BYTE, r->right, tag, r->comm, &q) == MPI_SUCCESS)
+        MPI_Request_free(&q);
+}
+
+/* Frees mem and reqs if every request is complete (after cancelling it); otherwise keeps
+   them in the grave until ring_destroy finds them complete (invariant 2). */
+static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
+{
+    int pending = 0;
+    for (int i = 0; i < n; i++) {
+        int done = 1;
+        if (reqs[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&reqs[i]);
+            if (MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                done = 0;
+        }
+        pending += !done;
+    }
+    struct ring_grave *g = pending ? malloc(sizeof(*g)) : NULL;
+    if (!g) {
+        if (pending) /* cannot track them: leaking is the only safe choice */
+            RK_LOG_WARN(RK_SUB_RING, "out of memory tracking %d pending receives: leaking their buffer", pending);
+        else {
+            free(mem);
+            free(reqs);
+        }
+        return;
+    }
+    *g = (struct ring_grave){.reqs = reqs, .nreqs = n, .mem = mem, .next = r->grave};
+    r->grave = g;
+    RK_LOG_DEBUG(RK_SUB_RING, "%d receives still pending after an abort: buffer retired", pending);
+}
+
+int ring__stage_alloc(ring *r)
+{
+    size_t w = (size_t)r->window;
+    void *mem = NULL;
+    if (posix_memalign(&mem, 64, w * r->chunk_bytes) != 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -ENOMEM, "ring: %zu bytes of receive slots", w * r->chunk_bytes);
+    MPI_Request *rq = malloc(2 * w * sizeof(*rq));
+    if (!rq) {
+        free(mem);
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -ENOMEM, "ring: request arrays");
+    }
+    for (size_t i = 0; i < 2 * w; i++)
+        rq[i] = MPI_REQUEST_NULL;
+    free(r->stage);
+    free(r->rreq); /* rreq and sreq share one allocation */
+    r->stage = mem;
+    r->rreq = rq;
+    r->sreq = rq + w;
+    return 0;
+}
+
+int ring__stage_bury(ring *r, int npending)
+{
+    (void)npending;
+    /* The old slots stay with their receive requests (rreq is the base of the request
+       allocation; the sends were all released); the ring gets fresh ones. */
+    MPI_Request *old_rq = r->rreq;
+    void *old_mem = r->stage;
+    r->stage = NULL;
+    r->rreq = r->sreq = NULL;
+    bury(r, old_rq, r->window, old_mem);
+    return ring__stage_alloc(r);
+}
+
+/* Reports a failure already recorded by a callee once more, with this call's context. */
+static int refail(int level, int rc, const char *what)
+{
+    char why[256];
+    snprintf(why, sizeof(why), "%s", rk_last_error());
+    return rk__fail(RK_SUB_RING, level, rc, "%s: %s", what, why);
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* A sorted, checked copy of a member list of parent ranks; NULL/0 means all. */
+static int member_list(const ring *r, const int *in, int n, int **out)
+{
+    bool all = !in || n == 0;
+    int m = all ? r->psize : n;
+    int *v = malloc((size_t)m * sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    for (int i = 0; i < m; i++)
+        v[i] = all ? i : in[i];
+    qsort(v, (size_t)m, sizeof(*v), cmp_int);
+    for (int i = 0; i < m; i++) {
+        if (v[i] < 0 || v[i] >= r->psize || (i > 0 && v[i] == v[i - 1])) {
+            int bad = v[i];
+            free(v);
+            return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL,
+                            "ring: member %d is out of range [0, %d) or listed twice", bad, r->psize);
+        }
+    }
+    *out = v;
+    return 0;
+}
+
+static int index_of(const int *v, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] == x)
+            return i;
+    return -1;
+}
+
+/* Makes `comm` (or MPI_COMM_NULL) over `members` the ring; takes ownership of both. */
+static void adopt(ring *r, MPI_Comm comm, int *members, int n, uint64_t epoch)
+{
+    if (r->comm != MPI_COMM_NULL) {
+        MPI_Comm *v = realloc(r->retired, (size_t)(r->nretired + 1) * sizeof(*v));
+        if (v) {
+            r->retired = v;
+            r->retired[r->nretired++] = r->comm;
+        } /* else: the old communicator is leaked, never freed while peers may be dead */
+    }
+    free(r->members);
+    r->comm = comm;
+    r->members = members;
+    r->size = n;
+    r->epoch = epoch;
+    r->rank = index_of(members, n, r->prank);
+    r->left = r->rank < 0 ? -1 : (r->rank + n - 1) % n;
+    r->right = r->rank < 0 ? -1 : (r->rank + 1) % n;
+    r->seq = 0;
+    r->fenced = false;
+}
+
+static int group_comm(ring *r, const int *members, int n, int tag, MPI_Comm *out)
+{
+    MPI_Group pg, g;
+    int rc = MPI_Comm_group(r->parent, &pg);
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Group_incl(pg, n, members, &g);
+        MPI_Group_free(&pg);
+    }
+    if (rc == MPI_SUCCESS) {
+        rc = MPI_Comm_create_group(r->parent, g, tag, out);
+        MPI_Group_free(&g);
+    }
+    if (rc != MPI_SUCCESS)
+        return ring__mpi_fail(rc, RK_E_PEER_LOST, "ring: MPI_Comm_create_group");
+    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return 0;
+}
+
+int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int timeout_ms)
+{
+    int rc, mrc, flag = 0, *list = NULL;
+    void *ub = NULL;
+    if (!out)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_create: out is NULL");
+    *out = NULL;
+    ring *r = calloc(1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->comm = r->parent = MPI_COMM_NULL;
+    r->rank = r->left = r->right = -1;
+    r->timeout_ms = timeout_ms;
+    r->chunk_bytes = RING_DEFAULT_CHUNK;
+    r->window = RING_DEFAULT_WINDOW;
+    if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
+        rc = ring__mpi_fail(mrc, RK_E_MPI, "ring_create: MPI_Comm_dup");
+        goto out_free;
+    }
+    MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(r->parent, &r->prank);
+    MPI_Comm_size(r->parent, &r->psize);
+    MPI_Comm_get_attr(r->parent, MPI_TAG_UB, &ub, &flag);
+    if (!flag || *(int *)ub < RING_TAG_UB_MIN) {
+        rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_MPI, "ring_create: MPI_TAG_UB %d < %d",
+                      flag ? *(int *)ub : -1, RING_TAG_UB_MIN);
+        goto out_parent;
+    }
+    if ((rc = member_list(r, members, nmembers, &list)) != 0)
+        goto out_parent;
+    if ((rc = ring__stage_alloc(r)) != 0)
+        goto out_list;
+    int n = (!members || nmembers == 0) ? r->psize : nmembers;
+    MPI_Comm rc_comm = MPI_COMM_NULL;
+    if (index_of(list, n, r->prank) >= 0 && (rc = group_comm(r, list, n, 0, &rc_comm)) != 0)
+        goto out_stage;
+    adopt(r, rc_comm, list, n, 0);
+    *out = r;
+    return 0;
+
+out_stage:
+    free(r->stage);
+    free(r->rreq);
+out_list:
+    free(list);
+out_parent:
+    MPI_Comm_free(&r->parent);
+out_free:
+    free(r);
+    return refail(RK_LOG_ERROR, rc, "ring_create");
+}
+
+void ring_destroy(ring **pr)
+{
+    if (!pr || !*pr)
+        return;
+    ring *r = *pr;
+    for (struct ring_grave *g = r->grave, *next; g; g = next) {
+        next = g->next;
+        int done = 0;
+        if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
+            free(g->mem);
+        } else {
+            for (int i = 0; i < g->nreqs; i++)
+                if (g->reqs[i] != MPI_REQUEST_NULL)
+                    MPI_Request_free(&g->reqs[i]);
+            RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: receives still pending: their buffer is left allocated");
+        }
+        free(g->reqs);
+        free(g);
+    }
+    for (int i = 0; i < r->nretired; i++)
+        MPI_Comm_free(&r->retired[i]);
+    if (r->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&r->comm);
+    if (r->parent != MPI_COMM_NULL)
+        MPI_Comm_free(&r->parent);
+    free(r->retired);
+    free(r->members);
+    free(r->stage);
+    free(r->rreq);
+    free(r);
+    *pr = NULL;
+}
+
+/* The bounded handshake of a rebuild: every member sends the epoch to every other and
+   waits for theirs. Nothing is created unless all answered with the same epoch. */
+static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring_cancel *c)
+{
+    int me = index_of(list, n, r->prank), tag = RING_TAG_CTRL | (int)(epoch & 0x3fffff), rc = 0;
+    size_t nq = 2 * (size_t)n;
+    MPI_Request *q = malloc(nq * sizeof(*q));
+    uint64_t *val = malloc((size_t)(n + 1) * sizeof(*val));
+    if (!q || !val) {
+        free(q);
+        free(val);
+        return -ENOMEM;
+    }
+    val[n] = epoch;
+    for (size_t i = 0; i < nq; i++)
+        q[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (i == me)
+            continue;
+        int m1 = MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]);
+        int m2 = MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]);
+        if (m1 != MPI_SUCCESS || m2 != MPI_SUCCESS)
+            rc = ring__mpi_fail(m1 != MPI_SUCCESS ? m1 : m2, RK_E_PEER_LOST, "rebuild handshake: post");
+    }
+    int64_t deadline = ring__deadline(r, c);
+    for (int done = 0; rc == 0 && !done;) {
+        int mrc = MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE);
+        if (mrc != MPI_SUCCESS)
+            rc = ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild handshake");
+        else if (!done)
+            rc = ring__poll_cancel(c, deadline);
+    }
+    for (int i = 0; i < n && rc == 0; i++)
+        if (i != me && val[i] != epoch)
+            rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
+                          "rebuild: member %d is at epoch %llu, this one at %llu", list[i],
+                          (unsigned long long)val[i], (unsigned long long)epoch);
+    bury(r, q, (int)nq, val); /* frees both when complete (always, on success) */
+    return rc;
+}
+
+#ifdef RING_HAVE_ULFM
+/* ULFM: when the new membership only drops members of the current ring, shrink it with
+   the library's fault-tolerant agreement. Returns 1 when it does not apply. */
+static int ulfm_shrink(ring *r, const int *list, int n, MPI_Comm *out)
+{
+    if (r->comm == MPI_COMM_NULL)
+        return 1;
+    for (int i = 0; i < n; i++)
+        if (index_of(r->members, r->size, list[i]) < 0)
+            return 1; /* a spare joins: create_group over the parent instead */
+    MPI_Comm sh;
+    int mrc = MPIX_Comm_shrink(r->comm, &sh), sz = 0;
+    if (mrc != MPI_SUCCESS)
+        return ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild: MPIX_Comm_shrink");
+    MPI_Comm_size(sh, &sz);
+    if (sz != n) {
+        MPI_Comm_free(&sh);
+        return 1;
+    }
+    MPI_Comm_set_errhandler(sh, MPI_ERRORS_RETURN);
+    *out = sh;
+    return 0;
+}
+#endif
+
+int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, const ring_cancel *c)
+{
+    int *list = NULL, rc;
+    if (!r || !members || nmembers <= 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_rebuild: no ring or no members");
+    if ((rc = member_list(r, members, nmembers, &list)) != 0)
+        return rc;
+    if (index_of(list, nmembers, r->prank) < 0) {
+        free(list);
+        r->fenced = true;
+        return rk__fail(RK_SUB_RING, RK_LOG_WARN, RK_E_FENCED,
+                        "ring_rebuild: epoch %llu excludes this process (rank %d of the job)",
+                        (unsigned long long)epoch, r->prank);
+    }
+    if ((rc = handshake(r, list, nmembers, epoch, c)) != 0) {
+        free(list);
+        return refail(RK_LOG_WARN, rc, "ring_rebuild: handshake");
+    }
+    MPI_Comm nc = MPI_COMM_NULL;
+    rc = 1;
+#ifdef RING_HAVE_ULFM
+    rc = ulfm_shrink(r, list, nmembers, &nc);
+#endif
+    if (rc == 1)
+        rc = group_comm(r, list, nmembers, (int)(epoch & 0x3fffff), &nc);
+    if (rc != 0) {
+        free(list);
+        return refail(RK_LOG_ERROR, rc, "ring_rebuild");
+    }
+    adopt(r, nc, list, nmembers, epoch);
+    return 0;
+}
+
+bool ring_is_member(const ring *r)
+{
+    return r && r->comm != MPI_COMM_NULL;
+}
+
+int ring_rank(const ring *r)
+{
+    return r ? r->rank : -1;
+}
+
+int ring_size(const ring *r)
+{
+    return r ? r->size : 0;
+}
+
+uint64_t ring_epoch(const ring *r)
+{
+    return r ? r->epoch : 0;
+}
+
+MPI_Comm ring_comm(const ring *r)
+{
+    return r ? r->comm : MPI_COMM_NULL;
+}
+
+void ring_set_test_hook(ring *r, ring_hook_fn fn, void *arg)
+{
+    if (r) {
+        r->hook = fn;
+        r->hook_arg = arg;
+    }
+}
+
+int ring_set_chunking(ring *r, size_t chunk_bytes, int window)
+{
+    if (!r || chunk_bytes < 64 || chunk_bytes % 8 != 0 || chunk_bytes > (size_t)INT32_MAX ||
+        window < 1 || window > RING_MAX_WINDOW)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_set_chunking: chunk %zu bytes, window %d",
+                        chunk_bytes, window);
+    size_t ob = r->chunk_bytes;
+    int ow = r->window;
+    r->chunk_bytes = chunk_bytes;
+    r->window = window;
+    int rc = ring__stage_alloc(r);
+    if (rc != 0) {
+        r->chunk_bytes = ob;
+        r->window = ow;
+    }
+    return rc;
+}

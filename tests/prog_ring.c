@@ -1,0 +1,448 @@
+/*
+ * tests/prog_ring.c - a worker for the ring's integration tests, run under mpirun by
+ * tests/test_ring.c. Prints "ok ..." lines that the suite checks, "FAIL ..." and exits 1
+ * on a wrong result. Modes:
+ *   exact           every dtype x op x count {0,1,7,4099,2^20+3} through rk_allreduce,
+ *                   against a serial reference in the ring's fixed order (ring.c inv. 3),
+ *                   run twice (same bits), and once more with tiny chunks (pipelining).
+ *   bad             bad arguments on one rank, counts that differ, a cancelled call, a
+ *                   fenced rank: every rank fails, then the next call is exact.
+ *   kill V PHASE STEP [deadline] [spare]
+ *                   rank V raise(SIGKILL)s at (PHASE 0|1, STEP, chunk 1) of an allreduce;
+ *                   survivors get RK_E_PEER_LOST (membership oracle below) or, with
+ *                   "deadline", RK_E_TIMEOUT; they rebuild the ring (and with "spare",
+ *                   the last rank of the job, started outside the ring, joins) and the
+ *                   next allreduce is exact.
+ * The test-only membership oracle: all ranks run on this host, so a peer is dead once
+ * /proc/<pid> is gone or a zombie. It stands in for the detector's view.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../ring/ring.h"
+#include "rekindle.h"
+
+static int g_rank, g_world;
+
+#define FAIL(...)                                                                          \
+    do {                                                                                   \
+        printf("FAIL rank %d: ", g_rank);                                                  \
+        printf(__VA_ARGS__);                                                               \
+        printf("\n");                                                                      \
+        fflush(stdout);                                                                    \
+        exit(1);                                                                           \
+    } while (0)
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
+/* Contribution of job rank p at element i: values whose sums round differently in
+   different orders, so the bitwise check tests the order. */
+static double gen(int p, size_t i, unsigned salt)
+{
+    uint64_t h = mix(((uint64_t)p << 40) ^ (uint64_t)i ^ ((uint64_t)salt << 56));
+    double m = (double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+    return ldexp(m, (int)(h % 9) - 4);
+}
+
+static void fill(void *buf, rk_dtype t, size_t n, int p, unsigned salt)
+{
+    for (size_t i = 0; i < n; i++) {
+        double v = gen(p, i, salt);
+        uint64_t h = mix((uint64_t)p * 7919 + i + ((uint64_t)salt << 48));
+        switch (t) {
+        case RK_F32: ((float *)buf)[i] = (float)v; break;
+        case RK_F64: ((double *)buf)[i] = v; break;
+        case RK_F16: ((uint16_t *)buf)[i] = ring_f32_to_f16((float)v); break;
+        case RK_BF16: ((uint16_t *)buf)[i] = ring_f32_to_bf16((float)v); break;
+        case RK_I32: ((int32_t *)buf)[i] = (int32_t)h; break;
+        case RK_I64: ((int64_t *)buf)[i] = (int64_t)h; break;
+        case RK_U8: ((uint8_t *)buf)[i] = (uint8_t)h; break;
+        }
+    }
+}
+
+/* acc op x for one element, as double/int64 carriers; the last hop divides for avg. */
+#define PICK(a, x, op) ((op) == RK_MAX ? ((x) > (a) ? (x) : (a)) : ((x) < (a) ? (x) : (a)))
+
+/* The serial reference: element by element in the ring order (inv. 3), with an
+   arithmetic independent of ring_reduce (the compiler's _Float16 for f16). */
+static void reference(void *out, rk_dtype t, rk_op op, size_t count, const int *who, int m,
+                      unsigned salt)
+{
+    size_t es = rk__dtype_size(t);
+    unsigned char *xs = malloc((size_t)m * (count ? count : 1) * es);
+    for (int q = 0; q < m; q++)
+        fill(xs + (size_t)q * count * es, t, count, who[q], salt);
+    for (int s = 0; s < m; s++) {
+        size_t off, len;
+        ring_segment(count, m, s, &off, &len);
+        for (size_t i = off; i < off + len; i++) {
+            for (int h = 0; h < m; h++) {
+                int q = (s + h) % m;
+                bool first = h == 0, last = h == m - 1 && op == RK_AVG && m > 1;
+                const unsigned char *x = xs + ((size_t)q * count + i) * es;
+                unsigned char *o = (unsigned char *)out + i * es;
+                switch (t) {
+                case RK_F32: {
+                    float a = *(float *)o, v = *(const float *)x;
+                    float r = first ? v : (op == RK_SUM || op == RK_AVG) ? a + v : PICK(a, v, op);
+                    *(float *)o = last ? (a + v) / (float)m : r;
+                    break;
+                }
+                case RK_F64: {
+                    double a = *(double *)o, v = *(const double *)x;
+                    double r = first ? v : (op == RK_SUM || op == RK_AVG) ? a + v : PICK(a, v, op);
+                    *(double *)o = last ? (a + v) / (double)m : r;
+                    break;
+                }
+                case RK_F16: {
+                    _Float16 a16, v16, r16;
+                    memcpy(&a16, o, 2);
+                    memcpy(&v16, x, 2);
+                    float a = (float)a16, v = (float)v16;
+                    float r = first ? v : (op == RK_SUM || op == RK_AVG) ? a + v : PICK(a, v, op);
+                    r16 = (_Float16)(last ? (a + v) / (float)m : r);
+                    memcpy(o, &r16, 2);
+                    break;
+                }
+                case RK_BF16: {
+                    float a = ring_bf16_to_f32(*(uint16_t *)o), v = ring_bf16_to_f32(*(const uint16_t *)x);
+                    float r = first ? v : (op == RK_SUM || op == RK_AVG) ? a + v : PICK(a, v, op);
+                    *(uint16_t *)o = ring_f32_to_bf16(last ? (a + v) / (float)m : r);
+                    break;
+                }
+                case RK_I32: {
+                    int32_t a = *(int32_t *)o, v = *(const int32_t *)x;
+                    *(int32_t *)o = first ? v : op == RK_SUM ? (int32_t)((uint32_t)a + (uint32_t)v) : PICK(a, v, op);
+                    break;
+                }
+                case RK_I64: {
+                    int64_t a = *(int64_t *)o, v = *(const int64_t *)x;
+                    *(int64_t *)o = first ? v : op == RK_SUM ? (int64_t)((uint64_t)a + (uint64_t)v) : PICK(a, v, op);
+                    break;
+                }
+                case RK_U8: {
+                    uint8_t a = *(uint8_t *)o, v = *(const uint8_t *)x;
+                    *(uint8_t *)o = first ? v : op == RK_SUM ? (uint8_t)(a + v) : PICK(a, v, op);
+                    break;
+                }
+                }
+            }
+        }
+    }
+    free(xs);
+}
+
+static const rk_dtype DTYPES[] = {RK_F32, RK_F64, RK_F16, RK_BF16, RK_I32, RK_I64, RK_U8};
+static const rk_op OPS[] = {RK_SUM, RK_AVG, RK_MAX, RK_MIN};
+static const size_t COUNTS[] = {0, 1, 7, 4099, (1u << 20) + 3};
+
+static bool is_int(rk_dtype t)
+{
+    return t == RK_I32 || t == RK_I64 || t == RK_U8;
+}
+
+/* One allreduce of fill(salt) compared with the reference; returns the number of checks. */
+static void check_one(int (*reduce)(void *, void *, size_t, rk_dtype, rk_op), void *arg, rk_dtype t,
+                      rk_op op, size_t count, const int *who, int m, int me, unsigned salt)
+{
+    size_t es = rk__dtype_size(t), nb = (count ? count : 1) * es;
+    unsigned char *buf = malloc(nb), *ref = malloc(nb);
+    fill(buf, t, count, who[me], salt);
+    int rc = reduce(arg, buf, count, t, op);
+    if (rc != 0)
+        FAIL("allreduce %s op %d count %zu: %s", rk__dtype_name(t), (int)op, count, rk_strerror(rc));
+    reference(ref, t, op, count, who, m, salt);
+    if (count && memcmp(buf, ref, count * es) != 0) {
+        size_t i = 0;
+        while (memcmp(buf + i * es, ref + i * es, es) == 0)
+            i++;
+        FAIL("allreduce %s op %d count %zu world %d: element %zu differs from the reference",
+             rk__dtype_name(t), (int)op, count, m, i);
+    }
+    free(buf);
+    free(ref);
+}
+
+static int via_api(void *arg, void *buf, size_t n, rk_dtype t, rk_op op)
+{
+    return rk_allreduce(arg, buf, n, t, op);
+}
+
+static int via_ring(void *arg, void *buf, size_t n, rk_dtype t, rk_op op)
+{
+    return ring_allreduce(arg, buf, n, t, op, NULL);
+}
+
+static int *iota(int n)
+{
+    int *v = malloc((size_t)n * sizeof(*v));
+    for (int i = 0; i < n; i++)
+        v[i] = i;
+    return v;
+}
+
+static int mode_exact(rk_ctx *ctx)
+{
+    int *who = iota(g_world), checks = 0;
+    for (size_t d = 0; d < RK_ARRAY_LEN(DTYPES); d++)
+        for (size_t o = 0; o < RK_ARRAY_LEN(OPS); o++)
+            for (size_t c = 0; c < RK_ARRAY_LEN(COUNTS); c++) {
+                if (is_int(DTYPES[d]) && OPS[o] == RK_AVG)
+                    continue;
+                check_one(via_api, ctx, DTYPES[d], OPS[o], COUNTS[c], who, g_world, g_rank, 1);
+                checks++;
+            }
+    printf("ok exact rank %d world %d checks %d\n", g_rank, g_world, checks);
+    /* Determinism: the same call twice gives the same bits (inv. 3). */
+    size_t n = 300001;
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    fill(a, RK_F32, n, g_rank, 7);
+    fill(b, RK_F32, n, g_rank, 7);
+    if (rk_allreduce(ctx, a, n, RK_F32, RK_SUM) != 0 || rk_allreduce(ctx, b, n, RK_F32, RK_SUM) != 0)
+        FAIL("determinism allreduce failed");
+    if (memcmp(a, b, n * 4) != 0)
+        FAIL("two identical allreduces differ");
+    printf("ok deterministic rank %d\n", g_rank);
+    free(a);
+    free(b);
+    /* Tiny chunks and a window of 3: a long pipeline, the same reference (inv. 3, 6). */
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 256, 3) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    for (size_t d = 0; d < 4; d++)
+        check_one(via_ring, r, DTYPES[d], RK_AVG, 4099, who, g_world, g_rank, 3);
+    check_one(via_ring, r, RK_F64, RK_SUM, (1u << 20) + 3, who, g_world, g_rank, 4);
+    printf("ok pipelined rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(who);
+    return 0;
+}
+
+static bool always(void *arg)
+{
+    return *(int *)arg != 0;
+}
+
+static void expect(int got, int want, const char *what)
+{
+    if (got != want)
+        FAIL("%s: got %d (%s), want %d (%s)", what, got, rk_strerror(got), want, rk_strerror(want));
+}
+
+static int mode_bad(void)
+{
+    ring *r = NULL;
+    int *who = iota(g_world), last = g_world - 1;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0)
+        FAIL("ring_create");
+    float buf[64] = {0};
+    int rc;
+    /* NULL buffer on rank 1 (inv. 4): -EINVAL there, a mismatch everywhere else. */
+    rc = ring_allreduce(r, g_rank == 1 ? NULL : buf, 64, RK_F32, RK_SUM, NULL);
+    expect(rc, g_rank == 1 ? -22 : RK_E_COLL_MISMATCH, "NULL buffer on rank 1");
+    rc = ring_allreduce(r, buf, 64, g_rank == 0 ? (rk_dtype)99 : RK_F32, RK_SUM, NULL);
+    expect(rc, g_rank == 0 ? RK_E_DTYPE : RK_E_COLL_MISMATCH, "unknown dtype on rank 0");
+    rc = ring_allreduce(r, buf, 64, RK_F32, g_rank == last ? (rk_op)42 : RK_MAX, NULL);
+    expect(rc, g_rank == last ? RK_E_OP : RK_E_COLL_MISMATCH, "unknown op on the last rank");
+    rc = ring_allreduce(r, buf, 64, RK_I32, RK_AVG, NULL);
+    expect(rc, RK_E_OP, "avg of integers");
+    rc = ring_allreduce(r, buf, g_rank == last ? 63 : 64, RK_F32, RK_SUM, NULL);
+    expect(rc, RK_E_COLL_MISMATCH, "counts 64 vs 63");
+    rc = ring_allreduce(r, buf, g_rank == 0 ? 0 : 5, RK_F32, RK_SUM, NULL);
+    expect(rc, RK_E_COLL_MISMATCH, "counts 0 vs 5");
+    rc = ring_allreduce(r, buf, 64, g_rank == 1 ? RK_F32 : RK_I32, RK_SUM, NULL);
+    expect(rc, RK_E_COLL_MISMATCH, "dtypes differ");
+    printf("ok bad-arguments rank %d\n", g_rank);
+    /* A cancelled call on rank 0 (the membership source fired): every rank fails with
+       RK_E_PEER_LOST, none waits for its deadline. */
+    int yes = g_rank == 0;
+    ring_cancel c = {.deadline_ns = 0, .changed = always, .arg = &yes};
+    rc = ring_allreduce(r, buf, 64, RK_F32, RK_SUM, &c);
+    expect(rc, RK_E_PEER_LOST, "cancelled on rank 0");
+    printf("ok cancelled rank %d\n", g_rank);
+    /* The ring is usable after all of that: stale messages are dropped (inv. 5). */
+    check_one(via_ring, r, RK_F32, RK_SUM, 100003, who, g_world, g_rank, 9);
+    printf("ok usable-after-errors rank %d\n", g_rank);
+    /* Fenced: a rebuild that excludes rank 0 (alive) fences it; the others go on. */
+    int *rest = who + 1;
+    rc = ring_rebuild(r, rest, g_world - 1, 1, NULL);
+    expect(rc, g_rank == 0 ? RK_E_FENCED : 0, "rebuild without rank 0");
+    if (g_rank == 0) {
+        expect(ring_allreduce(r, buf, 64, RK_F32, RK_SUM, NULL), RK_E_FENCED, "allreduce when fenced");
+    } else {
+        if (ring_rank(r) != g_rank - 1 || ring_size(r) != g_world - 1)
+            FAIL("renumbering: rank %d size %d", ring_rank(r), ring_size(r));
+        check_one(via_ring, r, RK_F64, RK_SUM, 5003, rest, g_world - 1, g_rank - 1, 10);
+    }
+    printf("ok fenced rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(who);
+    return 0;
+}
+
+/* ---- kill: the membership oracle and the hook ---------------------------------------- */
+
+struct oracle {
+    int *pids, n;        /* job rank -> pid */
+    const int *members;  /* job ranks of the ring's members */
+    int nmembers;
+    int64_t next_ns;
+};
+
+static bool pid_dead(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return !p || p[2] == 'Z' || p[2] == 'X';
+}
+
+static bool oracle_changed(void *arg)
+{
+    struct oracle *o = arg;
+    int64_t now = rk__mono_ns();
+    if (now < o->next_ns)
+        return false;
+    o->next_ns = now + 2000000; /* every 2 ms */
+    for (int i = 0; i < o->nmembers; i++)
+        if (pid_dead(o->pids[o->members[i]]))
+            return true;
+    return false;
+}
+
+struct kill_at {
+    int phase, step;
+};
+
+static void kill_hook(void *arg, int phase, int step, int chunk)
+{
+    struct kill_at *k = arg;
+    if (phase == k->phase && step == k->step && chunk == 1)
+        raise(SIGKILL);
+}
+
+static int mode_kill(int victim, int phase, int step, bool deadline, bool spare)
+{
+    int m = spare ? g_world - 1 : g_world; /* ring members: job ranks 0 .. m-1 */
+    int *pids = malloc((size_t)g_world * sizeof(int)), me = getpid();
+    MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+    int *members = iota(m);
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, members, m, 60000) != 0 || ring_set_chunking(r, 4096, 4) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    struct oracle o = {.pids = pids, .n = g_world, .members = members, .nmembers = m};
+    int64_t t0;
+    if (ring_is_member(r)) {
+        struct kill_at k = {phase, step};
+        if (g_rank == victim)
+            ring_set_test_hook(r, kill_hook, &k);
+        size_t n = 65536 + 5;
+        float *buf = malloc(n * 4), *snap = malloc(n * 4);
+        fill(buf, RK_F32, n, g_rank, 5);
+        ring_cancel c = {.deadline_ns = deadline ? rk__deadline_ns(3000) : INT64_MAX,
+                         .changed = deadline ? NULL : oracle_changed, .arg = &o};
+        t0 = rk__mono_ns();
+        int rc = ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c);
+        if (g_rank == victim)
+            FAIL("the victim survived its hook");
+        expect(rc, deadline ? RK_E_TIMEOUT : RK_E_PEER_LOST, "allreduce with a dead member");
+        printf("ok aborted rank %d after %.0f ms\n", g_rank, rk__ms_since(t0));
+        /* Invariant 2: nothing writes into the buffer after the call returned. */
+        memcpy(snap, buf, n * 4);
+        rk__sleep_ns(200000000);
+        int flag; /* drive MPI's progress engine a little */
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+        if (memcmp(snap, buf, n * 4) != 0)
+            FAIL("the buffer changed after the aborted call returned");
+        free(buf);
+        free(snap);
+    } else {
+        /* The spare waits (bounded) until the oracle reports the loss. */
+        int64_t until = rk__deadline_ns(60000);
+        while (!oracle_changed(&o) && !rk__deadline_passed(until))
+            rk__sleep_ns(1000000);
+    }
+    /* Survivors agree on the list: the members still alive, plus the spare. */
+    int *surv = malloc((size_t)g_world * sizeof(int)), ns = 0;
+    for (int i = 0; i < m; i++)
+        if (members[i] != victim)
+            surv[ns++] = members[i];
+    if (spare)
+        surv[ns++] = g_world - 1;
+    t0 = rk__mono_ns();
+    int rc = ring_rebuild(r, surv, ns, 1, NULL);
+    expect(rc, 0, "rebuild");
+    int want_rank = -1;
+    for (int i = 0; i < ns; i++)
+        if (surv[i] == g_rank)
+            want_rank = i;
+    if (ring_rank(r) != want_rank || ring_size(r) != ns)
+        FAIL("after rebuild: rank %d size %d, want %d %d", ring_rank(r), ring_size(r), want_rank, ns);
+    double rebuild_ms = rk__ms_since(t0);
+    check_one(via_ring, r, RK_F32, RK_SUM, 100003, surv, ns, want_rank, 6);
+    check_one(via_ring, r, RK_BF16, RK_AVG, 4099, surv, ns, want_rank, 8);
+    printf("ok rebuilt rank %d -> %d world %d rebuild %.1f ms\n", g_rank, want_rank, ns, rebuild_ms);
+    fflush(stdout);
+    ring_destroy(&r);
+    free(surv);
+    free(members);
+    free(pids);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]\n");
+        return 2;
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rk_options o;
+    rk_options_init(&o);
+    rk_ctx *ctx = NULL;
+    int rc = rk_init(&ctx, &o);
+    if (rc != 0) {
+        fprintf(stderr, "rk_init: %s: %s\n", rk_strerror(rc), rk_last_error());
+        return 3;
+    }
+    g_rank = rk_rank(ctx);
+    g_world = rk_world(ctx);
+    if (strcmp(argv[1], "exact") == 0) {
+        rc = mode_exact(ctx);
+    } else if (strcmp(argv[1], "bad") == 0) {
+        rc = mode_bad();
+    } else if (strcmp(argv[1], "kill") == 0 && argc >= 5) {
+        bool dl = false, sp = false;
+        for (int i = 5; i < argc; i++) {
+            dl |= strcmp(argv[i], "deadline") == 0;
+            sp |= strcmp(argv[i], "spare") == 0;
+        }
+        rc = mode_kill(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), dl, sp);
+        /* A member is dead: MPI_Finalize would wait for it. Leave without it. */
+        fflush(stdout);
+        _exit(rc);
+    } else {
+        fprintf(stderr, "prog_ring: unknown mode %s\n", argv[1]);
+        rc = 2;
+    }
+    int frc = rk_finalize(&ctx);
+    return rc != 0 ? rc : frc != 0 ? 4 : 0;
+}

@@ -1,0 +1,296 @@
+/*
+ * tests/test_ring.c - the allreduce ring (ring/): reduction kernels and 16-bit
+ * conversions as unit tests; then real mpirun jobs of tests/prog_ring (exact results on
+ * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining).
+ * Each test names the invariant of ring/ring.c it checks.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ring/ring.h"
+#include "harness.h"
+
+/* ---- conversions --------------------------------------------------------------------- */
+
+static float bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+START_TEST(f16_matches_compiler)
+{
+    /* Every half to float, and back (the compiler's _Float16 is IEEE binary16, RNE). */
+    for (uint32_t h = 0; h < 65536; h++) {
+        _Float16 c;
+        uint16_t hh = (uint16_t)h;
+        memcpy(&c, &hh, 2);
+        float mine = ring_f16_to_f32(hh), theirs = (float)c;
+        if (isnan(theirs)) {
+            ck_assert(isnan(mine));
+            continue;
+        }
+        ck_assert_msg(memcmp(&mine, &theirs, 4) == 0, "half %#x: %a vs %a", h, mine, theirs);
+        ck_assert_uint_eq(ring_f32_to_f16(mine), hh);
+    }
+    /* Floats across every exponent, with mantissas at and around the rounding points. */
+    uint32_t seed = 12345;
+    for (uint32_t e = 0; e < 256; e++)
+        for (int k = 0; k < 2000; k++) {
+            seed = seed * 1664525u + 1013904223u;
+            uint32_t mant = k < 8 ? (0xfffu + (uint32_t)k - 4u) | 0x1000u : seed & 0x7fffffu;
+            uint32_t u = (seed & 0x80000000u) | e << 23 | (mant & 0x7fffffu);
+            float f = bits_f(u);
+            if (isnan(f))
+                continue;
+            _Float16 c = (_Float16)f;
+            uint16_t want;
+            memcpy(&want, &c, 2);
+            ck_assert_msg(ring_f32_to_f16(f) == want, "float %a: %#x vs %#x", f, ring_f32_to_f16(f), want);
+        }
+    ck_assert(isnan(ring_f16_to_f32(ring_f32_to_f16(NAN))));
+}
+END_TEST
+
+/* bf16 round to nearest even, computed independently: pick the nearer neighbour in double. */
+static uint16_t bf16_ref(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+    double dlo = (double)bits_f((uint32_t)lo << 16), dhi = (double)bits_f((uint32_t)hi << 16);
+    if ((hi & 0x7f80) == 0x7f80 && (lo & 0x7f80) != 0x7f80) /* rounding up overflows */
+        dhi = copysign(ldexp(1.0, 128), f);
+    double a = fabs((double)f - dlo), b = fabs((double)f - dhi);
+    return a < b ? lo : b < a ? hi : (lo & 1) ? hi : lo;
+}
+
+START_TEST(bf16_round_nearest_even)
+{
+    uint32_t seed = 777;
+    for (int i = 0; i < 2000000; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        uint32_t u = i < 65536 ? ((uint32_t)i << 16) | 0x8000u : seed;
+        float f = bits_f(u);
+        if (isnan(f) || isinf(f))
+            continue;
+        ck_assert_msg(ring_f32_to_bf16(f) == bf16_ref(f), "float %a (%#x): %#x vs %#x", f, u,
+                      ring_f32_to_bf16(f), bf16_ref(f));
+        uint16_t b = (uint16_t)(u >> 16);
+        if (!isnan(ring_bf16_to_f32(b)))
+            ck_assert_uint_eq(ring_f32_to_bf16(ring_bf16_to_f32(b)), b);
+    }
+    ck_assert(isnan(ring_bf16_to_f32(ring_f32_to_bf16(NAN))));
+}
+END_TEST
+
+/* ---- kernels (invariant 3: out = acc op in, fixed operand order) -------------------- */
+
+START_TEST(kernels_float_ops)
+{
+    float acc[5] = {1.0f, -0.0f, NAN, 2.0f, 3.0f}, in[5] = {2.0f, 0.0f, 1.0f, NAN, 3.0f}, out[5];
+    th_assert_rc(ring_reduce(out, acc, in, 5, RK_F32, RK_MAX, 0), 0);
+    ck_assert(out[0] == 2.0f && signbit(out[1]) && isnan(out[2]) && isnan(out[3]) && out[4] == 3.0f);
+    th_assert_rc(ring_reduce(out, acc, in, 5, RK_F32, RK_MIN, 0), 0);
+    ck_assert(out[0] == 1.0f && signbit(out[1]) && isnan(out[2]) && isnan(out[3]));
+    th_assert_rc(ring_reduce(out, acc, in, 1, RK_F32, RK_AVG, 0), 0);
+    ck_assert(out[0] == 3.0f); /* avg adds until the last hop */
+    th_assert_rc(ring_reduce(out, acc, in, 1, RK_F32, RK_AVG, 4), 0);
+    ck_assert(out[0] == 0.75f);
+    double da[2] = {1e308, 0.1}, di[2] = {1e308, 0.2}, dout[2];
+    th_assert_rc(ring_reduce(dout, da, di, 2, RK_F64, RK_SUM, 0), 0);
+    ck_assert(isinf(dout[0]) && dout[1] == 0.1 + 0.2);
+}
+END_TEST
+
+START_TEST(kernels_16bit_round_once_per_hop)
+{
+    /* 2049 is not a half (ulp 2 there): the sum of 2048 and 1 rounds to even (2048). For
+       the last hop of avg it is divided in f32 before rounding: 2049 / 3 = 683 exactly. */
+    uint16_t a[1] = {ring_f32_to_f16(2048.0f)}, b[1] = {ring_f32_to_f16(1.0f)}, o[1];
+    th_assert_rc(ring_reduce(o, a, b, 1, RK_F16, RK_SUM, 0), 0);
+    ck_assert(ring_f16_to_f32(o[0]) == 2048.0f);
+    th_assert_rc(ring_reduce(o, a, b, 1, RK_F16, RK_AVG, 3), 0);
+    ck_assert(ring_f16_to_f32(o[0]) == 683.0f);
+    uint16_t x[1] = {ring_f32_to_bf16(256.0f)}, y[1] = {ring_f32_to_bf16(1.0f)};
+    th_assert_rc(ring_reduce(o, x, y, 1, RK_BF16, RK_SUM, 0), 0);
+    ck_assert(ring_bf16_to_f32(o[0]) == 256.0f); /* 257 is not a bf16: ties to even */
+    th_assert_rc(ring_reduce(o, x, y, 1, RK_BF16, RK_MAX, 0), 0);
+    ck_assert(ring_bf16_to_f32(o[0]) == 256.0f);
+}
+END_TEST
+
+START_TEST(kernels_integers_wrap)
+{
+    int32_t a[2] = {INT32_MAX, -5}, b[2] = {1, 7}, o[2];
+    th_assert_rc(ring_reduce(o, a, b, 2, RK_I32, RK_SUM, 0), 0);
+    ck_assert(o[0] == INT32_MIN && o[1] == 2);
+    th_assert_rc(ring_reduce(o, a, b, 2, RK_I32, RK_MIN, 0), 0);
+    ck_assert(o[0] == 1 && o[1] == -5);
+    uint8_t u[1] = {250}, v[1] = {10}, w[1];
+    th_assert_rc(ring_reduce(w, u, v, 1, RK_U8, RK_SUM, 0), 0);
+    ck_assert_uint_eq(w[0], 4);
+    int64_t p[1] = {INT64_MIN}, q[1] = {-1}, r[1];
+    th_assert_rc(ring_reduce(r, p, q, 1, RK_I64, RK_SUM, 0), 0);
+    ck_assert(r[0] == INT64_MAX);
+    th_assert_rc(ring_reduce(o, a, b, 2, RK_I32, RK_AVG, 2), RK_E_OP);
+    th_assert_rc(ring_reduce(o, a, b, 2, (rk_dtype)77, RK_SUM, 0), RK_E_DTYPE);
+    th_assert_rc(ring_reduce(o, a, b, 2, RK_F32, (rk_op)9, 0), RK_E_OP);
+}
+END_TEST
+
+START_TEST(segments_cover_exactly)
+{
+    size_t counts[] = {0, 1, 2, 7, 4099, 1000003};
+    for (size_t c = 0; c < RK_ARRAY_LEN(counts); c++)
+        for (int n = 1; n <= 9; n++) {
+            size_t next = 0;
+            for (int s = 0; s < n; s++) {
+                size_t off, len;
+                ring_segment(counts[c], n, s, &off, &len);
+                ck_assert_uint_eq(off, next);
+                ck_assert(len == counts[c] / (size_t)n || len == counts[c] / (size_t)n + 1);
+                next = off + len;
+            }
+            ck_assert_uint_eq(next, counts[c]);
+        }
+}
+END_TEST
+
+/* ---- jobs ---------------------------------------------------------------------------- */
+
+static char *prog(void)
+{
+    const char *b = getenv("RK_TEST_BUILD");
+    char *p = NULL;
+    ck_assert(asprintf(&p, "%s/tests/prog_ring", b ? b : "build") > 0);
+    return p;
+}
+
+static int count_lines(const char *out, const char *prefix)
+{
+    int n = 0;
+    for (const char *p = out; p && (p = strstr(p, prefix)); p++)
+        if (p == out || p[-1] == '\n')
+            n++;
+    return n;
+}
+
+/* Runs prog_ring under mpirun; asserts no FAIL line and `want` lines starting `ok` + tag. */
+static void job(int n, bool recovery, char *const args[], const char *tag, int want)
+{
+    char *p = prog();
+    char *argv[16];
+    int a = 0;
+    if (recovery) {
+        argv[a++] = "--enable-recovery";
+        argv[a++] = "--mca";
+        argv[a++] = "orte_abort_on_non_zero_status";
+        argv[a++] = "0";
+    }
+    argv[a++] = p;
+    for (int i = 0; args[i]; i++)
+        argv[a++] = args[i];
+    argv[a] = NULL;
+    char *out = NULL;
+    int rc = th_mpirun(n, argv, NULL, 150, &out);
+    ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
+                  out ? out : "");
+    int got = count_lines(out, tag);
+    ck_assert_msg(got == want, "%d lines '%s', want %d (rc %d):\n%s", got, tag, want, rc, out);
+    if (!recovery)
+        ck_assert_msg(rc == 0, "prog_ring exit %d:\n%s", rc, out);
+    free(out);
+    free(p);
+}
+
+/* Invariant 3 (exact, fixed order, reproducible), 6 (tiny chunks) on 1..5 ranks. */
+static void exact(int n)
+{
+    char *args[] = {"exact", NULL};
+    job(n, false, args, "ok exact ", n);
+}
+START_TEST(exact_1) { exact(1); }
+END_TEST
+START_TEST(exact_2) { exact(2); }
+END_TEST
+START_TEST(exact_3) { exact(3); }
+END_TEST
+START_TEST(exact_4) { exact(4); }
+END_TEST
+START_TEST(exact_5) { exact(5); }
+END_TEST
+
+/* Invariant 4 (every member fails on bad or different arguments) and 5 (usable after). */
+START_TEST(bad_arguments_3)
+{
+    char *args[] = {"bad", NULL};
+    job(3, false, args, "ok fenced ", 3);
+}
+END_TEST
+START_TEST(bad_arguments_4)
+{
+    char *args[] = {"bad", NULL};
+    job(4, false, args, "ok usable-after-errors ", 4);
+}
+END_TEST
+
+/* Invariants 1 and 2: a member SIGKILLed mid-call; survivors return RK_E_PEER_LOST (or
+   RK_E_TIMEOUT with only a deadline), their buffers stay untouched, they rebuild the
+   ring and the next allreduce is exact. */
+START_TEST(kill_in_reduce_scatter)
+{
+    char *args[] = {"kill", "1", "0", "1", NULL};
+    job(4, true, args, "ok rebuilt ", 3);
+}
+END_TEST
+START_TEST(kill_in_allgather)
+{
+    char *args[] = {"kill", "2", "1", "0", NULL};
+    job(4, true, args, "ok rebuilt ", 3);
+}
+END_TEST
+START_TEST(kill_deadline_only)
+{
+    char *args[] = {"kill", "0", "1", "0", "deadline", NULL};
+    job(3, true, args, "ok rebuilt ", 2);
+}
+END_TEST
+START_TEST(kill_spare_joins)
+{
+    char *args[] = {"kill", "1", "0", "0", "spare", NULL};
+    job(4, true, args, "ok rebuilt ", 3); /* 2 survivors + the spare */
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ring");
+    TCase *tu = tcase_create("kernels");
+    tcase_set_timeout(tu, 60);
+    tcase_add_test(tu, f16_matches_compiler);
+    tcase_add_test(tu, bf16_round_nearest_even);
+    tcase_add_test(tu, kernels_float_ops);
+    tcase_add_test(tu, kernels_16bit_round_once_per_hop);
+    tcase_add_test(tu, kernels_integers_wrap);
+    tcase_add_test(tu, segments_cover_exactly);
+    suite_add_tcase(s, tu);
+    TCase *tj = tcase_create("jobs");
+    tcase_set_timeout(tj, 170);
+    tcase_add_test(tj, exact_1);
+    tcase_add_test(tj, exact_2);
+    tcase_add_test(tj, exact_3);
+    tcase_add_test(tj, exact_4);
+    tcase_add_test(tj, exact_5);
+    tcase_add_test(tj, bad_arguments_3);
+    tcase_add_test(tj, bad_arguments_4);
+    tcase_add_test(tj, kill_in_reduce_scatter);
+    tcase_add_test(tj, kill_in_allgather);
+    tcase_add_test(tj, kill_deadline_only);
+    tcase_add_test(tj, kill_spare_joins);
+    suite_add_tcase(s, tj);
+    return th_main(s);
+}
