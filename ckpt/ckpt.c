@@ -11,8 +11,8 @@
  *      checksums are recorded in fsync'd manifests, index.h5 is fsync'd, and the rename
  *      from the '.tmp-step-…' directory is followed by an fsync of the parent.
  *  I2  Staging memory is one region, allocated at the first checkpoint and reused; its
- *      size is this rank's share of the registered bytes (each tensor rounded up to 4 KiB);
- *      it grows only if the registry grows. At most one checkpoint is in flight.
+ *      size is the registered bytes (each tensor rounded up to 4 KiB, see I8); it grows
+ *      only if the registry grows. At most one checkpoint is in flight.
  *  I3  A checkpoint due while the previous is still in flight waits for it up to
  *      timeout_ms (logged, event ckpt_delayed), then is skipped (logged, event
  *      ckpt_skipped, RK_E_BUSY): never a queue.
@@ -26,10 +26,18 @@
  *      '.'-name, so a half-removed checkpoint is never seen as committed.
  *  I7  Every failure of a started checkpoint is reported once: by ckpt_wait (rk_wait),
  *      the log and the event ckpt_failed with its reason. Earlier checkpoints stay intact.
+ *  I8  Staging holds a complete snapshot of every registered tensor (the held snapshot,
+ *      one copy of the registered bytes), of which this rank writes only its share: after
+ *      a failure any survivor can give the whole state of that step back (recovery from
+ *      memory). The held step is -1 while a copy is under way.
+ *  I9  A job carries the membership (rank, world, nonce) it was started under; a change
+ *      of membership cancels the commit in flight, and the nonce of the new membership
+ *      differs, so shards of two attempts at one step never mix.
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
  *      RUNNING --ckpt__persist returns (committed or failed)--> IDLE
+ *      QUEUED/RUNNING --ckpt_set_membership (cancel, drain)--> IDLE
  *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms, else skipped (I3)
  *      any --ckpt_destroy: waits for IDLE, stops the thread
  */
@@ -138,7 +146,8 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->world = cfg->world;
     e->keep = cfg->keep;
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
-    e->nonce = cfg->nonce;
+    e->nonce = e->base_nonce = cfg->nonce;
+    e->held_step = -1;
     e->ev = cfg->ev;
     e->last_committed = -1;
     pthread_condattr_init(&ca);
@@ -203,6 +212,8 @@ int ckpt_destroy(ckpt_engine **pe)
     if (e->staging)
         munmap(e->staging, e->staging_cap);
     free(e->mine);
+    free(e->held_off);
+    free(e->held_len);
     free(e->plan);
     free(e->sizes);
     free(e->dir);
@@ -237,8 +248,8 @@ static bool wait_idle(ckpt_engine *e, int64_t deadline_ns)
     return idle;
 }
 
-/* The plan (which rank writes each tensor) and staging large enough for this rank's share. */
-static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t *mine_n, size_t *need)
+/* The plan (which rank writes each tensor) and staging large enough for every tensor (I8). */
+static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t *need)
 {
     if (n > e->plan_cap) {
         int *p = realloc(e->plan, n * sizeof(*p));
@@ -250,23 +261,26 @@ static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t
         fmt_tensor *m = realloc(e->mine, n * sizeof(*m));
         if (m)
             e->mine = m;
-        if (!p || !s || !m)
+        size_t *o = realloc(e->held_off, n * sizeof(*o));
+        if (o)
+            e->held_off = o;
+        uint64_t *l = realloc(e->held_len, n * sizeof(*l));
+        if (l)
+            e->held_len = l;
+        if (!p || !s || !m || !o || !l)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
-        e->plan_cap = e->mine_cap = n;
+        e->plan_cap = e->mine_cap = e->held_cap = n;
     }
     for (size_t i = 0; i < n; i++)
         e->sizes[i] = t[i].nbytes;
     int rc = fmt_assign(e->sizes, n, e->world, e->plan);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "checkpoint plan for %zu tensors", n);
-    *mine_n = 0;
     *need = 0;
     for (size_t i = 0; i < n; i++)
-        if (e->plan[i] == e->rank) {
-            (*mine_n)++;
-            *need += ALIGN_UP(t[i].nbytes);
-        }
+        *need += ALIGN_UP(t[i].nbytes);
     if (*need > e->staging_cap) {
+        e->held_step = -1;
         if (e->staging)
             munmap(e->staging, e->staging_cap);
         e->staging = NULL;
@@ -281,37 +295,65 @@ static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t
     return 0;
 }
 
+/* Copies every tensor into staging: the held snapshot of `step` (I8). */
+static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    size_t off = 0;
+    e->held_step = -1;
+    for (size_t i = 0; i < n; i++) {
+        e->held_off[i] = off;
+        e->held_len[i] = t[i].nbytes;
+        if (t[i].nbytes)
+            memcpy(e->staging + off, t[i].ptr, t[i].nbytes);
+        off += ALIGN_UP(t[i].nbytes);
+    }
+    e->held_n = n;
+    e->held_step = step;
+}
+
+/* Waits until no checkpoint is in flight, at most timeout_ms; RK_E_BUSY (skipped) if the
+   previous one is still being written then (I3). */
+static int wait_turn(ckpt_engine *e, int64_t step, int64_t t0)
+{
+    pthread_mutex_lock(&e->mu);
+    bool busy = e->state != CKPT_IDLE;
+    pthread_mutex_unlock(&e->mu);
+    if (!busy)
+        return 0;
+    RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " waits for the previous one", step);
+    bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms));
+    RK_EVENT(e->ev, "ckpt_delayed", RK_EV_I("step", step), RK_EV_D("waited_ms", rk__ms_since(t0)));
+    if (idle)
+        return 0;
+    RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step), RK_EV_S("reason", "the previous checkpoint is still being written"));
+    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY,
+                    "checkpoint of step %" PRId64 " skipped: the previous one is still being written after %d ms", step,
+                    e->timeout_ms);
+}
+
+static int stage_failed(ckpt_engine *e, int64_t step, int rc)
+{
+    RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
+             RK_EV_S("error", rk_strerror(rc)));
+    pthread_mutex_lock(&e->mu);
+    if (e->first_err == 0)
+        e->first_err = rc;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     int64_t t0 = rk__mono_ns();
     if (step == e->last_committed)
         return 0; /* already committed under this label */
-    pthread_mutex_lock(&e->mu);
-    bool busy = e->state != CKPT_IDLE;
-    pthread_mutex_unlock(&e->mu);
-    if (busy) {
-        RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " waits for the previous one", step);
-        bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms));
-        RK_EVENT(e->ev, "ckpt_delayed", RK_EV_I("step", step), RK_EV_D("waited_ms", rk__ms_since(t0)));
-        if (!idle) {
-            RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step),
-                     RK_EV_S("reason", "the previous checkpoint is still being written"));
-            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY,
-                            "checkpoint of step %" PRId64 " skipped: the previous one is still being written after %d ms",
-                            step, e->timeout_ms);
-        }
-    }
-    size_t mine_n = 0, need = 0;
-    int rc = plan_and_stage(e, t, n, &mine_n, &need);
-    if (rc) {
-        RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
-                 RK_EV_S("error", rk_strerror(rc)));
-        pthread_mutex_lock(&e->mu);
-        if (e->first_err == 0)
-            e->first_err = rc;
-        pthread_mutex_unlock(&e->mu);
+    int rc = wait_turn(e, step, t0);
+    if (rc)
         return rc;
-    }
+    size_t need = 0;
+    if ((rc = plan_and_stage(e, t, n, &need)) != 0)
+        return stage_failed(e, step, rc);
+    hold_copy(e, step, t, n);
     struct ckpt_job *j = &e->job;
     memset(j, 0, sizeof(*j));
     j->step = step;
@@ -320,7 +362,6 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->m.world = e->world;
     j->m.nonce = e->nonce;
     j->m.t = e->mine;
-    size_t off = 0;
     for (size_t i = 0; i < n; i++) {
         j->n_all++;
         j->bytes_all += t[i].nbytes;
@@ -336,10 +377,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         f->nbytes = t[i].nbytes;
         f->order = (uint32_t)i;
         f->rank = e->rank;
-        f->data = e->staging + off;
-        if (t[i].nbytes)
-            memcpy(e->staging + off, t[i].ptr, t[i].nbytes);
-        off += ALIGN_UP(t[i].nbytes);
+        f->data = e->staging + e->held_off[i];
     }
     j->stall_ms = rk__ms_since(t0);
     j->dispatch_ns = rk__mono_ns();
@@ -348,4 +386,64 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return 0;
+}
+
+/* ---- the held snapshot and membership changes (recovery) --------------------------------- */
+
+int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    int rc = wait_turn(e, step, rk__mono_ns());
+    if (rc)
+        return rc;
+    size_t need = 0;
+    if ((rc = plan_and_stage(e, t, n, &need)) != 0)
+        return rc;
+    hold_copy(e, step, t, n);
+    return 0;
+}
+
+int64_t ckpt_held_step(const ckpt_engine *e)
+{
+    return e->held_step;
+}
+
+/* Whether the held snapshot has exactly the layout of t[0..n). */
+static bool held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n)
+{
+    if (e->held_step < 0 || e->held_n != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (e->held_len[i] != t[i].nbytes)
+            return false;
+    return true;
+}
+
+const void *ckpt_held_tensor(const ckpt_engine *e, size_t i)
+{
+    return e->held_step >= 0 && i < e->held_n ? e->staging + e->held_off[i] : NULL;
+}
+
+int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
+{
+    if (!held_matches(e, t, n))
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
+    for (size_t i = 0; i < n; i++)
+        if (t[i].nbytes)
+            memcpy(t[i].ptr, e->staging + e->held_off[i], t[i].nbytes);
+    return 0;
+}
+
+void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
+{
+    /* The commit in flight (if any) belongs to the old membership: it gives up at once
+       rather than waiting for a dead rank's shard, and what it wrote is never committed. */
+    atomic_store(&e->cancel, 1);
+    ckpt_drain(e);
+    atomic_store(&e->cancel, 0);
+    pthread_mutex_lock(&e->mu);
+    e->rank = rank;
+    e->world = world;
+    /* Manifests of an attempt under another membership never match this one's. */
+    e->nonce = e->base_nonce ^ (epoch * 0x9e3779b97f4a7c15ull);
+    pthread_mutex_unlock(&e->mu);
 }

@@ -67,6 +67,25 @@ void ckpt_note_committed(ckpt_engine *e, int64_t step);
 /* Newest step this engine committed or learned of, -1 if none. */
 int64_t ckpt_last_committed(const ckpt_engine *e);
 
+/* ---- the held snapshot and membership changes (recovery) ------------------------------
+ * Staging holds a complete copy of every tensor of the last snapshot (ckpt.c I8). */
+
+/* Copies t[0..n) into staging as the held snapshot of `step`, without writing it
+   (after a restore: the state every survivor can roll back to). Waits for the checkpoint
+   in flight like ckpt_start. */
+int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* The step of the complete snapshot held in staging, -1 if none. */
+int64_t ckpt_held_step(const ckpt_engine *e);
+/* Copies the held snapshot back into t[0..n) (the same tensors, in the same order, as when
+   it was taken; RK_E_STATE otherwise, nothing copied). */
+int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
+/* Tensor i of the held snapshot (read-only), NULL if none. */
+const void *ckpt_held_tensor(const ckpt_engine *e, size_t i);
+/* The job's membership changed: cancels the commit in flight (it fails, nothing of it is
+   committed), waits for the writer to be idle, then writes as `rank` of `world` under a
+   nonce derived from `epoch`. */
+void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch);
+
 /* ---- restore (ckpt_restore.c) ---------------------------------------------------------- */
 
 /* The newest committed step in dir below `below` (INT64_MAX: any), -1 if none. */

@@ -6,6 +6,7 @@
 #define RK_CKPT_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "../formats/fmt.h"
 #include "ckpt.h"
@@ -25,7 +26,8 @@ struct ckpt_job {
 struct ckpt_engine {
     char *dir, *io;
     int rank, world, keep, timeout_ms;
-    uint64_t nonce;
+    uint64_t nonce;      /* of the current membership (I9) */
+    uint64_t base_nonce; /* the job's */
     rk__evlog *ev;
 
     pthread_t thr;
@@ -40,6 +42,14 @@ struct ckpt_engine {
 
     char *staging;       /* mmap'd once, reused; grows only if the registry grows */
     size_t staging_cap;
+    /* The snapshot held in staging: every registered tensor (not only this rank's share),
+       so that any survivor can hand the whole state back after a failure (I8). */
+    int64_t held_step;   /* -1: none complete (also while a copy is under way) */
+    size_t held_n;
+    size_t *held_off;    /* offset of each tensor in staging, registry order */
+    uint64_t *held_len;
+    size_t held_cap;
+    atomic_int cancel;   /* set: the in-flight commit gives up (membership changed) */
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
     int *plan;           /* rank of each tensor */

@@ -44,17 +44,20 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
 {
     char path[SUB_CAP];
     int64_t deadline = rk__deadline_ns(e->timeout_ms), pause = 1000000;
-    for (int r = 1; r < e->world; r++) {
+    for (int r = 1; r < j->m.world; r++) {
         snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, r);
         for (;;) {
             fmt_manifest *m = NULL;
             if (fmt_manifest_read(path, &m) == 0) {
-                if (m->nonce == e->nonce && m->step == j->step && m->world == e->world && m->rank == r) {
+                if (m->nonce == j->m.nonce && m->step == j->step && m->world == j->m.world && m->rank == r) {
                     shards[r] = m;
                     break;
                 }
                 fmt_manifest_free(&m);
             }
+            if (atomic_load(&e->cancel))
+                return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
+                                "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
             if (rk__deadline_passed(deadline))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                                 "step %" PRId64 ": rank %d's shard did not arrive in %s within %d ms", j->step, r,
@@ -63,7 +66,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
         }
     }
     size_t total = 0;
-    for (int r = 0; r < e->world; r++)
+    for (int r = 0; r < j->m.world; r++)
         total += shards[r]->n;
     if (total != j->n_all)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
@@ -75,7 +78,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
 static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const char *tmpname)
 {
     char final[64], path[PATH_CAP];
-    fmt_manifest **shards = calloc((size_t)e->world, sizeof(*shards));
+    fmt_manifest **shards = calloc((size_t)j->m.world, sizeof(*shards));
     if (!shards)
         return -ENOMEM;
     shards[0] = &j->m;
@@ -83,10 +86,10 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
     if (rc)
         goto out;
     const char *io_path = j->m.io_path;
-    for (int r = 1; r < e->world; r++)
+    for (int r = 1; r < j->m.world; r++)
         if (strcmp(shards[r]->io_path, io_path) != 0)
             io_path = "mixed";
-    if ((rc = fmt_index_write(tmpdir, j->step, e->world, shards, io_path)) != 0)
+    if ((rc = fmt_index_write(tmpdir, j->step, j->m.world, shards, io_path)) != 0)
         goto out;
     fmt_step_name(final, sizeof(final), j->step);
     snprintf(path, sizeof(path), "%s/%s", e->dir, final);
@@ -94,7 +97,7 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
     if (stat(path, &sb) == 0) {
         /* The same label from an earlier timeline: move it out of the way under a '.'-name. */
         char trash[PATH_CAP];
-        snprintf(trash, sizeof(trash), "%s/.trash-%s-%016" PRIx64, e->dir, final, e->nonce);
+        snprintf(trash, sizeof(trash), "%s/.trash-%s-%016" PRIx64, e->dir, final, j->m.nonce);
         fmt_remove_tree(trash);
         if (rename(path, trash) != 0) {
             rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": cannot replace %s: %s", j->step, path,
@@ -107,7 +110,7 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
         goto out;
     ckpt__retain(e->dir, e->keep, j->step);
 out:
-    for (int r = 1; r < e->world; r++)
+    for (int r = 1; r < j->m.world; r++)
         fmt_manifest_free(&shards[r]);
     free(shards);
     return rc;
@@ -118,17 +121,20 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
 {
     char final[64], mine[SUB_CAP], failed[SUB_CAP];
     fmt_step_name(final, sizeof(final), j->step);
-    snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, e->rank);
+    snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, j->m.rank);
     snprintf(failed, sizeof(failed), "%s/FAILED", tmpdir);
     int64_t deadline = rk__deadline_ns(2 * (int64_t)e->timeout_ms + 1000), pause = 1000000;
     for (;;) {
         fmt_manifest *m = NULL;
         if (fmt_manifest_read(mine, &m) == 0) {
-            bool ours = m->nonce == e->nonce && m->step == j->step;
+            bool ours = m->nonce == j->m.nonce && m->step == j->step;
             fmt_manifest_free(&m);
             if (ours)
                 return 0;
         }
+        if (atomic_load(&e->cancel))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
+                            "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
         if (access(failed, F_OK) == 0)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
                             "step %" PRId64 ": rank 0 could not commit the checkpoint (see %s)", j->step, failed);
@@ -149,16 +155,16 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
                         strerror(errno));
     for (size_t i = 0; i < j->m.n; i++)
         j->m.t[i].xxh3 = fmt_xxh3(j->m.t[i].data, j->m.t[i].nbytes);
-    snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, e->rank);
+    snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);
     unlink(path); /* a dead attempt's */
     fmt_write_stats st;
     int rc = fmt_shard_write(path, &j->m, e->io, &st);
     if (!rc) {
         snprintf(j->m.io_path, sizeof(j->m.io_path), "%s", st.io_path);
-        snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, e->rank);
+        snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, j->m.rank);
         rc = fmt_manifest_write(path, &j->m);
     }
-    if (e->rank != 0)
+    if (j->m.rank != 0)
         return rc ? rc : await_commit(e, j, tmpdir);
     if (!rc)
         rc = commit(e, j, tmpdir, tmpname);
