@@ -122,9 +122,17 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
    After another failure the buffers may hold part of a checkpoint. */
 int rk_resume(rk_ctx *ctx, int64_t *next_step);
 
-/* In place over the current ring. RK_RECOVERED: a member was lost, the ring was
-   rebuilt and registered state rolled back: continue from rk_next_step().
-   [not available yet for world > 1: allreduce ring; exact for a world of one] */
+/* In place over the current ring (collective: every member passes the same count, dtype,
+   op). dtypes f32, f64, f16, bf16 (16-bit types accumulate in f32 per hop), i32, i64, u8
+   (wrap-around; avg of integers is refused); ops sum, avg, max, min; any count (0 too).
+   For a given membership the reduction order is fixed: results are bitwise reproducible.
+   Never waits longer than RK_TIMEOUT_MS. Errors, returned on every member: -EINVAL (NULL
+   buffer with count > 0), RK_E_DTYPE, RK_E_OP (here), RK_E_COLL_MISMATCH (members passed
+   different arguments), RK_E_PEER_LOST (a member was lost), RK_E_TIMEOUT, RK_E_FENCED.
+   On an error buf holds partial results; nothing writes it after the call returns.
+   RK_RECOVERED: a member was lost, the ring was rebuilt and registered state rolled
+   back: continue from rk_next_step(). [RK_RECOVERED comes with the recovery
+   coordinator; until then a lost member is returned as RK_E_PEER_LOST / RK_E_TIMEOUT] */
 int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op);
 
 /* Step `step` (counted from 0) is finished: the registered state is now that at the

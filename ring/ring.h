@@ -110,4 +110,29 @@ uint16_t ring_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
    *off and has *len elements (docs/RING.md). */
 void ring_segment(size_t count, int size, int s, size_t *off, size_t *len);
 
+/* ---- NCCL ring for device buffers (ring_nccl.c; built only with CUDA + NCCL) ----------
+ * The same contract for device memory, on an NCCL communicator created non-blocking
+ * (config.blocking = 0) over the members of an MPI ring: every wait polls
+ * ncclCommGetAsyncError and the cancellation source against the deadline; on a failure
+ * the communicator is aborted (ncclCommAbort) and the call returns RK_E_PEER_LOST or
+ * RK_E_TIMEOUT. The reduction order is NCCL's (deterministic for a fixed topology and
+ * NCCL version, not the MPI ring's order). */
+#if defined(RK_HAVE_NCCL)
+typedef struct ring_nccl ring_nccl;
+/* Collective over the members of r (its communicator carries the unique id, bounded by
+   timeout_ms). device: the CUDA device of this process. */
+int ring_nccl_create(ring_nccl **g, ring *r, int device, int timeout_ms);
+/* Finalizes (or, after an abort, leaves alone: never destroyed after an abortive shrink)
+   the NCCL communicator; *g = NULL. */
+void ring_nccl_destroy(ring_nccl **g);
+/* In place on device memory; returns when the result is in buf (the ring's stream is
+   synchronized). */
+int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtype, rk_op op,
+                        const ring_cancel *cancel);
+/* After ring_rebuild(r, ...) dropped members: ncclCommShrink excluding the NCCL ranks
+   that are gone (NCCL_SHRINK_ABORT if the communicator failed), or, when members were
+   added, a fresh communicator whose unique id travels over r's new communicator. */
+int ring_nccl_rebuild(ring_nccl *g, ring *r, const ring_cancel *cancel);
+#endif
+
 #endif
