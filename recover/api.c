@@ -91,9 +91,13 @@ int rk_init(rk_ctx **out, const rk_options *o)
         goto out_det;
     if ((rc = rec_ckpt_open(ctx)) != 0)
         goto out_ring;
+    if ((rc = rec_recovery_init(ctx)) != 0)
+        goto out_ckpt;
     *out = ctx;
     return 0;
 
+out_ckpt:
+    rec_ckpt_close(ctx);
 out_ring:
     rec_ring_close(ctx);
 out_det:
@@ -119,6 +123,7 @@ int rk_finalize(rk_ctx **pctx)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_finalize: ctx is NULL");
     rk_ctx *ctx = *pctx;
     int rc = rec_ckpt_close(ctx);
+    rec_recovery_fini(ctx);
     rec_ring_close(ctx);
     rec_det_close(ctx);
     rk__evlog_close(&ctx->ev);
@@ -149,6 +154,8 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     int rc = rec_det_status(ctx);
     if (rc != 0)
         return rc;
+    if (rec_membership_changed(ctx))
+        return rec_recover(ctx); /* the step just finished is rolled back with the rest */
     ctx->next_step = step + 1;
     return rec_ckpt_step_done(ctx, step);
 }

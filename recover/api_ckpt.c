@@ -8,10 +8,13 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../ring/ring.h"
+#include "rec.h"
 #include "rec_internal.h"
 
 static uint64_t make_nonce(void)
@@ -123,7 +126,7 @@ int rk_wait(rk_ctx *ctx)
     return ctx->ckpt ? ckpt_wait(ctx->ckpt) : 0;
 }
 
-/* How every rank's attempt at one step ended, ordered so that MPI_MAX picks the worst. */
+/* How every rank's attempt at one step ended, ordered so that MAX picks the worst. */
 enum { TRY_OK = 0, TRY_SKIP = 1, TRY_MISMATCH = 2, TRY_FATAL = 3 };
 
 static int try_class(int rc)
@@ -137,6 +140,49 @@ static int try_class(int rc)
     return TRY_SKIP;
 }
 
+/* Agreement among the current members, over the ring (which excludes lost ranks). */
+static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
+{
+    return ring_allreduce(ctx->ring, v, 1, dtype, op, NULL);
+}
+
+/* Restores, on every member, the newest committed checkpoint below `below` that verifies
+   everywhere (older ones are tried in turn), and holds it in memory. *step = -1 when none
+   does. Collective over the ring. */
+static int restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int64_t below, int64_t *step)
+{
+    int rc, skipped = 0;
+    *step = -1;
+    for (;;) {
+        int64_t s = ckpt_newest_below(ctx->opt.ckpt_dir, below);
+        if ((rc = agree(ctx, &s, RK_I64, RK_MIN)) != 0)
+            return rc;
+        if (s < 0) {
+            if (skipped)
+                RK_LOG_WARN(RK_SUB_CKPT, "no checkpoint in %s verifies (%d skipped)", ctx->opt.ckpt_dir, skipped);
+            return 0;
+        }
+        int my = try_class(ckpt_restore_step(ctx->opt.ckpt_dir, s, t, ctx->ntensors)), worst = my;
+        if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
+            return rc;
+        if (worst == TRY_OK) {
+            *step = s;
+            ckpt_note_committed(ctx->ckpt, s);
+            return ckpt_hold(ctx->ckpt, s, t, ctx->ntensors);
+        }
+        if (worst == TRY_MISMATCH)
+            return my == TRY_MISMATCH ? RK_E_MISMATCH
+                                      : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
+                                                 "step %" PRId64 " does not match another rank's tensors", s);
+        if (worst == TRY_FATAL)
+            return my == TRY_FATAL ? -ENOMEM : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "another rank failed");
+        RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 " skipped (%s on some rank), trying an older one", s,
+                    my == TRY_OK ? "unreadable" : rk_last_error());
+        skipped++;
+        below = s;
+    }
+}
+
 int rk_resume(rk_ctx *ctx, int64_t *next_step)
 {
     if (!ctx || !next_step)
@@ -146,52 +192,94 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
         return 0; /* no checkpoint directory: nothing to restore */
     ckpt_drain(ctx->ckpt);
     ckpt_tensor *t = NULL;
-    int rc = tensors_of(ctx, &t), mrc, skipped = 0;
-    if (rc)
-        return rc;
-    int64_t below = INT64_MAX;
-    for (;;) {
-        int64_t mine = ckpt_newest_below(ctx->opt.ckpt_dir, below), step = -1;
-        if ((mrc = MPI_Allreduce(&mine, &step, 1, MPI_INT64_T, MPI_MIN, ctx->comm)) != MPI_SUCCESS) {
-            rc = rec_mpi_fail(mrc, "rk_resume: agreeing on the step");
-            break;
-        }
-        if (step < 0) {
-            if (skipped)
-                RK_LOG_WARN(RK_SUB_CKPT, "rk_resume: no checkpoint in %s verifies (%d skipped): starting from step %" PRId64,
-                            ctx->opt.ckpt_dir, skipped, ctx->next_step);
-            rc = 0;
-            break;
-        }
-        int my = try_class(ckpt_restore_step(ctx->opt.ckpt_dir, step, t, ctx->ntensors)), worst = 0;
-        if ((mrc = MPI_Allreduce(&my, &worst, 1, MPI_INT, MPI_MAX, ctx->comm)) != MPI_SUCCESS) {
-            rc = rec_mpi_fail(mrc, "rk_resume: agreeing on the restore");
-            break;
-        }
-        if (worst == TRY_OK) {
-            ctx->next_step = *next_step = step;
-            ckpt_note_committed(ctx->ckpt, step);
-            RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s", step, ctx->opt.ckpt_dir);
-            RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"), RK_EV_I("epoch", 0));
-            rc = 0;
-            break;
-        }
-        if (worst == TRY_MISMATCH) {
-            rc = my == TRY_MISMATCH ? RK_E_MISMATCH
-                                    : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
-                                               "rk_resume: step %" PRId64 " does not match another rank's tensors", step);
-            break;
-        }
-        if (worst == TRY_FATAL) {
-            rc = my == TRY_FATAL ? -ENOMEM
-                                 : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "rk_resume: another rank failed");
-            break;
-        }
-        RK_LOG_WARN(RK_SUB_CKPT, "rk_resume: step %" PRId64 " skipped (%s on some rank), trying an older one", step,
-                    my == TRY_OK ? "unreadable" : rk_last_error());
-        skipped++;
-        below = step;
+    int64_t step = -1;
+    int rc = tensors_of(ctx, &t);
+    if (!rc)
+        rc = restore_newest(ctx, t, INT64_MAX, &step);
+    if (!rc && step >= 0) {
+        ctx->next_step = *next_step = step;
+        RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s", step, ctx->opt.ckpt_dir);
+        RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"),
+                 RK_EV_I("epoch", ctx->agreed_epoch));
+    } else if (!rc) {
+        /* Nothing on disk: hold the state the program starts from, so that a failure before
+           the first checkpoint can still roll back in memory. */
+        rc = ckpt_hold(ctx->ckpt, ctx->next_step, t, ctx->ntensors);
     }
     free(t);
     return rc;
+}
+
+/* ---- recovery's needs (recover/recovery.c) -------------------------------------------- */
+
+int64_t rec_ckpt_held_step(rk_ctx *ctx)
+{
+    return ctx->ckpt ? ckpt_held_step(ctx->ckpt) : -1;
+}
+
+int64_t rec_ckpt_committed_step(rk_ctx *ctx)
+{
+    return ctx->ckpt ? ckpt_last_committed(ctx->ckpt) : -1;
+}
+
+/* Every member gets the root's held snapshot: the root contributes its bytes and the
+   others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast). */
+static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
+{
+    bool root = ctx->rank0 == dec->root;
+    for (size_t i = 0; i < ctx->ntensors; i++) {
+        if (!t[i].nbytes)
+            continue;
+        if (root)
+            memcpy(t[i].ptr, ckpt_held_tensor(ctx->ckpt, i), t[i].nbytes);
+        else
+            memset(t[i].ptr, 0, t[i].nbytes);
+        int rc = ring_allreduce(ctx->ring, t[i].ptr, t[i].nbytes, RK_U8, RK_MAX, NULL);
+        if (rc)
+            return rc;
+    }
+    return root ? 0 : ckpt_hold(ctx->ckpt, dec->step, t, ctx->ntensors);
+}
+
+int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
+{
+    if (!ctx->ckpt)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT,
+                        "a member was lost and there is no snapshot to roll back to (set RK_CKPT_DIR)");
+    /* The commit in flight belonged to the old membership: cancel it, write as the new one. */
+    ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
+    ckpt_tensor *t = NULL;
+    int rc = tensors_of(ctx, &t);
+    if (rc)
+        return rc;
+    if (dec->source == REC_FROM_MEMORY && dec->all_hold) {
+        rc = ckpt_held_step(ctx->ckpt) == dec->step
+                 ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
+                 : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
+                            " is no longer held", dec->step);
+        ctx->next_step = dec->step;
+    } else if (dec->source == REC_FROM_MEMORY) {
+        rc = spread_held(ctx, dec, t);
+        ctx->next_step = dec->step;
+    } else if (dec->source == REC_FROM_DISK) {
+        int64_t step = -1;
+        rc = restore_newest(ctx, t, dec->step + 1, &step);
+        if (!rc && step < 0)
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
+                          " in %s verifies", dec->step, ctx->opt.ckpt_dir);
+        ctx->next_step = step;
+    } else {
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no snapshot in memory or on disk");
+    }
+    /* Every member is idle now: rank 0 removes what dead attempts left in the directory. */
+    int worst = rc ? 1 : 0;
+    int arc = agree(ctx, &worst, RK_I32, RK_MAX);
+    if (!rc && !arc && !worst && ctx->rank == 0)
+        ckpt_clean_dir(ctx->opt.ckpt_dir);
+    free(t);
+    if (rc)
+        return rc;
+    if (arc)
+        return arc;
+    return worst ? rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback failed on another member") : 0;
 }

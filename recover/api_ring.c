@@ -5,9 +5,11 @@
  * The ring is built at rk_init over every rank of ctx->comm (it owns a duplicate of it,
  * with MPI_ERRORS_RETURN). rk_allreduce first asks the detector whether this worker was
  * fenced (RK_E_FENCED), then runs the ring with the default deadline ctx->opt.timeout_ms.
- * Until the recovery coordinator exists, a ring error (RK_E_PEER_LOST, RK_E_TIMEOUT,
- * RK_E_COLL_MISMATCH, ...) is returned as is; RK_RECOVERED comes with the coordinator,
- * which will rebuild the ring through rec_ring_rebuild() and roll the state back.
+ * The ring's cancellation source is the detector (rec_ring_changed): when the membership
+ * changes, or the ring reports a lost peer that the detector then confirms, rk_allreduce
+ * runs the recovery rounds (recover/recovery.c) and returns RK_RECOVERED with the state
+ * rolled back. Other errors (RK_E_COLL_MISMATCH, a timeout without a lost member, ...)
+ * are returned as they are.
  */
 #include <errno.h>
 
@@ -51,5 +53,16 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
         return rc;
     if (!ctx->ring)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "rk_allreduce: no ring (rk_init failed?)");
-    return ring_allreduce(ctx->ring, buf, count, dtype, op, NULL);
+    if (rec_membership_changed(ctx))
+        return rec_recover(ctx);
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    rc = ring_allreduce(ctx->ring, buf, count, dtype, op, &cancel);
+    if (rc != RK_E_PEER_LOST && rc != RK_E_TIMEOUT)
+        return rc;
+    /* The ring saw a peer fail (or waited too long): recover once the detector agrees that
+       the membership changed; it declares a lost worker within a few heartbeats. */
+    int64_t deadline = rk__deadline_ns(20LL * ctx->opt.heartbeat_ms + 2000);
+    while (!rec_membership_changed(ctx) && !rk__deadline_passed(deadline))
+        rk__sleep_ns(1000000);
+    return rec_membership_changed(ctx) ? rec_recover(ctx) : rc;
 }

@@ -70,9 +70,12 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
     if (newest_held >= 0 && newest_held >= newest_commit) {
         out->source = REC_FROM_MEMORY;
         out->step = newest_held;
-        for (int i = 0; i < nrep; i++)
+        out->all_hold = 1;
+        for (int i = 0; i < nrep; i++) {
             if (rep[i].held_step == newest_held && (out->root < 0 || rep[i].rank0 < out->root))
                 out->root = rep[i].rank0;
+            out->all_hold &= rep[i].held_step == newest_held;
+        }
     } else if (newest_commit >= 0) {
         out->source = REC_FROM_DISK;
         out->step = newest_commit;

@@ -24,12 +24,14 @@ enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 }
 /* What the coordinator decides; sent to every member. */
 typedef struct rec_decision {
     uint64_t epoch;
-    int nmembers;
-    int members[REC_MAX_WORLD]; /* ranks at start, ascending: new rank i is members[i] */
     int64_t step;               /* the step every member restores (I3) */
     int source;                 /* enum rec_source */
     int root;                   /* REC_FROM_MEMORY: the lowest member holding the snapshot */
+    int all_hold;               /* REC_FROM_MEMORY: 1 if every member holds it (no transfer) */
     int64_t steps_lost;         /* max next_step of the survivors minus step */
+    int nmembers;
+    int members[REC_MAX_WORLD]; /* ranks at start, ascending: new rank i is members[i];
+                                   last, so a message carries only the first nmembers */
 } rec_decision;
 
 /* The decision rule (docs/PROTOCOL.md, I1..I6), a pure function: `prev` is the previous

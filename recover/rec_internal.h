@@ -48,6 +48,12 @@ struct rk_ctx {
     bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
     MPI_Comm comm;        /* duplicate of MPI_COMM_WORLD, errors returned not fatal */
     rk__evlog *ev;
+    /* recovery (recover/recovery.c) */
+    int *view, nview;         /* the agreed members, ranks at start, ascending */
+    uint64_t agreed_epoch;    /* the detector epoch of that view */
+    uint64_t seen_seq;        /* det_seq() when last looked at */
+    bool change_pending;      /* the detector's view differs from the agreed one */
+    void *send_buf;           /* this worker's report, reused across rounds */
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
@@ -74,6 +80,23 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
 void rec_registry_free(rk_ctx *ctx);
 /* Whether name can be a tensor's path in the checkpoint; why says what is wrong. */
 bool rec_name_valid(const char *name, const char **why);
+
+/* Recovery (recover/recovery.c, docs/PROTOCOL.md). rec_recovery_init after every part is
+   open; rec_membership_changed is cheap (an atomic load) and tells whether the detector's
+   view moved past the agreed one; rec_recover runs the rounds and returns RK_RECOVERED
+   (state rolled back, ctx->next_step set) or an error every survivor gets alike. */
+int rec_recovery_init(rk_ctx *ctx);
+void rec_recovery_fini(rk_ctx *ctx);
+bool rec_membership_changed(rk_ctx *ctx);
+bool rec_ring_changed(void *ctx);
+int rec_recover(rk_ctx *ctx);
+/* What recovery needs from the checkpoint engine (api_ckpt.c): the step of the complete
+   snapshot held in memory and the newest committed one (-1: none), and the rollback to a
+   decision's step over the rebuilt ring. */
+struct rec_decision;
+int64_t rec_ckpt_held_step(rk_ctx *ctx);
+int64_t rec_ckpt_committed_step(rk_ctx *ctx);
+int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
 
 /* Translate an MPI error code, log it once, set rk_last_error. */
 int rec_mpi_fail(int mpi_rc, const char *what);

@@ -119,6 +119,8 @@ START_TEST(decide_I1_majority_required)
     th_assert_rc(rec_decide(prev, 4, three, 3, 1, 7, &dec), 0);
     rec_report two_with_lowest[] = {R(0, 10, 8, 8), R(1, 10, 8, 8)};
     th_assert_rc(rec_decide(prev, 4, two_with_lowest, 2, 1, 7, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.all_hold, 1);
     rec_report two_without_lowest[] = {R(2, 10, 8, 8), R(3, 10, 8, 8)};
     th_assert_rc(rec_decide(prev, 4, two_without_lowest, 2, 1, 7, &dec), RK_E_NO_MAJORITY);
     rec_report one[] = {R(0, 10, 8, 8)};
@@ -148,6 +150,7 @@ START_TEST(decide_I5_memory_first_I6_dense_order)
     ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
     ck_assert_int_eq(dec.step, 12);
     ck_assert_int_eq(dec.root, 2);
+    ck_assert_int_eq(dec.all_hold, 0);
     ck_assert_int_eq(dec.steps_lost, 1);
     ck_assert_int_eq(dec.nmembers, 3);
     ck_assert_int_eq(dec.members[0], 1);
