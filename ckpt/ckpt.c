@@ -14,8 +14,9 @@
  *      size is the registered bytes (each tensor rounded up to 4 KiB, see I8); it grows
  *      only if the registry grows. At most one checkpoint is in flight.
  *  I3  A checkpoint due while the previous is still in flight waits for it up to
- *      timeout_ms (logged, event ckpt_delayed), then is skipped (logged, event
- *      ckpt_skipped, RK_E_BUSY): never a queue.
+ *      timeout_ms / 4 (logged, event ckpt_delayed), then is skipped (logged, event
+ *      ckpt_skipped, RK_E_BUSY): never a queue, and never long enough for the other
+ *      ranks' collectives (bounded by timeout_ms) to give up on this one.
  *  I4  Every replicated tensor is written by exactly one rank (fmt_assign), so the
  *      shards of one checkpoint are disjoint and together hold every tensor.
  *  I5  The background thread never calls MPI; every wait it does has a deadline
@@ -311,8 +312,10 @@ static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t
     e->held_step = step;
 }
 
-/* Waits until no checkpoint is in flight, at most timeout_ms; RK_E_BUSY (skipped) if the
-   previous one is still being written then (I3). */
+/* Waits until no checkpoint is in flight, at most a quarter of timeout_ms; RK_E_BUSY
+   (skipped) if the previous one is still being written then (I3). The bound is well below
+   timeout_ms, the deadline of every collective: a slow disk on one rank must not make the
+   others' allreduce give up while this rank's training thread waits here. */
 static int wait_turn(ckpt_engine *e, int64_t step, int64_t t0)
 {
     pthread_mutex_lock(&e->mu);
@@ -321,14 +324,14 @@ static int wait_turn(ckpt_engine *e, int64_t step, int64_t t0)
     if (!busy)
         return 0;
     RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " waits for the previous one", step);
-    bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms));
+    bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms / 4));
     RK_EVENT(e->ev, "ckpt_delayed", RK_EV_I("step", step), RK_EV_D("waited_ms", rk__ms_since(t0)));
     if (idle)
         return 0;
     RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step), RK_EV_S("reason", "the previous checkpoint is still being written"));
     return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY,
                     "checkpoint of step %" PRId64 " skipped: the previous one is still being written after %d ms", step,
-                    e->timeout_ms);
+                    e->timeout_ms / 4);
 }
 
 static int stage_failed(ckpt_engine *e, int64_t step, int rc)

@@ -4,7 +4,8 @@
  *   rank 0:  wait (bounded) for every rank's manifest, write index.h5, commit by rename,
  *            retention;
  *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
- *            job's nonce, or rank 0's FAILED note in the temporary directory.
+ *            job's nonce, or rank 0's FAILED note in the temporary directory; a rank
+ *            whose own shard fails leaves FAILED-<rank>, so rank 0 stops waiting for it.
  * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous.
  */
 #include <dirent.h>
@@ -28,24 +29,45 @@ static void backoff(int64_t *ns)
         *ns *= 2;
 }
 
-static void note_failure(const char *tmpdir, const char *why)
+/* A failure note in the temporary directory: `name` is FAILED (rank 0: this attempt will
+   not be committed) or FAILED-<rank> (that rank's shard will not come). The first word is
+   the attempt's nonce, so a note left by another attempt at the same step is ignored. */
+static void note_failure(const char *tmpdir, const char *name, uint64_t nonce, const char *why)
 {
     char path[SUB_CAP];
-    snprintf(path, sizeof(path), "%s/FAILED", tmpdir);
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
     FILE *f = fopen(path, "w");
     if (f) {
-        fprintf(f, "%s\n", why);
+        fprintf(f, "%016" PRIx64 " %s\n", nonce, why);
         fclose(f);
     }
+}
+
+/* Whether tmpdir holds the note `name` of this attempt; its reason goes to why. */
+static bool failure_noted(const char *tmpdir, const char *name, uint64_t nonce, char *why, size_t cap)
+{
+    char path[SUB_CAP], line[512] = "";
+    snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool ours = fgets(line, sizeof(line), f) && strtoull(line, NULL, 16) == nonce && strlen(line) > 17;
+    fclose(f);
+    if (ours) {
+        line[strcspn(line, "\n")] = '\0';
+        snprintf(why, cap, "%s", line + 17);
+    }
+    return ours;
 }
 
 /* Rank 0: every rank's manifest of this attempt, within the deadline. */
 static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_manifest **shards)
 {
-    char path[SUB_CAP];
+    char path[SUB_CAP], note[32], why[512];
     int64_t deadline = rk__deadline_ns(e->timeout_ms), pause = 1000000;
     for (int r = 1; r < j->m.world; r++) {
         snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, r);
+        snprintf(note, sizeof(note), "FAILED-%d", r);
         for (;;) {
             fmt_manifest *m = NULL;
             if (fmt_manifest_read(path, &m) == 0) {
@@ -58,6 +80,9 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
             if (atomic_load(&e->cancel))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
                                 "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
+            if (failure_noted(tmpdir, note, j->m.nonce, why, sizeof(why)))
+                return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "step %" PRId64 ": rank %d could not write its shard: %s",
+                                j->step, r, why);
             if (rk__deadline_passed(deadline))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                                 "step %" PRId64 ": rank %d's shard did not arrive in %s within %d ms", j->step, r,
@@ -119,10 +144,9 @@ out:
 /* Ranks other than 0: learn whether rank 0 committed this attempt. */
 static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
 {
-    char final[64], mine[SUB_CAP], failed[SUB_CAP];
+    char final[64], mine[SUB_CAP], why[512];
     fmt_step_name(final, sizeof(final), j->step);
     snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, j->m.rank);
-    snprintf(failed, sizeof(failed), "%s/FAILED", tmpdir);
     int64_t deadline = rk__deadline_ns(2 * (int64_t)e->timeout_ms + 1000), pause = 1000000;
     for (;;) {
         fmt_manifest *m = NULL;
@@ -135,9 +159,9 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
         if (atomic_load(&e->cancel))
             return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
                             "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
-        if (access(failed, F_OK) == 0)
+        if (failure_noted(tmpdir, "FAILED", j->m.nonce, why, sizeof(why)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
-                            "step %" PRId64 ": rank 0 could not commit the checkpoint (see %s)", j->step, failed);
+                            "step %" PRId64 ": rank 0 could not commit the checkpoint: %s", j->step, why);
         if (rk__deadline_passed(deadline))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                             "step %" PRId64 ": no commit by rank 0 within %d ms", j->step, 2 * e->timeout_ms + 1000);
@@ -164,12 +188,18 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
         snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, j->m.rank);
         rc = fmt_manifest_write(path, &j->m);
     }
-    if (j->m.rank != 0)
-        return rc ? rc : await_commit(e, j, tmpdir);
+    if (j->m.rank != 0) {
+        if (!rc)
+            return await_commit(e, j, tmpdir);
+        char note[32];
+        snprintf(note, sizeof(note), "FAILED-%d", j->m.rank);
+        note_failure(tmpdir, note, j->m.nonce, rk_last_error()); /* rank 0 need not wait for us */
+        return rc;
+    }
     if (!rc)
         rc = commit(e, j, tmpdir, tmpname);
     if (rc)
-        note_failure(tmpdir, rk_last_error());
+        note_failure(tmpdir, "FAILED", j->m.nonce, rk_last_error());
     return rc;
 }
 
