@@ -23,7 +23,9 @@
  *
  * Checkpoints: with RK_CKPT_DIR unset there are none, rk_resume and rk_wait are not
  * called, and a run starts at step 0. With RK_CKPT_DIR set the run resumes from the
- * latest consistent checkpoint (rk_resume) and waits for its checkpoints at the end.
+ * latest consistent checkpoint (rk_resume) and waits for its checkpoints at the end; a
+ * checkpoint that failed along the way is reported on stderr as a warning (training went
+ * on, later checkpoints were taken), not as a failure of the run.
  *
  * Exit status: 0 done, 1 a Rekindle call failed (message on stderr), 2 bad arguments.
  */
@@ -455,8 +457,11 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
             return fail("rk_step_done", rc);
         step++;
     }
+    /* A checkpoint that failed along the way cost nothing of the training (the state is
+       intact, later checkpoints went on): say so, and finish normally. */
     if (ckpt_on && (rc = rk_wait(ctx)) != 0)
-        return fail("rk_wait", rc);
+        fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
+                rk_strerror(rc), rk_last_error());
     printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), state_hash(md));
     fflush(stdout);
     return 0;

@@ -243,6 +243,8 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
 
 int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
 {
+    if (ctx->ntensors == 0)
+        return 0; /* no registered state: nothing to roll back, each member goes on */
     if (!ctx->ckpt)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT,
                         "a member was lost and there is no snapshot to roll back to (set RK_CKPT_DIR)");
