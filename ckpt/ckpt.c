@@ -436,13 +436,18 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
-void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
+void ckpt_cancel(ckpt_engine *e)
 {
-    /* The commit in flight (if any) belongs to the old membership: it gives up at once
-       rather than waiting for a dead rank's shard, and what it wrote is never committed. */
+    /* The commit in flight (if any) gives up at once rather than waiting for a dead
+       rank's shard; what it wrote is never committed. */
     atomic_store(&e->cancel, 1);
     ckpt_drain(e);
     atomic_store(&e->cancel, 0);
+}
+
+void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
+{
+    ckpt_cancel(e); /* the commit in flight belongs to the old membership */
     pthread_mutex_lock(&e->mu);
     e->rank = rank;
     e->world = world;

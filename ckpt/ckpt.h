@@ -81,6 +81,9 @@ int64_t ckpt_held_step(const ckpt_engine *e);
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* Tensor i of the held snapshot (read-only), NULL if none. */
 const void *ckpt_held_tensor(const ckpt_engine *e, size_t i);
+/* A member was lost: the commit in flight fails at once (nothing of it is committed)
+   instead of waiting for that member's shard; returns once the writer is idle. */
+void ckpt_cancel(ckpt_engine *e);
 /* The job's membership changed: cancels the commit in flight (it fails, nothing of it is
    committed), waits for the writer to be idle, then writes as `rank` of `world` under a
    nonce derived from `epoch`. */

@@ -122,6 +122,8 @@ int rk_finalize(rk_ctx **pctx)
     if (!pctx || !*pctx)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_finalize: ctx is NULL");
     rk_ctx *ctx = *pctx;
+    if (rec_membership_changed(ctx))
+        rec_ckpt_abandon(ctx); /* a member was lost and never recovered: don't wait for it */
     int rc = rec_ckpt_close(ctx);
     rec_recovery_fini(ctx);
     rec_ring_close(ctx);

@@ -222,6 +222,12 @@ int64_t rec_ckpt_committed_step(rk_ctx *ctx)
     return ctx->ckpt ? ckpt_last_committed(ctx->ckpt) : -1;
 }
 
+void rec_ckpt_abandon(rk_ctx *ctx)
+{
+    if (ctx->ckpt)
+        ckpt_cancel(ctx->ckpt);
+}
+
 /* Every member gets the root's held snapshot: the root contributes its bytes and the
    others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast). */
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)

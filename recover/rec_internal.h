@@ -97,6 +97,9 @@ struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
+/* A member is lost for good (recovery stopped, or the program finalizes without
+   recovering): the checkpoint in flight stops waiting for it. */
+void rec_ckpt_abandon(rk_ctx *ctx);
 
 /* Translate an MPI error code, log it once, set rk_last_error. */
 int rec_mpi_fail(int mpi_rc, const char *what);

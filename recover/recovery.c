@@ -423,7 +423,17 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     return RK_RECOVERED;
 }
 
+static int recover_rounds(rk_ctx *ctx);
+
 int rec_recover(rk_ctx *ctx)
+{
+    int rc = recover_rounds(ctx);
+    if (rc < 0)
+        rec_ckpt_abandon(ctx); /* stopped: never wait for the lost member's shard */
+    return rc;
+}
+
+static int recover_rounds(rk_ctx *ctx)
 {
     if (!ctx->det || !ctx->ring)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST,
