@@ -9,7 +9,10 @@ after a run that had to stop; the reason is in the detail and in the report).
                stopped with that error, within the run's time bound (no hang)
   in_place     the kinds that must be survived without a relaunch were: no relaunch,
                the final world is the start world less the lost workers; a SIGSTOPped
-               worker fenced itself (event 'fenced') and did not finish
+               worker did not finish and committed nothing after it was continued: it
+               fenced itself (event 'fenced'), or, when the others were already gone
+               and nobody could tell it, it refused to go on as a minority
+               (RK_E_NO_MAJORITY on its stderr)
   verify       `rekindle verify` passes every committed checkpoint (--all), and fails
                each one the harness damaged
   h5           every committed checkpoint opens with h5py: root attributes step (equal
@@ -21,6 +24,8 @@ after a run that had to stop; the reason is in the detail and in the report).
                after it ended
   no_temp      no '.'-prefixed entry in the checkpoint directory after a clean end
   no_false_dead no worker declared dead that the harness did not kill, stop or crash
+               (declarations by a worker while or after it was stopped are its stale
+               view of the others, not false deaths)
   events       every event-log line is one JSON object with t_ns, rank and event
 """
 import os
@@ -100,10 +105,21 @@ def check_in_place(job, plan, workers):
     for f in plan["faults"]:
         if f.get("fired") and f["kind"] == "stop":
             for r in f["victims"]:
-                if not [e for e in job.events if e["_file_rank"] == r and e["event"] == "fenced"]:
-                    return _bad("in_place", "rank %d was stopped and continued, but never fenced itself" % r)
+                fenced = [e for e in job.events if e["_file_rank"] == r and e["event"] == "fenced"]
+                refused = re.search(r"\[rekindle r%d [^]]*\] recovery stopped: survivors are not a majority" % r,
+                                    job.stderr_text())
+                if not fenced and not refused:
+                    return _bad("in_place", "rank %d was stopped and continued, but neither fenced itself nor "
+                                "refused to go on as a minority" % r)
                 if worker_record(job, r) == "exit 0":
                     return _bad("in_place", "rank %d was declared dead yet finished (exit 0)" % r)
+                # A follower's ckpt_committed says it learned of rank 0's commit; one for a
+                # step no other worker committed means the stopped worker committed it.
+                others = {e["step"] for e in job.events if e["_file_rank"] != r and e["event"] == "ckpt_committed"}
+                late = [e for e in job.events if e["_file_rank"] == r and e["event"] == "ckpt_committed"
+                        and e["t_ns"] > f["t_ns"] and e["step"] not in others]
+                if late:
+                    return _bad("in_place", "rank %d committed step %d after it was stopped" % (r, late[0]["step"]))
     return _ok("in_place", "final world %d" % (workers - len(lost)))
 
 
@@ -286,10 +302,12 @@ def check_no_temp(job, plan):
 
 
 def check_no_false_dead(job, plan):
-    hit, whole = set(), False
+    hit, stopped, whole = set(), set(), False
     for f in plan["faults"]:
         if not f.get("fired"):
             continue
+        if f["kind"] == "stop":
+            stopped |= set(f["victims"])
         if f["kind"] in ("kill", "stop"):
             hit |= set(f["victims"])
             whole |= f["pick"] == "all"
@@ -299,7 +317,8 @@ def check_no_false_dead(job, plan):
             hit.add(f["rank"])
     if whole:
         return _skip("no_false_dead", "the whole job was killed")
-    wrong = sorted({(e["rank"], e["peer"]) for e in job.events_named("peer_dead") if e.get("peer") not in hit})
+    wrong = sorted({(e["rank"], e["peer"]) for e in job.events_named("peer_dead")
+                    if e.get("peer") not in hit and e["rank"] not in stopped})
     if wrong:
         return _bad("no_false_dead", "declared dead but never killed or stopped (observer, peer): %s" % wrong[:6])
     return _ok("no_false_dead")
