@@ -5,7 +5,8 @@
  * (default 8000), then rk_finalize. With PROG_DET_DIR set it writes "<pid> <port>" to
  * PROG_DET_DIR/rank-<R> once the detector runs, so a test can signal it or send it
  * datagrams. Prints what it observes: "rank R fenced: ..." (then exits 0) when the others
- * declared it dead, and at the end "rank R epoch E members M".
+ * declared it dead, "rank R recovered at step S" when rk_step_done returns RK_RECOVERED
+ * (it goes on from there), and at the end "rank R epoch E members M".
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,13 @@ int main(void)
             printf("rank %d fenced: %s\n", rank, rk_strerror(rc));
             fflush(stdout);
             break;
+        }
+        if (rc == RK_RECOVERED) { /* recovery rebuilt the job without the lost worker */
+            printf("rank %d recovered at step %lld\n", rank, (long long)rk_next_step(ctx));
+            fflush(stdout);
+            step = rk_next_step(ctx);
+            rc = 0;
+            continue;
         }
         if (rc != 0) {
             fprintf(stderr, "rank %d: rk_step_done: %s\n", rank, rk_strerror(rc));
