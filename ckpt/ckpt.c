@@ -57,6 +57,8 @@
 
 #define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
 
+static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
+
 static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
 {
     if (rc == 0) {
@@ -222,6 +224,11 @@ int ckpt_destroy(ckpt_engine **pe)
     free(e);
     *pe = NULL;
     return rc;
+}
+
+bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns)
+{
+    return wait_idle(e, deadline_ns);
 }
 
 void ckpt_note_committed(ckpt_engine *e, int64_t step)

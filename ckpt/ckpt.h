@@ -62,6 +62,9 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 int ckpt_wait(ckpt_engine *e);
 /* Until no checkpoint is in flight; failures stay to be reported by ckpt_wait. */
 void ckpt_drain(ckpt_engine *e);
+/* Whether the engine is idle (no checkpoint in flight) by the deadline (CLOCK_MONOTONIC
+   ns); lets a caller watch something else while it waits. */
+bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns);
 /* Tells the engine that `step` is committed (after a restore), so it is not written again. */
 void ckpt_note_committed(ckpt_engine *e, int64_t step);
 /* Newest step this engine committed or learned of, -1 if none. */

@@ -58,6 +58,10 @@ int rk_init(rk_ctx **out, const rk_options *o)
     MPI_Initialized(&flag);
     if (!flag) {
         int provided = 0;
+        /* Open MPI ends MPI_Finalize with a barrier of every process of the job, which
+           survivors of a lost peer can wait in forever: ask for none (unless the user
+           chose otherwise). Read by MPI_Init_thread. */
+        setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
         mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
         if (mrc != MPI_SUCCESS) {
             rc = rec_mpi_fail(mrc, "rk_init: MPI_Init_thread");

@@ -60,8 +60,23 @@ int rec_ckpt_open(rk_ctx *ctx)
     return 0;
 }
 
+/* Waits until the checkpoint in flight is committed or failed; if the detector sees a
+   member go meanwhile, the commit (which would wait for that member's shard) is cancelled
+   at once instead of at its deadline. */
+static void settle(rk_ctx *ctx)
+{
+    while (!ckpt_idle_by(ctx->ckpt, rk__deadline_ns(20))) {
+        if (rec_membership_changed(ctx)) {
+            ckpt_cancel(ctx->ckpt);
+            return;
+        }
+    }
+}
+
 int rec_ckpt_close(rk_ctx *ctx)
 {
+    if (ctx->ckpt)
+        settle(ctx);
     return ckpt_destroy(&ctx->ckpt);
 }
 
@@ -123,7 +138,10 @@ int rk_wait(rk_ctx *ctx)
 {
     if (!ctx)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_wait: ctx is NULL");
-    return ctx->ckpt ? ckpt_wait(ctx->ckpt) : 0;
+    if (!ctx->ckpt)
+        return 0;
+    settle(ctx);
+    return ckpt_wait(ctx->ckpt);
 }
 
 /* How every rank's attempt at one step ended, ordered so that MAX picks the worst. */
@@ -140,10 +158,17 @@ static int try_class(int rc)
     return TRY_SKIP;
 }
 
-/* Agreement among the current members, over the ring (which excludes lost ranks). */
+/* A collective among the current members, over the ring (which excludes lost ranks),
+   abandoned as soon as the detector sees another member go. */
+static int ring_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op)
+{
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    return ring_allreduce(ctx->ring, v, count, dtype, op, &cancel);
+}
+
 static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
 {
-    return ring_allreduce(ctx->ring, v, 1, dtype, op, NULL);
+    return ring_call(ctx, v, 1, dtype, op);
 }
 
 /* Restores, on every member, the newest committed checkpoint below `below` that verifies
@@ -240,7 +265,7 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
             memcpy(t[i].ptr, ckpt_held_tensor(ctx->ckpt, i), t[i].nbytes);
         else
             memset(t[i].ptr, 0, t[i].nbytes);
-        int rc = ring_allreduce(ctx->ring, t[i].ptr, t[i].nbytes, RK_U8, RK_MAX, NULL);
+        int rc = ring_call(ctx, t[i].ptr, t[i].nbytes, RK_U8, RK_MAX);
         if (rc)
             return rc;
     }

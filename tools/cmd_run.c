@@ -282,7 +282,7 @@ static char **mpirun_argv(const char *mpirun, const char *self, const struct run
         nenv += strncmp(*e, "RK_", 3) == 0;
     while (a->prog[nprog])
         nprog++;
-    char **v = calloc(24 + 2 * nenv + nprog, sizeof(char *));
+    char **v = calloc(28 + 2 * nenv + nprog, sizeof(char *));
     if (!v)
         return NULL;
     size_t k = 0;
@@ -293,6 +293,10 @@ static char **mpirun_argv(const char *mpirun, const char *self, const struct run
     v[k++] = "--mca";
     v[k++] = "orte_abort_on_non_zero_status";
     v[k++] = "0";
+    /* No final barrier in MPI_Finalize: survivors must not wait there for lost peers. */
+    v[k++] = "--mca";
+    v[k++] = "async_mpi_finalize";
+    v[k++] = "1";
     v[k++] = "--oversubscribe";
     v[k++] = "--mca";
     v[k++] = "btl_vader_single_copy_mechanism";
