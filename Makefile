@@ -157,7 +157,7 @@ check-%: all $(PROG_BIN) $(BUILD)/tests/test_%
 	@RK_TEST_SANITIZE=$(SANITIZE) tests/run $(BUILD) $*
 
 demo: deps
-	@$(MAKE) --no-print-directory all $(PROG_BIN)
+	@$(MAKE) --no-print-directory all
 	@scripts/demo $(BUILD)
 
 bench: all $(BENCH_BIN)

@@ -18,6 +18,7 @@
 enum opt_kind { OPT_INT, OPT_STR, OPT_CHOICE };
 
 static const char *const io_choices[] = {"auto", "uring", "buffered", NULL};
+static const char *const rollback_choices[] = {"auto", "disk", NULL};
 
 static const struct opt {
     const char *env;
@@ -35,7 +36,17 @@ static const struct opt {
     {"RK_EVENT_LOG", OPT_STR, offsetof(rk_options, event_log), 0, 0, 0, NULL},
     {"RK_DET_IFACE", OPT_STR, offsetof(rk_options, det_iface), 0, 0, 0, NULL},
     {"RK_IO", OPT_CHOICE, offsetof(rk_options, io), 0, 0, 0, io_choices},
+    {"RK_ROLLBACK", OPT_CHOICE, offsetof(rk_options, rollback), 0, 0, 0, rollback_choices},
 };
+
+/* "auto, uring or buffered" for a choice option's messages. */
+static void list_choices(const char *const *c, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; c[i] && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i == 0 ? "" : c[i + 1] ? ", " : " or ", c[i]);
+}
 
 int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why)
 {
@@ -117,8 +128,11 @@ void rk_options_init(rk_options *o)
             char range[64] = "";
             if (d->kind == OPT_INT)
                 snprintf(range, sizeof(range), " (expected an integer in [%ld, %ld])", d->lo, d->hi);
-            else if (d->kind == OPT_CHOICE)
-                snprintf(range, sizeof(range), " (expected auto, uring or buffered)");
+            else if (d->kind == OPT_CHOICE) {
+                char list[48];
+                list_choices(d->choices, list, sizeof(list));
+                snprintf(range, sizeof(range), " (expected %s)", list);
+            }
             snprintf(o->env_error, sizeof(o->env_error), "%s='%.40s': %s%s", d->env, v, why, range);
         }
     }
@@ -143,10 +157,12 @@ int rk__options_validate(const rk_options *o)
             for (c = d->choices; *c && v; c++)
                 if (strcmp(*c, v) == 0)
                     break;
-            if (!v || !*c)
-                return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION,
-                                "option %s = '%s': not one of auto, uring, buffered", d->env,
-                                v ? v : "(null)");
+            if (!v || !*c) {
+                char list[48];
+                list_choices(d->choices, list, sizeof(list));
+                return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION, "option %s = '%s': not one of %s", d->env,
+                                v ? v : "(null)", list);
+            }
         }
     }
     if (o->ckpt_dir && !*o->ckpt_dir)

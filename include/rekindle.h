@@ -14,8 +14,15 @@
  *   - a caller's buffers stay the caller's: the library never frees them and never
  *     writes them except in rk_resume() and when a call returns RK_RECOVERED.
  *
- * The functions marked "[not available yet]" belong to a part of the library that is
- * not built yet; they return RK_E_NOTAVAIL, never a pretend success.
+ * RK_E_NOTAVAIL is returned by a feature this build does not have (never a pretend
+ * success).
+ *
+ * Recovery: when the failure detector declares a member dead, the survivors' next
+ * rk_allreduce or rk_step_done agrees on the new membership (a majority of the previous
+ * one is required), rebuilds the ring, restores the registered tensors to the latest
+ * consistent step (from the survivors' memory, else from disk) and returns RK_RECOVERED;
+ * continue from rk_next_step(). A worker declared dead gets RK_E_FENCED from every call.
+ * See docs/PROTOCOL.md.
  */
 #ifndef REKINDLE_H
 #define REKINDLE_H
@@ -89,6 +96,9 @@ typedef struct rk_options {
     const char *det_iface; /* RK_DET_IFACE   ; interface or address the detector binds
                               and advertises; NULL: the host's outward address          */
     const char *io;       /* RK_IO           ; checkpoint I/O: "auto", "uring", "buffered" */
+    const char *rollback; /* RK_ROLLBACK     ; after a loss: "auto" (from the survivors'
+                             memory when they hold the step, else disk) or "disk" (always
+                             the newest committed checkpoint that verifies)             */
     /* The first RK_* variable rk_options_init() could not parse, as "NAME='value': why";
        empty when all parsed. rk_init() refuses options with an error here. */
     char env_error[192];
@@ -129,11 +139,11 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step);
    For a given membership the reduction order is fixed: results are bitwise reproducible.
    Never waits longer than RK_TIMEOUT_MS. Errors, returned on every member: -EINVAL (NULL
    buffer with count > 0), RK_E_DTYPE, RK_E_OP (here), RK_E_COLL_MISMATCH (members passed
-   different arguments), RK_E_PEER_LOST (a member was lost), RK_E_TIMEOUT, RK_E_FENCED.
+   different arguments), RK_E_PEER_LOST (a member was lost and could not be recovered),
+   RK_E_TIMEOUT, RK_E_FENCED, RK_E_NO_MAJORITY / RK_E_MIN_WORLD (recovery stopped).
    On an error buf holds partial results; nothing writes it after the call returns.
    RK_RECOVERED: a member was lost, the ring was rebuilt and registered state rolled
-   back: continue from rk_next_step(). [RK_RECOVERED comes with the recovery
-   coordinator; until then a lost member is returned as RK_E_PEER_LOST / RK_E_TIMEOUT] */
+   back: continue from rk_next_step(). */
 int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op);
 
 /* Step `step` (counted from 0) is finished: the registered state is now that at the

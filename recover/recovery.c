@@ -9,7 +9,7 @@
  *
  * STATES (per worker; the function performing each transition)
  *
- *   RUNNING --(detector epoch != agreed epoch: rec_membership_changed)--> FENCE
+ *   RUNNING --(a member declared dead: rec_membership_changed)--> FENCE
  *   FENCE   --(the ring call returned; no request can write user memory)--> AGREE (rec_recover)
  *   AGREE   --(coordinator: reports gathered, rec_decide: coordinate)--> REBUILD
  *   AGREE   --(member: decision received: follow)--> REBUILD
@@ -101,17 +101,33 @@ void rec_recovery_fini(rk_ctx *ctx)
     ctx->send_buf = NULL;
 }
 
+/* A member of the agreed view declared dead, or this worker fenced, since the last
+   agreement. A clean leave (a peer that finished and called rk_finalize) is not one: a
+   member that completed a collective may leave before its peers have received what it
+   already sent, and they must be allowed to finish. */
 bool rec_membership_changed(rk_ctx *ctx)
 {
     if (!ctx->det)
         return false;
     uint64_t s = det_seq(ctx->det);
-    if (s != ctx->seen_seq) {
-        ctx->seen_seq = s;
+    if (s == ctx->seen_seq)
+        return ctx->change_pending;
+    ctx->seen_seq = s;
+    det_event ev;
+    uint64_t lost = 0;
+    while (det_next_event(ctx->det, &ev, &lost) == 1) {
+        if (ev.kind == DET_EV_FENCED)
+            ctx->change_pending = true;
+        else if (ev.kind == DET_EV_DEAD && in_list(ctx->view, ctx->nview, ev.peer))
+            ctx->change_pending = true;
+    }
+    if (lost) { /* events were dropped: judge by the view alone */
         det_view v;
         det_view_get(ctx->det, &v);
-        ctx->change_pending = v.epoch != ctx->agreed_epoch || det_fenced(ctx->det);
+        for (int i = 0; i < ctx->nview; i++)
+            ctx->change_pending |= !det_view_has(&v, ctx->view[i]);
     }
+    ctx->change_pending |= det_fenced(ctx->det);
     return ctx->change_pending;
 }
 
@@ -186,7 +202,8 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
     r->rank0 = ctx->rank0;
     r->epoch = v->epoch;
     r->next_step = ctx->next_step;
-    r->held_step = rec_ckpt_held_step(ctx);
+    /* RK_ROLLBACK=disk: offer no snapshot, so the decision restores from disk. */
+    r->held_step = strcmp(ctx->opt.rollback, "disk") == 0 ? -1 : rec_ckpt_held_step(ctx);
     r->committed_step = rec_ckpt_committed_step(ctx);
 }
 
@@ -403,7 +420,8 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         return irc;
     if (irc != 0) /* the view moved on meanwhile: the next call recovers again */
         RK_LOG_INFO(RK_SUB_REC, "recovery: detector view moved past epoch %llu", (unsigned long long)dec->epoch);
-    ctx->seen_seq = 0; /* re-read the view at the next check */
+    /* Deaths the detector declared meanwhile are still queued: the next check sees them. */
+    ctx->seen_seq = 0;
     ctx->change_pending = false;
     ctx->rank = ring_rank(ctx->ring);
     ctx->world = ring_size(ctx->ring);

@@ -18,7 +18,8 @@
 static void clear_rk_env(void)
 {
     const char *vars[] = {"RK_CKPT_DIR", "RK_CKPT_EVERY", "RK_KEEP", "RK_HEARTBEAT_MS", "RK_MIN_WORLD",
-                          "RK_TIMEOUT_MS", "RK_EVENT_LOG", "RK_DET_IFACE", "RK_IO", "RK_LOG", "RK_LOG_SUBSYS"};
+                          "RK_TIMEOUT_MS", "RK_EVENT_LOG", "RK_DET_IFACE", "RK_IO", "RK_LOG", "RK_LOG_SUBSYS",
+                          "RK_ROLLBACK"};
     for (size_t i = 0; i < RK_ARRAY_LEN(vars); i++)
         unsetenv(vars[i]);
 }
@@ -37,6 +38,7 @@ START_TEST(options_defaults)
     ck_assert_int_eq(o.min_world, 1);
     ck_assert_int_eq(o.timeout_ms, 30000);
     ck_assert_str_eq(o.io, "auto");
+    ck_assert_str_eq(o.rollback, "auto");
     ck_assert_str_eq(o.env_error, "");
     th_assert_rc(rk__options_validate(&o), 0);
 }
@@ -53,6 +55,7 @@ START_TEST(options_from_env)
     setenv("RK_TIMEOUT_MS", "+1500", 1);
     setenv("RK_IO", "buffered", 1);
     setenv("RK_EVENT_LOG", "/tmp/ev", 1);
+    setenv("RK_ROLLBACK", "disk", 1);
     rk_options o;
     rk_options_init(&o);
     ck_assert_str_eq(o.ckpt_dir, "/tmp/ck");
@@ -63,6 +66,7 @@ START_TEST(options_from_env)
     ck_assert_int_eq(o.timeout_ms, 1500);
     ck_assert_str_eq(o.io, "buffered");
     ck_assert_str_eq(o.event_log, "/tmp/ev");
+    ck_assert_str_eq(o.rollback, "disk");
     ck_assert_str_eq(o.env_error, "");
     th_assert_rc(rk__options_validate(&o), 0);
 }
@@ -75,7 +79,7 @@ static const struct {
     {"RK_HEARTBEAT_MS", "abc"}, {"RK_HEARTBEAT_MS", "-5"},   {"RK_HEARTBEAT_MS", "100ms"},
     {"RK_HEARTBEAT_MS", ""},    {"RK_KEEP", "0"},            {"RK_CKPT_EVERY", "-1"},
     {"RK_CKPT_EVERY", "99999999999"}, {"RK_MIN_WORLD", "0"}, {"RK_TIMEOUT_MS", "1e3"},
-    {"RK_IO", "fast"},          {"RK_HEARTBEAT_MS", " 100"},
+    {"RK_IO", "fast"},          {"RK_HEARTBEAT_MS", " 100"}, {"RK_ROLLBACK", "memory"},
 };
 
 START_TEST(options_bad_env_named_by_rk_init)
