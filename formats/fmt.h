@@ -122,6 +122,7 @@ typedef struct fmt_ckpt {
     fmt_tensor *t;    /* every tensor, in registration order */
     fmt_manifest **shards; /* world of them */
     int *fds;         /* shard file descriptors, opened on first use (-1) */
+    struct fmt_direct *direct; /* the O_DIRECT reader of large tensors (fmt_readdirect.c) */
 } fmt_ckpt;
 
 /* Opens committed checkpoint `stepdir`: index.h5's root attributes and every shard's

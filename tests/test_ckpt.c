@@ -177,6 +177,28 @@ START_TEST(corruption_falls_back)
 }
 END_TEST
 
+/* The same on the O_DIRECT read path of large tensors (np 0 adds a 16 MiB + 12 B tensor,
+   most of the shard): a bit flip in its middle and a shard cut inside it are both found,
+   and the previous checkpoint is restored. */
+START_TEST(corruption_of_large_tensor_falls_back)
+{
+    for (int k = 0; k < 2; k++) {
+        char *dir = th_tmpdir("bigbad"), p[4300];
+        RUN_OK(0, dir, "write", "5", NULL, NULL);
+        snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
+        struct stat sb;
+        ck_assert_int_eq(stat(p, &sb), 0);
+        if (k == 0)
+            flip_byte(p, sb.st_size / 2);
+        else
+            ck_assert_int_eq(truncate(p, sb.st_size - 4 * 1048576), 0);
+        RUN_OK(0, dir, "resume", "2", NULL, NULL);
+        th_rmrf(dir);
+        free(dir);
+    }
+}
+END_TEST
+
 /* Restore of another set of tensors: RK_E_MISMATCH, buffers untouched. */
 START_TEST(mismatch_is_clear)
 {
@@ -321,6 +343,7 @@ int main(void)
     tcase_add_test(tc, events_committed);
     tcase_add_test(tc, two_ranks_resume_three_and_one);
     tcase_add_test(tc, corruption_falls_back);
+    tcase_add_test(tc, corruption_of_large_tensor_falls_back);
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
