@@ -177,8 +177,6 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
     if (mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir,
                         strerror(errno));
-    for (size_t i = 0; i < j->m.n; i++)
-        j->m.t[i].xxh3 = fmt_xxh3(j->m.t[i].data, j->m.t[i].nbytes);
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);
     unlink(path); /* a dead attempt's */
     fmt_write_stats st;

@@ -84,8 +84,8 @@ typedef struct fmt_write_stats {
     uint64_t bytes;
 } fmt_write_stats;
 
-/* Writes shard file `path` holding m->t[0..n) (data, with xxh3 filled in by the caller),
-   records each dataset's file offset in m->t[i].offset, closes the file and makes it
+/* Writes shard file `path` holding m->t[0..n), fills in each m->t[i].xxh3 (computed while
+   the tensor's bytes are being written) and m->t[i].offset, closes the file and makes it
    durable (fsync). io_mode is the RK_IO string ("auto" ...). */
 int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
                     fmt_write_stats *st);
