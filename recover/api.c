@@ -37,6 +37,12 @@ int rk_init(rk_ctx **out, const rk_options *o)
     }
     if ((rc = rk__options_validate(o)) != 0)
         return rc;
+    const char *spares = getenv("RK_SPARES");
+    long nspares = 0;
+    if (spares && rk__parse_int(spares, 0, 1 << 24, &nspares, NULL) == 0 && nspares > 0)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOTAVAIL,
+                        "RK_SPARES=%s: spare workers (rekindle run --spares) are not supported yet; "
+                        "run without --spares (survivors shrink the ring instead)", spares);
 
     rk_ctx *ctx = calloc(1, sizeof(*ctx));
     if (!ctx)

@@ -19,7 +19,7 @@ static void clear_rk_env(void)
 {
     const char *vars[] = {"RK_CKPT_DIR", "RK_CKPT_EVERY", "RK_KEEP", "RK_HEARTBEAT_MS", "RK_MIN_WORLD",
                           "RK_TIMEOUT_MS", "RK_EVENT_LOG", "RK_DET_IFACE", "RK_IO", "RK_LOG", "RK_LOG_SUBSYS",
-                          "RK_ROLLBACK"};
+                          "RK_ROLLBACK", "RK_SPARES"};
     for (size_t i = 0; i < RK_ARRAY_LEN(vars); i++)
         unsetenv(vars[i]);
 }
@@ -442,6 +442,26 @@ START_TEST(init_min_world_refused)
 }
 END_TEST
 
+/* Spare workers are not supported yet: rk_init says so rather than training them. */
+START_TEST(init_refuses_spares)
+{
+    clear_rk_env();
+    setenv("RK_SPARES", "2", 1);
+    rk_ctx *ctx = NULL;
+    int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY);
+    dup2(null, STDERR_FILENO);
+    int rc = rk_init(&ctx, NULL);
+    dup2(saved, STDERR_FILENO);
+    th_assert_rc(rc, RK_E_NOTAVAIL);
+    ck_assert_ptr_null(ctx);
+    ck_assert_msg(strstr(rk_last_error(), "RK_SPARES=2") != NULL, "message: %s", rk_last_error());
+    setenv("RK_SPARES", "0", 1);
+    th_assert_rc(rk_init(&ctx, NULL), 0);
+    th_assert_rc(rk_finalize(&ctx), 0);
+    unsetenv("RK_SPARES");
+}
+END_TEST
+
 START_TEST(init_under_mpirun)
 {
     char *prog = NULL;
@@ -499,6 +519,7 @@ static Suite *common_suite(void)
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, init_single_process_without_mpirun);
     tcase_add_test(tc, init_min_world_refused);
+    tcase_add_test(tc, init_refuses_spares);
     tcase_add_test(tc, init_under_mpirun);
     suite_add_tcase(s, tc);
     return s;
