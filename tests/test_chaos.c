@@ -56,15 +56,22 @@ static int summary(const char *out, int *r, int *f, int *v)
     return last ? 0 : -1;
 }
 
+/* Runs a campaign that must end with `runs` runs, at least as many faults, no violation,
+   exit 0; returns its output (malloc'd) for further checks. */
+static char *campaign_ok(const char *args, int runs)
+{
+    char *out = NULL;
+    int rc = chaos(args, CAMPAIGN_TIMEOUT_S, &out), r = -1, f = -1, v = -1;
+    ck_assert_msg(out && summary(out, &r, &f, &v) == 0, "no summary line:\n%.3000s", out ? out : "");
+    ck_assert_msg(r == runs && f >= runs && v == 0 && rc == 0, "runs %d faults %d violations %d exit %d:\n%.3000s",
+                  r, f, v, rc, out);
+    return out;
+}
+
 START_TEST(fixed_seed_campaign)
 {
     need_h5py();
-    char *out = NULL;
-    int rc = chaos("--runs 8 --seed 1 --faults " CHECK_KINDS, CAMPAIGN_TIMEOUT_S, &out);
-    int r = -1, f = -1, v = -1;
-    ck_assert_msg(out && summary(out, &r, &f, &v) == 0, "no summary line:\n%.3000s", out ? out : "");
-    ck_assert_msg(r == 8 && f >= 8 && v == 0 && rc == 0, "runs %d faults %d violations %d exit %d:\n%.3000s", r, f,
-                  v, rc, out);
+    char *out = campaign_ok("--runs 8 --seed 1 --faults " CHECK_KINDS, 8);
     /* The excluded kinds are named, not silently dropped. */
     ck_assert_msg(strstr(out, "NOT exercised: ") && strstr(out, "hb_jitter"), "excluded kinds not reported:\n%.3000s",
                   out);
@@ -77,12 +84,7 @@ END_TEST
 START_TEST(recovery_and_io_campaign)
 {
     need_h5py();
-    char *out = NULL;
-    int rc = chaos("--runs 4 --seed 2 --faults " CHECK_KINDS_2, CAMPAIGN_TIMEOUT_S, &out);
-    int r = -1, f = -1, v = -1;
-    ck_assert_msg(out && summary(out, &r, &f, &v) == 0, "no summary line:\n%.3000s", out ? out : "");
-    ck_assert_msg(r == 4 && f >= 4 && v == 0 && rc == 0, "runs %d faults %d violations %d exit %d:\n%.3000s", r, f,
-                  v, rc, out);
+    char *out = campaign_ok("--runs 4 --seed 2 --faults " CHECK_KINDS_2, 4);
     ck_assert_msg(strstr(out, " kill_in_recovery ") && strstr(out, " io_fault "), "kinds not drawn:\n%.3000s", out);
     free(out);
 }
