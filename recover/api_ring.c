@@ -16,11 +16,6 @@
 #include "../ring/ring.h"
 #include "rec_internal.h"
 
-/* Belongs in rec_internal.h (for the recovery coordinator): rebuilds the ring over
-   `members` (ranks of ctx->comm: survivors and spares) for `epoch`, renumbers
-   ctx->rank/ctx->world densely in the old order and logs the ring_rebuilt event. */
-int rec_ring_rebuild(rk_ctx *ctx, const int *members, int nmembers, uint64_t epoch);
-
 int rec_ring_open(rk_ctx *ctx)
 {
     return ring_create(&ctx->ring, ctx->comm, NULL, 0, ctx->opt.timeout_ms);
@@ -29,19 +24,6 @@ int rec_ring_open(rk_ctx *ctx)
 void rec_ring_close(rk_ctx *ctx)
 {
     ring_destroy(&ctx->ring);
-}
-
-int rec_ring_rebuild(rk_ctx *ctx, const int *members, int nmembers, uint64_t epoch)
-{
-    int64_t t0 = rk__mono_ns();
-    int rc = ring_rebuild(ctx->ring, members, nmembers, epoch, NULL);
-    if (rc != 0)
-        return rc;
-    ctx->rank = ring_rank(ctx->ring);
-    ctx->world = ring_size(ctx->ring);
-    RK_EVENT(ctx->ev, "ring_rebuilt", RK_EV_I("epoch", epoch), RK_EV_I("world", ctx->world),
-             RK_EV_D("ms", rk__ms_since(t0)));
-    return 0;
 }
 
 int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
