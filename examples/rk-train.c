@@ -432,7 +432,11 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
 {
     int64_t step = 0;
     int rc;
-    if (ckpt_on && (rc = rk_resume(ctx, &step)) != 0)
+    if (ckpt_on && (rc = rk_resume(ctx, &step)) == RK_E_SPARE_UNUSED) {
+        fprintf(stderr, "rk-train: spare worker not needed: the job finished without it\n");
+        return 0; /* a spare (rekindle run --spares) that no loss called in */
+    }
+    if (ckpt_on && rc != 0)
         return fail("rk_resume", rc);
     while (step < a->steps) {
         float loss = 0;

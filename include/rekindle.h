@@ -76,7 +76,8 @@ typedef enum { RK_SUM, RK_AVG, RK_MAX, RK_MIN } rk_op;
     X(RK_E_ABORTED, -1024, "the operation was aborted")                                       \
     X(RK_E_AUTH, -1025, "message failed authentication")                                      \
     X(RK_E_NOGPU, -1026, "no usable GPU")                                                     \
-    X(RK_E_INTERNAL, -1027, "internal error (a bug in Rekindle: please report it)")
+    X(RK_E_INTERNAL, -1027, "internal error (a bug in Rekindle: please report it)")                \
+    X(RK_E_SPARE_UNUSED, -1028, "this spare worker was not needed: the job finished without it")
 
 enum rk_error {
 #define RK_ERROR_ENUM_(name, code, msg) name = (code),
@@ -126,6 +127,10 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
 
 /* Collective: restores the latest consistent checkpoint into the registered buffers
    and sets *next_step to the step to run next; 0 and nothing restored if none exists.
+   A spare worker (rekindle run --spares: RK_SPARES) waits here until recovery brings it
+   into the ring in place of a lost worker (then it returns 0 with the state and step of
+   the others), or until the job ends without needing it (RK_E_SPARE_UNUSED: finalize and
+   exit normally). Until then rk_rank() is -1.
    Every rank agrees on the newest committed checkpoint whose checksums verify on every
    rank (older ones are tried when one fails: logged), and every rank restores every
    tensor, whatever the world size that wrote it. RK_E_MISMATCH if that checkpoint holds
@@ -164,6 +169,8 @@ int rk_checkpoint(rk_ctx *ctx);
    the last rk_wait (rk_last_error() and the event ckpt_failed say why), 0 if none. */
 int rk_wait(rk_ctx *ctx);
 
+/* This worker's rank in the current ring (dense, renumbered in the old order after a
+   recovery; -1 for a spare not yet brought in) and the ring's size. */
 int rk_rank(const rk_ctx *ctx);
 int rk_world(const rk_ctx *ctx);
 

@@ -39,10 +39,11 @@ int rk_init(rk_ctx **out, const rk_options *o)
         return rc;
     const char *spares = getenv("RK_SPARES");
     long nspares = 0;
-    if (spares && rk__parse_int(spares, 0, 1 << 24, &nspares, NULL) == 0 && nspares > 0)
-        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOTAVAIL,
-                        "RK_SPARES=%s: spare workers (rekindle run --spares) are not supported yet; "
-                        "run without --spares (survivors shrink the ring instead)", spares);
+    if (spares && *spares && rk__parse_int(spares, 0, 1 << 24, &nspares, NULL) != 0)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_OPTION, "RK_SPARES='%s': not a count", spares);
+    if (nspares > 0 && !o->ckpt_dir)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_OPTION,
+                        "RK_SPARES=%ld: a spare takes over from the others' snapshot: set RK_CKPT_DIR", nspares);
 
     rk_ctx *ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
@@ -85,8 +86,16 @@ int rk_init(rk_ctx **out, const rk_options *o)
     MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(ctx->comm, &ctx->rank0);
     MPI_Comm_size(ctx->comm, &ctx->world0);
-    ctx->rank = ctx->rank0;
-    ctx->world = ctx->world0;
+    if (nspares >= ctx->world0) {
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_OPTION, "RK_SPARES=%ld: not fewer than the %d processes",
+                      nspares, ctx->world0);
+        goto out_comm;
+    }
+    /* The last RK_SPARES ranks are spares: outside the ring until recovery needs them. */
+    ctx->nspares = (int)nspares;
+    ctx->world = ctx->world0 - ctx->nspares;
+    ctx->is_spare = ctx->rank0 >= ctx->world;
+    ctx->rank = ctx->is_spare ? -1 : ctx->rank0;
     rk__log_set_rank(ctx->rank0);
     if (ctx->world < ctx->opt.min_world) {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MIN_WORLD,
@@ -132,6 +141,8 @@ int rk_finalize(rk_ctx **pctx)
     if (!pctx || !*pctx)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_finalize: ctx is NULL");
     rk_ctx *ctx = *pctx;
+    if (ctx->rank == 0)
+        rec_release_spares(ctx);
     if (rec_membership_changed(ctx))
         rec_ckpt_abandon(ctx); /* a member was lost and never recovered: don't wait for it */
     int rc = rec_ckpt_close(ctx);
@@ -166,6 +177,8 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     int rc = rec_det_status(ctx);
     if (rc != 0)
         return rc;
+    if (ctx->is_spare)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "rk_step_done: a spare worker must wait in rk_resume");
     if (rec_membership_changed(ctx))
         return rec_recover(ctx); /* the step just finished is rolled back with the rest */
     ctx->next_step = step + 1;

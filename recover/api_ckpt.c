@@ -33,8 +33,10 @@ int rec_ckpt_open(rk_ctx *ctx)
     int mrc = MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, ctx->comm);
     if (mrc != MPI_SUCCESS)
         return rec_mpi_fail(mrc, "rk_init: checkpoint nonce");
-    ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->rank, .world = ctx->world, .keep = ctx->opt.keep,
-                       .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce, .ev = ctx->ev};
+    /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
+    ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
+                       .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
+                       .ev = ctx->ev};
     /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     int rc = 0, worst = 0;
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
@@ -213,6 +215,11 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     if (!ctx || !next_step)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_resume: %s is NULL", ctx ? "next_step" : "ctx");
     *next_step = ctx->next_step;
+    if (ctx->is_spare) {
+        int src = rec_spare_wait(ctx); /* the state comes with the decision that needs us */
+        *next_step = ctx->next_step;
+        return src;
+    }
     if (!ctx->ckpt)
         return 0; /* no checkpoint directory: nothing to restore */
     ckpt_drain(ctx->ckpt);

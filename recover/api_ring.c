@@ -12,13 +12,25 @@
  * are returned as they are.
  */
 #include <errno.h>
+#include <stdlib.h>
 
 #include "../ring/ring.h"
 #include "rec_internal.h"
 
 int rec_ring_open(rk_ctx *ctx)
 {
-    return ring_create(&ctx->ring, ctx->comm, NULL, 0, ctx->opt.timeout_ms);
+    if (ctx->nspares == 0)
+        return ring_create(&ctx->ring, ctx->comm, NULL, 0, ctx->opt.timeout_ms);
+    /* Spares (the last RK_SPARES ranks) get a ring in the spare state: recovery brings
+       them in with ring_rebuild. */
+    int *members = malloc((size_t)ctx->world * sizeof(int));
+    if (!members)
+        return -ENOMEM;
+    for (int i = 0; i < ctx->world; i++)
+        members[i] = i;
+    int rc = ring_create(&ctx->ring, ctx->comm, members, ctx->world, ctx->opt.timeout_ms);
+    free(members);
+    return rc;
 }
 
 void rec_ring_close(rk_ctx *ctx)
@@ -35,6 +47,8 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
         return rc;
     if (!ctx->ring)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "rk_allreduce: no ring (rk_init failed?)");
+    if (ctx->is_spare)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "rk_allreduce: a spare worker must wait in rk_resume");
     if (rec_membership_changed(ctx))
         return rec_recover(ctx);
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};

@@ -50,6 +50,8 @@ struct rk_ctx {
     rk__evlog *ev;
     /* recovery (recover/recovery.c) */
     int *view, nview;         /* the agreed members, ranks at start, ascending */
+    int *spares, nspares;     /* spare workers not used yet, ranks at start (RK_SPARES) */
+    bool is_spare;            /* this worker waits in rk_resume until recovery needs it */
     uint64_t agreed_epoch;    /* the detector epoch of that view */
     uint64_t seen_seq;        /* det_seq() when last looked at */
     bool change_pending;      /* the detector's view differs from the agreed one */
@@ -90,6 +92,11 @@ void rec_recovery_fini(rk_ctx *ctx);
 bool rec_membership_changed(rk_ctx *ctx);
 bool rec_ring_changed(void *ctx);
 int rec_recover(rk_ctx *ctx);
+/* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
+   ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
+int rec_spare_wait(rk_ctx *ctx);
+/* rk_finalize on rank 0: tells the spares still waiting that they are not needed. */
+void rec_release_spares(rk_ctx *ctx);
 /* What recovery needs from the checkpoint engine (api_ckpt.c): the step of the complete
    snapshot held in memory and the newest committed one (-1: none), and the rollback to a
    decision's step over the rebuilt ring. */

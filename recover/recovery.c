@@ -42,6 +42,7 @@
 
 #define REC_TAG_REPORT 0x5e01
 #define REC_TAG_DECIDE 0x5e02
+#define REC_TAG_RELEASE 0x5e03
 #define REC_MAGIC 0x524b5231u /* "RKR1" */
 #define REC_AGAIN 2 /* internal: start the next round (distinct from RK_OK and RK_RECOVERED) */
 #define POLL_NS (200 * 1000)  /* between polls of MPI and the detector */
@@ -83,6 +84,12 @@ int rec_recovery_init(rk_ctx *ctx)
         return -ENOMEM;
     for (int i = 0; i < ctx->nview; i++)
         ctx->view[i] = i;
+    if (ctx->nspares > 0) {
+        if (!(ctx->spares = calloc((size_t)ctx->nspares, sizeof(int))))
+            return -ENOMEM;
+        for (int i = 0; i < ctx->nspares; i++)
+            ctx->spares[i] = ctx->world + i;
+    }
     if (ctx->det) {
         det_view v;
         det_view_get(ctx->det, &v);
@@ -97,6 +104,9 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->view);
     ctx->view = NULL;
     ctx->nview = 0;
+    free(ctx->spares);
+    ctx->spares = NULL;
+    ctx->nspares = 0;
     free(ctx->send_buf);
     ctx->send_buf = NULL;
 }
@@ -207,6 +217,20 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
     r->committed_step = rec_ckpt_committed_step(ctx);
 }
 
+/* After the decision rule: live spares take the places of lost members (up to the size of
+   the previous view). Spares have the highest ranks at start, so the list stays ascending. */
+static void add_spares(rk_ctx *ctx, rec_decision *dec)
+{
+    det_view v;
+    det_view_get(ctx->det, &v);
+    for (int i = 0; i < ctx->nspares && dec->nmembers < ctx->nview && dec->nmembers < REC_MAX_WORLD; i++) {
+        if (!det_view_has(&v, ctx->spares[i]))
+            continue; /* a spare that died while waiting */
+        dec->members[dec->nmembers++] = ctx->spares[i];
+        dec->all_hold = 0; /* a spare holds no snapshot: it receives the root's */
+    }
+}
+
 /* The coordinator: gathers a report from every member of `alive`, decides, tells them. */
 static int coordinate(rk_ctx *ctx, int *alive, int nalive, const rec_report *mine, int64_t deadline,
                       rec_decision *dec, int *dec_error)
@@ -278,11 +302,16 @@ static int coordinate(rk_ctx *ctx, int *alive, int nalive, const rec_report *min
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "recovery: malformed reports");
         goto out_free;
     }
+    if (*dec_error == 0)
+        add_spares(ctx, dec);
 
-    /* Tell every reporter: the decision, or the error they all stop with. */
+    /* Tell every member of the new ring (spares included), or every reporter the error
+       they all stop with. */
     size_t len = decide_bytes(*dec_error ? 0 : dec->nmembers);
-    for (int i = 0; i < nrep; i++) {
-        if (rep[i].rank0 == ctx->rank0)
+    int nto = *dec_error ? nrep : dec->nmembers;
+    for (int i = 0; i < nto; i++) {
+        int to = *dec_error ? rep[i].rank0 : dec->members[i];
+        if (to == ctx->rank0)
             continue;
         struct msg_decide *m = malloc(sizeof(*m));
         if (!m) {
@@ -293,7 +322,7 @@ static int coordinate(rk_ctx *ctx, int *alive, int nalive, const rec_report *min
         m->error = *dec_error;
         m->base_epoch = ctx->agreed_epoch;
         memcpy(&m->d, dec, offsetof(rec_decision, members) + (size_t)dec->nmembers * sizeof(int));
-        if (post_send(ctx, m, len, rep[i].rank0, REC_TAG_DECIDE, rk__deadline_ns(1000)) == 0)
+        if (post_send(ctx, m, len, to, REC_TAG_DECIDE, rk__deadline_ns(1000)) == 0)
             free(m);
         /* else: m stays with MPI (see post_send) */
     }
@@ -408,13 +437,23 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     ctx->view = view;
     ctx->nview = dec->nmembers;
     ctx->agreed_epoch = dec->epoch;
+    ctx->is_spare = false;
+    int kept = 0; /* spares brought in leave the list of spares */
+    for (int i = 0; i < ctx->nspares; i++)
+        if (!in_list(dec->members, dec->nmembers, ctx->spares[i]))
+            ctx->spares[kept++] = ctx->spares[i];
+    ctx->nspares = kept;
     det_view nv;
     det_view_get(ctx->det, &nv);
     nv.epoch = dec->epoch;
     memset(nv.members, 0, sizeof(nv.members));
-    for (int i = 0; i < dec->nmembers; i++)
-        nv.members[dec->members[i] / 64] |= 1ull << (dec->members[i] % 64);
-    nv.nmembers = dec->nmembers;
+    nv.nmembers = 0;
+    /* The detector keeps watching the spares still waiting: a removal would be final. */
+    for (int i = 0; i < dec->nmembers + ctx->nspares; i++) {
+        int r = i < dec->nmembers ? dec->members[i] : ctx->spares[i - dec->nmembers];
+        nv.members[r / 64] |= 1ull << (r % 64);
+        nv.nmembers++;
+    }
     int irc = det_install_view(ctx->det, &nv);
     if (irc == RK_E_FENCED)
         return irc;
@@ -503,4 +542,78 @@ static int recover_rounds(rk_ctx *ctx)
         if (rc != REC_AGAIN)
             return rc;
     }
+}
+
+/* ---- spares ------------------------------------------------------------------------------ */
+
+int rec_spare_wait(rk_ctx *ctx)
+{
+    if (!ctx->det || !ctx->ring)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "a spare needs the detector and the ring");
+    RK_LOG_INFO(RK_SUB_REC, "spare worker: waiting until a member is lost");
+    struct msg_decide *in = malloc(sizeof(*in));
+    if (!in)
+        return -ENOMEM;
+    int rc;
+    for (;;) {
+        int src, n;
+        char token[16];
+        if (try_recv(ctx, REC_TAG_RELEASE, token, sizeof(token), &src) > 0) {
+            rk__set_last_error("the job finished without needing this spare worker");
+            rc = RK_E_SPARE_UNUSED;
+            break;
+        }
+        /* A decision naming this spare, from whichever member coordinates (R2 does not
+           apply: a spare takes no part in rounds, so it has no base epoch to match). */
+        bool got = false;
+        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src)) > 0)
+            got = (size_t)n >= decide_bytes(0) && in->magic == REC_MAGIC && in->error == 0 && in->d.nmembers > 0 &&
+                  in->d.nmembers <= REC_MAX_WORLD && (size_t)n == decide_bytes(in->d.nmembers) &&
+                  in_list(in->d.members, in->d.nmembers, ctx->rank0);
+        if (got) {
+            rec_decision *dec = malloc(sizeof(*dec));
+            if (!dec) {
+                rc = -ENOMEM;
+                break;
+            }
+            memcpy(dec, &in->d, (size_t)n - offsetof(struct msg_decide, d));
+            int64_t t0 = rk__mono_ns();
+            rc = apply_decision(ctx, dec, t0, rk__deadline_ns(2LL * ctx->opt.timeout_ms));
+            free(dec);
+            if (rc == RK_RECOVERED) {
+                RK_EVENT(ctx->ev, "spare_joined", RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("rank", ctx->rank),
+                         RK_EV_I("world", ctx->world), RK_EV_I("step", ctx->next_step));
+                rc = 0;
+                break;
+            }
+            if (rc != REC_AGAIN)
+                break;
+            continue; /* the ring could not be built: wait for the next decision */
+        }
+        if (det_fenced(ctx->det)) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED, "this spare was declared dead by the others");
+            break;
+        }
+        det_view v;
+        det_view_get(ctx->det, &v);
+        bool any = false;
+        for (int i = 0; i < ctx->nview && !any; i++)
+            any = det_view_has(&v, ctx->view[i]);
+        if (!any) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST,
+                          "spare worker: every member of the job is gone");
+            break;
+        }
+        rk__sleep_ns(1000000);
+    }
+    free(in);
+    return rc;
+}
+
+void rec_release_spares(rk_ctx *ctx)
+{
+    static const char token[] = "release";
+    for (int i = 0; i < ctx->nspares; i++)
+        if (post_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE, rk__deadline_ns(1000)) != 0)
+            RK_LOG_INFO(RK_SUB_REC, "could not tell spare %d it is not needed (gone?)", ctx->spares[i]);
 }

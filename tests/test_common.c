@@ -442,22 +442,28 @@ START_TEST(init_min_world_refused)
 }
 END_TEST
 
-/* Spare workers are not supported yet: rk_init says so rather than training them. */
-START_TEST(init_refuses_spares)
+/* RK_SPARES: a count, fewer than the processes, and only with checkpoints (a spare takes
+   over from the others' snapshot); each refusal names RK_SPARES. */
+START_TEST(init_checks_spares)
 {
-    clear_rk_env();
-    setenv("RK_SPARES", "2", 1);
-    rk_ctx *ctx = NULL;
+    static const char *const bad[][2] = {{"abc", NULL}, {"2", NULL}, {"1", "/tmp/rk-spares-ck"}};
     int saved = dup(STDERR_FILENO), null = open("/dev/null", O_WRONLY);
-    dup2(null, STDERR_FILENO);
-    int rc = rk_init(&ctx, NULL);
-    dup2(saved, STDERR_FILENO);
-    th_assert_rc(rc, RK_E_NOTAVAIL);
-    ck_assert_ptr_null(ctx);
-    ck_assert_msg(strstr(rk_last_error(), "RK_SPARES=2") != NULL, "message: %s", rk_last_error());
-    setenv("RK_SPARES", "0", 1);
-    th_assert_rc(rk_init(&ctx, NULL), 0);
-    th_assert_rc(rk_finalize(&ctx), 0);
+    for (size_t i = 0; i < RK_ARRAY_LEN(bad); i++) {
+        clear_rk_env();
+        setenv("RK_SPARES", bad[i][0], 1);
+        if (bad[i][1])
+            setenv("RK_CKPT_DIR", bad[i][1], 1); /* 1 spare of 1 process: none left to train */
+        rk_options o;
+        rk_options_init(&o);
+        rk_ctx *ctx = NULL;
+        dup2(null, STDERR_FILENO);
+        int rc = rk_init(&ctx, &o);
+        dup2(saved, STDERR_FILENO);
+        th_assert_rc(rc, RK_E_OPTION);
+        ck_assert_ptr_null(ctx);
+        ck_assert_msg(strstr(rk_last_error(), "RK_SPARES") != NULL, "message: %s", rk_last_error());
+    }
+    clear_rk_env();
     unsetenv("RK_SPARES");
 }
 END_TEST
@@ -519,7 +525,7 @@ static Suite *common_suite(void)
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, init_single_process_without_mpirun);
     tcase_add_test(tc, init_min_world_refused);
-    tcase_add_test(tc, init_refuses_spares);
+    tcase_add_test(tc, init_checks_spares);
     tcase_add_test(tc, init_under_mpirun);
     suite_add_tcase(s, tc);
     return s;

@@ -238,6 +238,57 @@ static bool part_missing(int world, const char *const env[], const char *what)
     return missing;
 }
 
+/* Spares (rekindle run --spares 1): a worker SIGKILLed once a checkpoint is committed is
+   replaced by the spare, the world stays 3, and since the reduction order of a 3-member
+   ring is the same the final hash is that of an uninterrupted 3-worker run; with no loss
+   the spare is released and the job still ends with 3 final lines and exit 0. */
+static void spare_job(bool kill_one, char **out)
+{
+    char *dir = th_tmpdir("train-spare"), *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train");
+    char cmd[16384];
+    snprintf(cmd, sizeof(cmd),
+             "export RK_CKPT_DIR=%s/ck RK_CKPT_EVERY=50 RK_EVENT_LOG=%s/ev; "
+             "%s run -n 3 --spares 1 -- %s --steps 800 --seed 77 > %s/out 2>&1 & job=$!; "
+             "if [ %d = 1 ]; then "
+             "  for i in $(seq 1 600); do [ -d %s/ck/step-000000000100 ] && break; sleep 0.05; done; "
+             "  for p in $(pgrep -x rk-train); do "
+             "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=%s/ev && "
+             "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; "
+             "  done; "
+             "fi; wait $job; echo \"exit=$?\"; cat %s/out; cat %s/ev.* 2>/dev/null | grep spare_joined; true",
+             dir, dir, rekindle, bin, dir, kill_one, dir, dir, dir, dir);
+    int rc = th_sh(cmd, 150, out);
+    ck_assert_msg(rc == 0, "job script exit %d:\n%.3000s", rc, *out ? *out : "");
+    th_rmrf(dir);
+    free(dir);
+    free(rekindle);
+    free(bin);
+}
+
+START_TEST(spare_replaces_killed_worker)
+{
+    char *out = NULL, h_full[17], h_job[17];
+    th_assert_rc(TRAIN(3, NULL, &out, "--steps", "800", "--seed", "77"), 0);
+    final_lines(out, 3, 800, h_full);
+    free(out);
+    spare_job(true, &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
+    final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
+    ck_assert_str_eq(h_job, h_full);
+    free(out);
+}
+END_TEST
+
+START_TEST(unused_spare_released)
+{
+    char *out = NULL, h[17];
+    spare_job(false, &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "spare worker not needed"), "%.3000s", out);
+    final_lines(strstr(out, "exit=0\n"), 3, 800, h);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     char *dir = th_tmpdir("train-probe");
@@ -266,6 +317,8 @@ int main(void)
         if (!no_ring) {
             tcase_add_test(tc, resume_two_ranks);
             tcase_add_test(tc, killed_worker_job_finishes);
+            tcase_add_test(tc, spare_replaces_killed_worker);
+            tcase_add_test(tc, unused_spare_released);
         }
         suite_add_tcase(s, tc);
     }
