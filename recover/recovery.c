@@ -555,6 +555,7 @@ int rec_spare_wait(rk_ctx *ctx)
     if (!in)
         return -ENOMEM;
     int rc;
+    int64_t gone_since = 0;
     for (;;) {
         int src, n;
         char token[16];
@@ -600,6 +601,14 @@ int rec_spare_wait(rk_ctx *ctx)
         for (int i = 0; i < ctx->nview && !any; i++)
             any = det_view_has(&v, ctx->view[i]);
         if (!any) {
+            /* Rank 0 releases the spares before it leaves, but its leave (a datagram) can
+               arrive before its release (an MPI message) is visible: listen a little more. */
+            if (!gone_since)
+                gone_since = rk__mono_ns();
+            if (rk__ms_since(gone_since) < 2000.0) {
+                rk__sleep_ns(1000000);
+                continue;
+            }
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST,
                           "spare worker: every member of the job is gone");
             break;
