@@ -7,7 +7,8 @@
  * CHECK_KINDS are the fault kinds `make check` exercises: all but hb_jitter, which needs a
  * network namespace and iptables or tc netem (`make chaos` runs it where it can). The
  * campaign prints (and its report.json lists) every kind it leaves out. Seed 1 draws most
- * kinds in 8 runs; a second small campaign covers the two it does not draw.
+ * kinds in 8 runs; a second small campaign covers the two it does not draw, and a third
+ * kills a worker while a checkpoint persists.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 
 #define CHECK_KINDS "kill_worker,kill_coord,kill_two,kill_in_recovery,stop_cont,io_fault,min_world,job_kill,relaunch,corrupt"
 #define CHECK_KINDS_2 "kill_in_recovery,io_fault"
+#define CHECK_KINDS_3 "kill_worker,kill_coord"
 enum { CAMPAIGN_TIMEOUT_S = 240, SELFTEST_TIMEOUT_S = 90 };
 
 /* Runs chaos/run with the common small-job arguments plus `extra`; returns its status,
@@ -125,6 +127,17 @@ START_TEST(usage_errors)
 }
 END_TEST
 
+/* A kill while a checkpoint persists (seed 4 draws it in its second run): the commit in
+   flight is cancelled, the survivors recover, and no checkpoint is left half-made. */
+START_TEST(kill_while_persisting)
+{
+    need_h5py();
+    char *out = campaign_ok("--runs 3 --seed 4 --faults " CHECK_KINDS_3, 3);
+    ck_assert_msg(strstr(out, "@persist"), "no kill while persisting:\n%.3000s", out);
+    free(out);
+}
+END_TEST
+
 static Suite *chaos_suite(void)
 {
     Suite *s = suite_create("chaos");
@@ -132,6 +145,7 @@ static Suite *chaos_suite(void)
     tcase_set_timeout(tc, CAMPAIGN_TIMEOUT_S + 30);
     tcase_add_test(tc, fixed_seed_campaign);
     tcase_add_test(tc, recovery_and_io_campaign);
+    tcase_add_test(tc, kill_while_persisting);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracles");
     tcase_set_timeout(tc, SELFTEST_TIMEOUT_S + 30);
