@@ -160,7 +160,7 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo $(BUILD)
 
-bench: all $(BENCH_BIN)
+bench: all $(BENCH_BIN) $(PROG_BIN)
 	@bench/run $(BUILD)
 
 chaos: deps
