@@ -66,6 +66,16 @@ static size_t decide_bytes(int nmembers)
     return offsetof(struct msg_decide, d.members) + (size_t)nmembers * sizeof(int);
 }
 
+/* Whether n received bytes are a well-formed decision message: the magic, and for a
+   decision (not an error) a member list whose length matches the size. */
+static bool decision_well_formed(const struct msg_decide *m, int n)
+{
+    if ((size_t)n < decide_bytes(0) || m->magic != REC_MAGIC)
+        return false;
+    return m->error != 0 ||
+           (m->d.nmembers > 0 && m->d.nmembers <= REC_MAX_WORLD && (size_t)n == decide_bytes(m->d.nmembers));
+}
+
 static bool in_list(const int *a, int n, int x)
 {
     for (int i = 0; i < n; i++)
@@ -354,12 +364,8 @@ static int follow(rk_ctx *ctx, int coord, const rec_report *mine, int64_t deadli
     for (;;) {
         int src, n;
         while ((n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src)) > 0) {
-            if ((size_t)n < decide_bytes(0) || in->magic != REC_MAGIC || in->base_epoch != ctx->agreed_epoch ||
-                src != coord)
-                continue; /* R2, R3 */
-            if (in->error == 0 && ((size_t)n != decide_bytes(in->d.nmembers) || in->d.nmembers <= 0 ||
-                                   in->d.nmembers > REC_MAX_WORLD))
-                continue;
+            if (!decision_well_formed(in, n) || in->base_epoch != ctx->agreed_epoch || src != coord)
+                continue; /* malformed, R2, R3 */
             *dec_error = in->error;
             memcpy(dec, &in->d, (size_t)n - offsetof(struct msg_decide, d));
             rc = 0;
@@ -568,9 +574,7 @@ int rec_spare_wait(rk_ctx *ctx)
            apply: a spare takes no part in rounds, so it has no base epoch to match). */
         bool got = false;
         while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src)) > 0)
-            got = (size_t)n >= decide_bytes(0) && in->magic == REC_MAGIC && in->error == 0 && in->d.nmembers > 0 &&
-                  in->d.nmembers <= REC_MAX_WORLD && (size_t)n == decide_bytes(in->d.nmembers) &&
-                  in_list(in->d.members, in->d.nmembers, ctx->rank0);
+            got = decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
         if (got) {
             rec_decision *dec = malloc(sizeof(*dec));
             if (!dec) {
