@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "prog_common.h"
 #include "../detector/det.h"
 #include "../recover/rec_internal.h"
 
@@ -32,14 +33,10 @@ static void write_rank_file(const char *dir, int rank, int port)
 
 int main(void)
 {
-    rk_options o;
-    rk_options_init(&o);
-    rk_ctx *ctx = NULL;
-    int rc = rk_init(&ctx, &o);
-    if (rc != 0) {
-        fprintf(stderr, "rk_init: %s: %s\n", rk_strerror(rc), rk_last_error());
+    rk_ctx *ctx = prog_rk_init();
+    if (!ctx)
         return 3;
-    }
+    int rc;
     int rank = rk_rank(ctx);
     const char *dir = getenv("PROG_DET_DIR");
     if (dir && ctx->det)

@@ -7,19 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "prog_common.h"
 #include "common.h"
 #include "rekindle.h"
 
 int main(int argc, char **argv)
 {
-    rk_options o;
-    rk_options_init(&o);
-    rk_ctx *ctx = NULL;
-    int rc = rk_init(&ctx, &o);
-    if (rc != 0) {
-        fprintf(stderr, "rk_init: %s: %s\n", rk_strerror(rc), rk_last_error());
+    rk_ctx *ctx = prog_rk_init();
+    if (!ctx)
         return 3;
-    }
+    int rc;
     printf("rank %d world %d\n", rk_rank(ctx), rk_world(ctx));
     fflush(stdout);
     rc = rk_finalize(&ctx);

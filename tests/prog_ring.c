@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "prog_common.h"
 #include "../ring/ring.h"
 #include "rekindle.h"
 
@@ -415,14 +416,10 @@ int main(int argc, char **argv)
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    rk_options o;
-    rk_options_init(&o);
-    rk_ctx *ctx = NULL;
-    int rc = rk_init(&ctx, &o);
-    if (rc != 0) {
-        fprintf(stderr, "rk_init: %s: %s\n", rk_strerror(rc), rk_last_error());
+    rk_ctx *ctx = prog_rk_init();
+    if (!ctx)
         return 3;
-    }
+    int rc;
     g_rank = rk_rank(ctx);
     g_world = rk_world(ctx);
     if (strcmp(argv[1], "exact") == 0) {
