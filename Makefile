@@ -117,6 +117,7 @@ $(LIB_A): $(LIB_OBJ)
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) -shared -Wl,-soname,librekindle.so.0 $(LDFLAGS) -o $@ $^ $(ALL_LDLIBS)
+	$(Q)ln -sf librekindle.so $(dir $@)librekindle.so.0
 
 $(CLI): $(CLI_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -14,6 +14,9 @@ Kinds (KINDS below; `--faults` picks among them):
   job_kill          SIGKILL of every worker: the job dies whole, `rekindle run` relaunches it
   relaunch          SIGKILL of the launcher and everything under it; the harness relaunches
   io_fault          a checkpoint I/O fault (RK_FAULT=OP@N=KIND) on one rank, first launch only
+  disk_hang         one rank's checkpoint disk stops answering for good (RK_FAULT=OP@N=hang,
+                    first launch only; RK_TIMEOUT_MS 4000): every process must finish in its
+                    bounds, the stuck checkpoint is never committed
   corrupt           between two launches: a bit flipped in, or a file of, the newest
                     committed checkpoint truncated
   hb_jitter         heartbeat trouble for a few seconds on the run's own loopback (a private
@@ -35,12 +38,16 @@ import subprocess
 from job import now_ns
 
 KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "stop_cont", "job_kill",
-         "relaunch", "io_fault", "corrupt", "hb_jitter", "min_world"]
+         "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world"]
 # Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
-IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "stop_cont", "io_fault", "hb_jitter"}
+IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "stop_cont", "io_fault", "disk_hang", "hb_jitter"}
+# A writer stuck on a dead disk keeps its attempt's temporary directory (removed at the
+# next start): these kinds may end with one.
+LEAVES_TEMP = {"disk_hang"}
 
 IO_OPS = ["write", "sync", "rename", "syncdir", "open", "odirect", "truncate"]
 IO_KINDS = ["eio", "enospc", "short", "crash"]
+HANG_OPS = ["write", "sync", "rename", "open"]
 
 
 def majority_left(world, killed, lowest):
@@ -96,6 +103,12 @@ def draw(rng, kinds, workers, steps, every):
         rank = rng.randrange(workers)
         plan["env"] = {"RK_FAULT": "%s@%d=%s" % (op, rng.randint(0, 6), k),
                        "CHAOS_FAULT_RANK": str(rank), "CHAOS_FAULT_ATTEMPT": "0"}
+        plan["faults"].append({"kind": "io", "spec": plan["env"]["RK_FAULT"], "rank": rank,
+                               "moment": "start", "step": -1, "delay_ms": 0, "fired": False})
+    elif kind == "disk_hang":
+        rank = rng.randrange(workers)
+        plan["env"] = {"RK_FAULT": "%s@%d=hang" % (rng.choice(HANG_OPS), rng.randint(0, 4)),
+                       "RK_TIMEOUT_MS": "4000", "CHAOS_FAULT_RANK": str(rank), "CHAOS_FAULT_ATTEMPT": "0"}
         plan["faults"].append({"kind": "io", "spec": plan["env"]["RK_FAULT"], "rank": rank,
                                "moment": "start", "step": -1, "delay_ms": 0, "fired": False})
     elif kind == "corrupt":

@@ -31,16 +31,28 @@
  *      one copy of the registered bytes), of which this rank writes only its share: after
  *      a failure any survivor can give the whole state of that step back (recovery from
  *      memory). The held step is -1 while a copy is under way.
- *  I9  A job carries the membership (rank, world, nonce) it was started under; a change
- *      of membership cancels the commit in flight, and the nonce of the new membership
- *      differs, so shards of two attempts at one step never mix.
+ *  I9  A job carries the membership (rank, world, nonce) it was started under and writes
+ *      in its own temporary directory '.tmp-step-<S>-<nonce>': a change of membership
+ *      abandons the commit in flight, and the nonce of the new membership differs, so
+ *      shards of two attempts at one step never mix, and a fenced or stale writer can
+ *      never touch a file of the attempt that commits.
+ *  I10 Nothing on the training thread waits on the disk without a deadline. The job in
+ *      flight is abandoned at once (ckpt_abandon) by a compare-and-swap on its fate; the
+ *      writer claims the commit by the same swap right before the commit's first rename,
+ *      so an abandoned job is never committed, and one whose commit began is never called
+ *      abandoned. A writer stuck in the kernel (a disk that stopped answering) keeps
+ *      running on its own: the staging it reads is never unmapped under it (a replaced
+ *      region is retired until the writer is idle), its job slot is not reused, and
+ *      ckpt_destroy leaves it the engine (retained, never freed) instead of joining it.
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
  *      RUNNING --ckpt__persist returns (committed or failed)--> IDLE
- *      QUEUED/RUNNING --ckpt_set_membership (cancel, drain)--> IDLE
- *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms, else skipped (I3)
- *      any --ckpt_destroy: waits for IDLE, stops the thread
+ *      QUEUED/RUNNING --ckpt_abandon: the job fails at the writer's next check, or when its
+ *                       stuck operation returns; the training thread does not wait
+ *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms / 4, else skipped (I3)
+ *      any --ckpt_destroy: waits for IDLE until its deadline, then abandons and leaves the
+ *            writer the engine (RK_E_TIMEOUT naming what it is stuck in)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,6 +69,7 @@
 
 #define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
 
+static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
 
 static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
@@ -76,6 +89,7 @@ static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
 static void *persist_thread(void *arg)
 {
     ckpt_engine *e = arg;
+    fmt_io_watch(&e->act);
     pthread_mutex_lock(&e->mu);
     for (;;) {
         while (e->state != CKPT_QUEUED && !e->stop)
@@ -83,19 +97,35 @@ static void *persist_thread(void *arg)
         if (e->state != CKPT_QUEUED)
             break;
         e->state = CKPT_RUNNING;
+        bool clean = e->clean_pending;
+        e->clean_pending = false;
         pthread_mutex_unlock(&e->mu);
+        if (clean)
+            ckpt__clean_for(e, &e->job);
         int rc = ckpt__persist(e, &e->job);
-        emit_result(e, &e->job, rc);
+        emit_result(e, &e->job, rc); /* e->ev is the engine's own reference (I10) */
         pthread_mutex_lock(&e->mu);
         if (rc == 0 && e->job.step > e->last_committed)
             e->last_committed = e->job.step;
-        if (rc != 0 && e->first_err == 0)
-            e->first_err = rc;
+        if (rc != 0 && e->first_err == 0 && !ckpt__abandoned(&e->job))
+            e->first_err = rc; /* an abandoned job's failure was recorded by ckpt_abandon */
         e->state = CKPT_IDLE;
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
+    fmt_io_watch(NULL);
     return NULL;
+}
+
+bool ckpt__abandoned(struct ckpt_job *j)
+{
+    return atomic_load(&j->fate) == JOB_ABANDONED;
+}
+
+bool ckpt__claim_commit(struct ckpt_job *j)
+{
+    int open = JOB_OPEN;
+    return atomic_compare_exchange_strong(&j->fate, &open, JOB_COMMITTING) || open == JOB_COMMITTING;
 }
 
 /* mkdir -p, then prove that files can be created there. */
@@ -151,7 +181,7 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     e->nonce = e->base_nonce = cfg->nonce;
     e->held_step = -1;
-    e->ev = cfg->ev;
+    e->ev = rk__evlog_ref(cfg->ev);
     e->last_committed = -1;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -169,25 +199,38 @@ out_sync:
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
 out_free:
+    rk__evlog_close(&e->ev);
     free(e->dir);
     free(e->io);
     free(e);
     return rc;
 }
 
-void ckpt_drain(ckpt_engine *e)
+/* What the writer is doing, for an error that says where it is stuck. */
+static void describe_busy(ckpt_engine *e, char *buf, size_t cap)
 {
+    char op[640];
     pthread_mutex_lock(&e->mu);
-    while (e->state != CKPT_IDLE)
-        pthread_cond_wait(&e->cv, &e->mu);
+    int64_t step = e->job.step, since = e->busy_since_ns;
     pthread_mutex_unlock(&e->mu);
+    if (!fmt_io_activity_describe(&e->act, op, sizeof(op)))
+        snprintf(op, sizeof(op), "no file operation yet");
+    snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (writer's last operation: %s)",
+             step, rk__ms_since(since), op);
 }
 
-int ckpt_wait(ckpt_engine *e)
+static int busy_error(ckpt_engine *e, const char *what)
 {
+    char why[900];
+    describe_busy(e, why, sizeof(why));
+    return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT, "%s: %s", what, why);
+}
+
+int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
+{
+    if (!wait_state(e, deadline_ns, true))
+        return busy_error(e, "gave up waiting for the checkpoint writer");
     pthread_mutex_lock(&e->mu);
-    while (e->state != CKPT_IDLE)
-        pthread_cond_wait(&e->cv, &e->mu);
     int rc = e->first_err;
     e->first_err = 0;
     pthread_mutex_unlock(&e->mu);
@@ -196,22 +239,46 @@ int ckpt_wait(ckpt_engine *e)
     return rc;
 }
 
-int ckpt_destroy(ckpt_engine **pe)
+static void unmap_retired(ckpt_engine *e)
+{
+    if (e->retired)
+        munmap(e->retired, e->retired_cap);
+    e->retired = NULL;
+    e->retired_cap = 0;
+}
+
+int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
 {
     if (!pe || !*pe)
         return 0;
     ckpt_engine *e = *pe;
+    *pe = NULL;
     int rc = 0;
     if (e->thr_started) {
-        rc = ckpt_wait(e);
+        rc = ckpt_wait(e, deadline_ns);
+        wait_idle(e, deadline_ns); /* an abandoned job's writer gets until the deadline too */
         pthread_mutex_lock(&e->mu);
         e->stop = true;
+        bool stuck = e->state != CKPT_IDLE;
+        e->orphaned = stuck;
         pthread_cond_broadcast(&e->cv);
         pthread_mutex_unlock(&e->mu);
+        if (stuck) {
+            /* I10: the writer is in the kernel and may never come back. It keeps the engine;
+               what it wrote is never committed. */
+            ckpt_abandon(e);
+            pthread_detach(e->thr);
+            rk__retain_forever(e); /* the stuck thread still uses it */
+            RK_LOG_ERR(RK_SUB_CKPT, "%s; the writer is left behind", rk_last_error());
+            return rc ? rc : RK_E_TIMEOUT;
+        }
         pthread_join(e->thr, NULL);
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
+    fmt_io_activity_fini(&e->act);
+    rk__evlog_close(&e->ev);
+    unmap_retired(e);
     if (e->staging)
         munmap(e->staging, e->staging_cap);
     free(e->mine);
@@ -222,13 +289,12 @@ int ckpt_destroy(ckpt_engine **pe)
     free(e->dir);
     free(e->io);
     free(e);
-    *pe = NULL;
     return rc;
 }
 
 bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns)
 {
-    return wait_idle(e, deadline_ns);
+    return wait_state(e, deadline_ns, true);
 }
 
 void ckpt_note_committed(ckpt_engine *e, int64_t step)
@@ -238,68 +304,106 @@ void ckpt_note_committed(ckpt_engine *e, int64_t step)
     pthread_mutex_unlock(&e->mu);
 }
 
-int64_t ckpt_last_committed(const ckpt_engine *e)
+int64_t ckpt_last_committed(ckpt_engine *e)
 {
-    return e->last_committed;
+    pthread_mutex_lock(&e->mu);
+    int64_t s = e->last_committed;
+    pthread_mutex_unlock(&e->mu);
+    return s;
 }
 
-/* Waits for IDLE until the deadline; true if idle. */
-static bool wait_idle(ckpt_engine *e, int64_t deadline_ns)
+bool ckpt_busy(ckpt_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    bool busy = e->state != CKPT_IDLE;
+    pthread_mutex_unlock(&e->mu);
+    return busy;
+}
+
+/* Whether no live checkpoint is in flight: idle, or the job in flight abandoned. */
+static bool settled_locked(ckpt_engine *e)
+{
+    return e->state == CKPT_IDLE || ckpt__abandoned(&e->job);
+}
+
+/* Waits until the deadline for the writer to be idle (or, if `settled`, for no live job:
+   an abandoned one may still be stuck); true if it is. */
+static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled)
 {
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     pthread_mutex_lock(&e->mu);
-    while (e->state != CKPT_IDLE)
+    while (!(settled ? settled_locked(e) : e->state == CKPT_IDLE))
         if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
             break;
-    bool idle = e->state == CKPT_IDLE;
+    bool ok = settled ? settled_locked(e) : e->state == CKPT_IDLE;
     pthread_mutex_unlock(&e->mu);
-    return idle;
+    return ok;
 }
 
-/* The plan (which rank writes each tensor) and staging large enough for every tensor (I8). */
-static int plan_and_stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, size_t *need)
+static bool wait_idle(ckpt_engine *e, int64_t deadline_ns)
+{
+    return wait_state(e, deadline_ns, false);
+}
+
+static bool grow(void **p, size_t n, size_t elem)
+{
+    void *q = realloc(*p, n * elem);
+    if (q)
+        *p = q;
+    return q != NULL;
+}
+
+/* Staging large enough for every tensor, and the held snapshot's bookkeeping (I8). Safe
+   while a writer is busy: a region it may still read is retired, not unmapped (I10). */
+static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n)
+{
+    if (n > e->held_cap) {
+        if (!grow((void **)&e->held_off, n, sizeof(*e->held_off)) ||
+            !grow((void **)&e->held_len, n, sizeof(*e->held_len)))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint staging for %zu tensors", n);
+        e->held_cap = n;
+    }
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += ALIGN_UP(t[i].nbytes);
+    bool busy = ckpt_busy(e);
+    if (!busy)
+        unmap_retired(e);
+    if (need <= e->staging_cap)
+        return 0;
+    if (busy && e->retired)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
+                        "checkpoint staging must grow while an abandoned writer still reads two older regions");
+    void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", need, strerror(errno));
+    e->held_step = -1;
+    if (busy) {
+        e->retired = e->staging;
+        e->retired_cap = e->staging_cap;
+    } else if (e->staging) {
+        munmap(e->staging, e->staging_cap);
+    }
+    e->staging = p;
+    e->staging_cap = need;
+    return 0;
+}
+
+/* The plan: which rank writes each tensor (I4). Only while the writer is idle (its job
+   points into these arrays). */
+static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     if (n > e->plan_cap) {
-        int *p = realloc(e->plan, n * sizeof(*p));
-        if (p)
-            e->plan = p;
-        uint64_t *s = realloc(e->sizes, n * sizeof(*s));
-        if (s)
-            e->sizes = s;
-        fmt_tensor *m = realloc(e->mine, n * sizeof(*m));
-        if (m)
-            e->mine = m;
-        size_t *o = realloc(e->held_off, n * sizeof(*o));
-        if (o)
-            e->held_off = o;
-        uint64_t *l = realloc(e->held_len, n * sizeof(*l));
-        if (l)
-            e->held_len = l;
-        if (!p || !s || !m || !o || !l)
+        if (!grow((void **)&e->plan, n, sizeof(*e->plan)) || !grow((void **)&e->sizes, n, sizeof(*e->sizes)) ||
+            !grow((void **)&e->mine, n, sizeof(*e->mine)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
-        e->plan_cap = e->mine_cap = e->held_cap = n;
+        e->plan_cap = e->mine_cap = n;
     }
     for (size_t i = 0; i < n; i++)
         e->sizes[i] = t[i].nbytes;
     int rc = fmt_assign(e->sizes, n, e->world, e->plan);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "checkpoint plan for %zu tensors", n);
-    *need = 0;
-    for (size_t i = 0; i < n; i++)
-        *need += ALIGN_UP(t[i].nbytes);
-    if (*need > e->staging_cap) {
-        e->held_step = -1;
-        if (e->staging)
-            munmap(e->staging, e->staging_cap);
-        e->staging = NULL;
-        e->staging_cap = 0;
-        void *p = mmap(NULL, *need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-        if (p == MAP_FAILED)
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", *need,
-                            strerror(errno));
-        e->staging = p;
-        e->staging_cap = *need;
-    }
     return 0;
 }
 
@@ -325,53 +429,61 @@ static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t
    others' allreduce give up while this rank's training thread waits here. */
 static int wait_turn(ckpt_engine *e, int64_t step, int64_t t0)
 {
-    pthread_mutex_lock(&e->mu);
-    bool busy = e->state != CKPT_IDLE;
-    pthread_mutex_unlock(&e->mu);
-    if (!busy)
+    if (!ckpt_busy(e))
         return 0;
     RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " waits for the previous one", step);
     bool idle = wait_idle(e, rk__deadline_ns(e->timeout_ms / 4));
     RK_EVENT(e->ev, "ckpt_delayed", RK_EV_I("step", step), RK_EV_D("waited_ms", rk__ms_since(t0)));
     if (idle)
         return 0;
-    RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step), RK_EV_S("reason", "the previous checkpoint is still being written"));
-    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY,
-                    "checkpoint of step %" PRId64 " skipped: the previous one is still being written after %d ms", step,
-                    e->timeout_ms / 4);
+    char why[900];
+    describe_busy(e, why, sizeof(why));
+    RK_EVENT(e->ev, "ckpt_skipped", RK_EV_I("step", step), RK_EV_S("reason", why));
+    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_BUSY, "checkpoint of step %" PRId64 " skipped after waiting %d ms: %s",
+                    step, e->timeout_ms / 4, why);
 }
 
-static int stage_failed(ckpt_engine *e, int64_t step, int rc)
+/* A checkpoint that could not start on this rank: reported by ckpt_wait, and the other
+   ranks of the attempt are told at once that this rank's part will not come. */
+static int not_started(ckpt_engine *e, int64_t step, int rc)
 {
-    RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
-             RK_EV_S("error", rk_strerror(rc)));
     pthread_mutex_lock(&e->mu);
-    if (e->first_err == 0)
+    int rank = e->rank, world = e->world;
+    uint64_t nonce = e->nonce;
+    if (rc != RK_E_BUSY && e->first_err == 0)
         e->first_err = rc;
     pthread_mutex_unlock(&e->mu);
+    if (rc != RK_E_BUSY)
+        RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
+                 RK_EV_S("error", rk_strerror(rc)));
+    if (world > 1)
+        ckpt__note_skip(e, step, rank, nonce, rk_last_error());
     return rc;
 }
 
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     int64_t t0 = rk__mono_ns();
-    if (step == e->last_committed)
+    if (step == ckpt_last_committed(e))
         return 0; /* already committed under this label */
     int rc = wait_turn(e, step, t0);
+    if (!rc)
+        rc = stage(e, t, n);
+    if (!rc)
+        rc = plan(e, t, n);
     if (rc)
-        return rc;
-    size_t need = 0;
-    if ((rc = plan_and_stage(e, t, n, &need)) != 0)
-        return stage_failed(e, step, rc);
+        return not_started(e, step, rc);
     hold_copy(e, step, t, n);
     struct ckpt_job *j = &e->job;
     memset(j, 0, sizeof(*j));
+    atomic_init(&j->fate, JOB_OPEN);
     j->step = step;
     j->m.step = step;
     j->m.rank = e->rank;
     j->m.world = e->world;
     j->m.nonce = e->nonce;
     j->m.t = e->mine;
+    fmt_tmp_name(j->tmpname, sizeof(j->tmpname), step, j->m.nonce);
     for (size_t i = 0; i < n; i++) {
         j->n_all++;
         j->bytes_all += t[i].nbytes;
@@ -392,6 +504,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->stall_ms = rk__ms_since(t0);
     j->dispatch_ns = rk__mono_ns();
     pthread_mutex_lock(&e->mu);
+    e->busy_since_ns = j->dispatch_ns;
     e->state = CKPT_QUEUED;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -402,11 +515,11 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    int rc = wait_turn(e, step, rk__mono_ns());
+    /* Overwriting staging under a live job would tear what it writes: the job goes first.
+       An abandoned writer may still read staging; it never commits what it read (I10). */
+    ckpt_abandon(e);
+    int rc = stage(e, t, n);
     if (rc)
-        return rc;
-    size_t need = 0;
-    if ((rc = plan_and_stage(e, t, n, &need)) != 0)
         return rc;
     hold_copy(e, step, t, n);
     return 0;
@@ -443,18 +556,33 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
-void ckpt_cancel(ckpt_engine *e)
+bool ckpt_abandon(ckpt_engine *e)
 {
-    /* The commit in flight (if any) gives up at once rather than waiting for a dead
-       rank's shard; what it wrote is never committed. */
-    atomic_store(&e->cancel, 1);
-    ckpt_drain(e);
-    atomic_store(&e->cancel, 0);
+    pthread_mutex_lock(&e->mu);
+    int fate = JOB_OPEN;
+    bool done = e->state != CKPT_IDLE && atomic_compare_exchange_strong(&e->job.fate, &fate, JOB_ABANDONED);
+    int64_t step = e->job.step;
+    if (done) { /* its failure, reported once by ckpt_wait; a commit that began goes on (I10) */
+        if (e->first_err == 0)
+            e->first_err = RK_E_ABORTED;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (done)
+        RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " abandoned: it will not be committed", step);
+    return done;
+}
+
+void ckpt_request_clean(ckpt_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->clean_pending = true;
+    pthread_mutex_unlock(&e->mu);
 }
 
 void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
 {
-    ckpt_cancel(e); /* the commit in flight belongs to the old membership */
+    ckpt_abandon(e); /* the commit in flight belongs to the old membership */
     pthread_mutex_lock(&e->mu);
     e->rank = rank;
     e->world = world;

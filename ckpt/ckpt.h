@@ -44,38 +44,47 @@ typedef struct ckpt_tensor {
    *e is owned by the caller, released with ckpt_destroy. Does not clean the directory:
    see ckpt_clean_dir. */
 int ckpt_create(ckpt_engine **e, const ckpt_config *cfg);
-/* Waits for the checkpoint in flight (bounded by its own deadlines), stops the thread,
-   frees the staging memory; *e = NULL. Returns the first failure not yet reported. */
-int ckpt_destroy(ckpt_engine **e);
+/* Waits for the checkpoint in flight until deadline_ns (CLOCK_MONOTONIC), stops the
+   thread, frees the staging memory; *e = NULL. Returns the first failure not yet reported.
+   A writer still busy at the deadline (a disk that stopped answering) is abandoned and
+   left the engine's memory, which is never freed (ckpt.c I10): RK_E_TIMEOUT naming the
+   operation and path it is stuck in. Never waits past the deadline. */
+int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
 
-/* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir.
-   Called by one rank while no checkpoint of this job is being written. */
+/* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir,
+   each renamed to a '.trash-' name first. Called by one rank while no checkpoint of this
+   job is being written (rk_init); recovery uses ckpt_request_clean. */
 int ckpt_clean_dir(const char *dir);
 
 /* Snapshot of t[0..n) labelled `step` into staging (the training thread blocks for this
    copy only), then persisted in the background. If the previous checkpoint is still being
-   written, waits for it up to timeout_ms, then skips this one (RK_E_BUSY, logged, event
-   ckpt_skipped). A label already committed by this engine is skipped (returns 0). */
+   written, waits for it up to timeout_ms / 4 (event ckpt_delayed), then skips this one
+   (RK_E_BUSY, logged, event ckpt_skipped naming what the writer is stuck in). A rank that
+   skips or cannot start a checkpoint says so in the attempt's directory, so the others
+   stop waiting for its shard at once. A label already committed by this engine is
+   skipped (returns 0). */
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
-/* Until no checkpoint is in flight; returns the first failure since the last call
-   (and forgets it), 0 if every checkpoint since was committed. */
-int ckpt_wait(ckpt_engine *e);
-/* Until no checkpoint is in flight; failures stay to be reported by ckpt_wait. */
-void ckpt_drain(ckpt_engine *e);
+/* Until no checkpoint is in flight, or deadline_ns (CLOCK_MONOTONIC); returns the first
+   failure since the last call (and forgets it), 0 if every checkpoint since was committed,
+   RK_E_TIMEOUT if one is still in flight at the deadline (rk_last_error() names the
+   step, how long, and the writer's last file operation and path; it stays in flight). */
+int ckpt_wait(ckpt_engine *e, int64_t deadline_ns);
 /* Whether the engine is idle (no checkpoint in flight) by the deadline (CLOCK_MONOTONIC
    ns); lets a caller watch something else while it waits. */
 bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns);
+/* Whether a checkpoint is in flight now (never waits). */
+bool ckpt_busy(ckpt_engine *e);
 /* Tells the engine that `step` is committed (after a restore), so it is not written again. */
 void ckpt_note_committed(ckpt_engine *e, int64_t step);
 /* Newest step this engine committed or learned of, -1 if none. */
-int64_t ckpt_last_committed(const ckpt_engine *e);
+int64_t ckpt_last_committed(ckpt_engine *e);
 
 /* ---- the held snapshot and membership changes (recovery) ------------------------------
  * Staging holds a complete copy of every tensor of the last snapshot (ckpt.c I8). */
 
 /* Copies t[0..n) into staging as the held snapshot of `step`, without writing it
-   (after a restore: the state every survivor can roll back to). Waits for the checkpoint
-   in flight like ckpt_start. */
+   (after a restore: the state every survivor can roll back to). A checkpoint in flight is
+   abandoned first (never waited for). */
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* The step of the complete snapshot held in staging, -1 if none. */
 int64_t ckpt_held_step(const ckpt_engine *e);
@@ -84,12 +93,21 @@ int64_t ckpt_held_step(const ckpt_engine *e);
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* Tensor i of the held snapshot (read-only), NULL if none. */
 const void *ckpt_held_tensor(const ckpt_engine *e, size_t i);
-/* A member was lost: the commit in flight fails at once (nothing of it is committed)
-   instead of waiting for that member's shard; returns once the writer is idle. */
-void ckpt_cancel(ckpt_engine *e);
-/* The job's membership changed: cancels the commit in flight (it fails, nothing of it is
-   committed), waits for the writer to be idle, then writes as `rank` of `world` under a
-   nonce derived from `epoch`. */
+/* Abandons the checkpoint in flight, at once and without waiting for the writer: nothing
+   of it is ever committed (it fails with RK_E_ABORTED when the writer next looks, or when
+   the operation it is stuck in returns). Returns whether one was abandoned; false also
+   when its commit had already begun (then it completes, a consistent checkpoint). Used
+   when a member is lost (its shard will never come), on fencing, and at a membership
+   change. The writer stays busy until it notices: a new checkpoint waits for it (I3). */
+bool ckpt_abandon(ckpt_engine *e);
+/* The writer removes what dead attempts left in the directory (ckpt_clean_dir, sparing
+   its own attempt) before it writes its next checkpoint, so that the training thread
+   never waits on the disk for it, and before that checkpoint can be committed: a stale
+   writer of an earlier membership then finds its directory gone and commits nothing.
+   Called by rank 0 once a recovery agreed on the new membership. */
+void ckpt_request_clean(ckpt_engine *e);
+/* The job's membership changed: abandons the commit in flight (never waits), then writes
+   as `rank` of `world` under a nonce derived from `epoch`. */
 void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch);
 
 /* ---- restore (ckpt_restore.c) ---------------------------------------------------------- */

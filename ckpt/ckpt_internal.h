@@ -13,9 +13,15 @@
 
 enum ckpt_state { CKPT_IDLE, CKPT_QUEUED, CKPT_RUNNING };
 
+/* What becomes of the job in flight: exactly one of the writer (to commit) and the
+   training thread (to abandon) moves it out of OPEN, by compare-and-swap (ckpt.c I10). */
+enum ckpt_fate { JOB_OPEN, JOB_COMMITTING, JOB_ABANDONED };
+
 /* One checkpoint in flight: what this rank writes, in staging memory. */
 struct ckpt_job {
     int64_t step;
+    atomic_int fate;     /* enum ckpt_fate */
+    char tmpname[64];    /* this attempt's temporary directory (fmt_tmp_name) */
     fmt_manifest m;      /* m.t[i].data points into staging; names are the registry's */
     size_t n_all;        /* tensors in the whole checkpoint (every rank's) */
     uint64_t bytes_all;  /* their bytes */
@@ -36,6 +42,12 @@ struct ckpt_engine {
     pthread_cond_t cv;   /* state changes, both ways */
     enum ckpt_state state;
     bool stop;
+    bool orphaned;       /* ckpt_destroy gave up on a stuck writer, which now owns the engine */
+    bool clean_pending;  /* ckpt_request_clean: the writer cleans before its next job */
+    int64_t busy_since_ns; /* when the job in flight was handed to the writer */
+    fmt_io_activity act; /* the writer's last file operation (for "stuck in fsync of …") */
+    char *retired;       /* staging replaced while a writer still read it: unmapped once idle */
+    size_t retired_cap;
     struct ckpt_job job;
     int first_err;       /* first failure since the last ckpt_wait */
     int64_t last_committed;
@@ -49,7 +61,6 @@ struct ckpt_engine {
     size_t *held_off;    /* offset of each tensor in staging, registry order */
     uint64_t *held_len;
     size_t held_cap;
-    atomic_int cancel;   /* set: the in-flight commit gives up (membership changed) */
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
     int *plan;           /* rank of each tensor */
@@ -61,6 +72,18 @@ struct ckpt_engine {
    commit and retention; on other ranks, waiting to learn of the commit. Returns 0 or the
    failure (its reason in rk_last_error() of the calling thread). */
 int ckpt__persist(ckpt_engine *e, struct ckpt_job *j);
+/* Whether the job was abandoned (the writer stops at its next check). */
+bool ckpt__abandoned(struct ckpt_job *j);
+/* The writer's claim to commit: false if the job was abandoned first (ckpt.c I10). */
+bool ckpt__claim_commit(struct ckpt_job *j);
+/* Rank `rank` of the attempt with `nonce` will bring no shard of `step` (it skipped it):
+   says so in the attempt's temporary directory so that rank 0 (or, from rank 0, the
+   others) stops waiting at once. Written by a short-lived thread, so the training thread
+   never waits on the disk; at most one at a time (a skip while one is still being written
+   is not noted: the waiters' deadline still bounds them). */
+void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why);
+/* Removes the temporary directories of every attempt but j's (ckpt_request_clean). */
+void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
 /* Retention: keeps the newest `keep` committed checkpoints of dir (newest = just
    committed, `newest`), removes older ones and dead temporary directories. */
 void ckpt__retain(const char *dir, int keep, int64_t newest);

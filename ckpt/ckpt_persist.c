@@ -1,16 +1,18 @@
 /*
  * ckpt/ckpt_persist.c - what the engine's background thread does with one checkpoint:
- * checksums, this rank's shard and manifest in '.tmp-step-…/', then
+ * checksums, this rank's shard and manifest in the attempt's '.tmp-step-<S>-<nonce>/', then
  *   rank 0:  wait (bounded) for every rank's manifest, write index.h5, commit by rename,
  *            retention;
  *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
  *            job's nonce, or rank 0's FAILED note in the temporary directory; a rank
  *            whose own shard fails leaves FAILED-<rank>, so rank 0 stops waiting for it.
- * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous.
+ * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous. An abandoned
+ * job (ckpt.c I10) stops at the next check and never commits.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +62,58 @@ static bool failure_noted(const char *tmpdir, const char *name, uint64_t nonce, 
     return ours;
 }
 
+static int abandoned(const struct ckpt_job *j)
+{
+    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
+                    "step %" PRId64 ": abandoned (a member was lost, this worker was fenced, or the job is ending): "
+                    "it is not committed", j->step);
+}
+
+struct skip_note {
+    char tmpdir[PATH_CAP], name[32], why[512];
+    uint64_t nonce;
+};
+
+/* A skip note is being written (by a thread that owns nothing of an engine's). */
+static atomic_bool note_busy;
+
+static void *skip_note_thread(void *arg)
+{
+    struct skip_note *n = arg;
+    if (mkdir(n->tmpdir, 0755) == 0 || errno == EEXIST)
+        note_failure(n->tmpdir, n->name, n->nonce, n->why);
+    atomic_store(&note_busy, false);
+    free(n);
+    return NULL;
+}
+
+void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why)
+{
+    bool idle = false;
+    if (!atomic_compare_exchange_strong(&note_busy, &idle, true))
+        return; /* one is still being written (a stuck disk): the waiters' deadline bounds them */
+    struct skip_note *n = calloc(1, sizeof(*n));
+    char tmpname[64];
+    pthread_t t;
+    pthread_attr_t a;
+    if (!n) {
+        atomic_store(&note_busy, false);
+        return;
+    }
+    fmt_tmp_name(tmpname, sizeof(tmpname), step, nonce);
+    snprintf(n->tmpdir, sizeof(n->tmpdir), "%s/%s", e->dir, tmpname);
+    snprintf(n->name, sizeof(n->name), rank == 0 ? "FAILED" : "FAILED-%d", rank);
+    snprintf(n->why, sizeof(n->why), "%s", why);
+    n->nonce = nonce;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &a, skip_note_thread, n) != 0) {
+        free(n);
+        atomic_store(&note_busy, false);
+    }
+    pthread_attr_destroy(&a);
+}
+
 /* Rank 0: every rank's manifest of this attempt, within the deadline. */
 static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_manifest **shards)
 {
@@ -77,9 +131,8 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
                 }
                 fmt_manifest_free(&m);
             }
-            if (atomic_load(&e->cancel))
-                return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
-                                "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
+            if (ckpt__abandoned(j))
+                return abandoned(j);
             if (failure_noted(tmpdir, note, j->m.nonce, why, sizeof(why)))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "step %" PRId64 ": rank %d could not write its shard: %s",
                                 j->step, r, why);
@@ -116,6 +169,10 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
             io_path = "mixed";
     if ((rc = fmt_index_write(tmpdir, j->step, j->m.world, shards, io_path)) != 0)
         goto out;
+    if (!ckpt__claim_commit(j)) { /* from here on it is committed or failed, never abandoned */
+        rc = abandoned(j);
+        goto out;
+    }
     fmt_step_name(final, sizeof(final), j->step);
     snprintf(path, sizeof(path), "%s/%s", e->dir, final);
     struct stat sb;
@@ -156,9 +213,8 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
             if (ours)
                 return 0;
         }
-        if (atomic_load(&e->cancel))
-            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
-                            "step %" PRId64 ": abandoned: the membership changed while it was being written", j->step);
+        if (ckpt__abandoned(j))
+            return abandoned(j);
         if (failure_noted(tmpdir, "FAILED", j->m.nonce, why, sizeof(why)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
                             "step %" PRId64 ": rank 0 could not commit the checkpoint: %s", j->step, why);
@@ -171,16 +227,18 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
 
 int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
 {
-    char tmpname[64], tmpdir[PATH_CAP], path[SUB_CAP];
-    fmt_tmp_name(tmpname, sizeof(tmpname), j->step);
+    char tmpdir[PATH_CAP], path[SUB_CAP];
+    const char *tmpname = j->tmpname; /* this attempt's own (I9) */
     snprintf(tmpdir, sizeof(tmpdir), "%s/%s", e->dir, tmpname);
     if (mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir,
                         strerror(errno));
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);
-    unlink(path); /* a dead attempt's */
+    unlink(path); /* this attempt's own, from an earlier try at the same step */
     fmt_write_stats st;
     int rc = fmt_shard_write(path, &j->m, e->io, &st);
+    if (!rc && ckpt__abandoned(j))
+        rc = abandoned(j);
     if (!rc) {
         snprintf(j->m.io_path, sizeof(j->m.io_path), "%s", st.io_path);
         snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, j->m.rank);
@@ -207,23 +265,33 @@ static int cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
-/* Removes '.trash-…' directories and '.tmp-step-…' ones labelled below `below`. */
-static int clean(const char *dir, int64_t below)
+/* Removes '.trash-…' directories and the temporary directories of attempts labelled below
+   `below`, except the attempt with nonce `keep`. Each goes to a '.trash-' name first by
+   one rename: a stale writer that has not committed yet then finds its directory gone
+   and can never commit it (ckpt.c I9), and a half-removed directory is never seen. */
+static int clean(const char *dir, int64_t below, uint64_t keep)
 {
     DIR *d = opendir(dir);
     if (!d)
         return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, -errno, "clean %s: %s", dir, strerror(errno));
-    char path[PATH_CAP];
+    char path[PATH_CAP + 16], trash[PATH_CAP + 16];
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
         int64_t s = -1;
-        bool tmp = fmt_is_tmp_name(de->d_name);
-        if (tmp && !fmt_parse_step_name(de->d_name + 5, &s))
+        uint64_t nonce = 0;
+        bool tmp = fmt_is_tmp_name(de->d_name), trashed = strncmp(de->d_name, ".trash-", 7) == 0;
+        if (tmp && !fmt_parse_tmp_name(de->d_name, &s, &nonce))
             s = -1;
-        if (!(tmp && s < below) && strncmp(de->d_name, ".trash-", 7) != 0)
+        if (!(tmp && s < below && (nonce != keep || keep == 0)) && !trashed)
             continue;
         snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
         RK_LOG_INFO(RK_SUB_CKPT, "removing %s (a dead attempt)", path);
+        if (tmp) {
+            snprintf(trash, sizeof(trash), "%s/.trash-%s", dir, de->d_name + 1);
+            if (rename(path, trash) != 0)
+                continue; /* gone already, or committed meanwhile */
+            snprintf(path, sizeof(path), "%s", trash);
+        }
         fmt_remove_tree(path);
     }
     closedir(d);
@@ -232,7 +300,12 @@ static int clean(const char *dir, int64_t below)
 
 int ckpt_clean_dir(const char *dir)
 {
-    return clean(dir, INT64_MAX);
+    return clean(dir, INT64_MAX, 0);
+}
+
+void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j)
+{
+    clean(e->dir, INT64_MAX, j->m.nonce);
 }
 
 void ckpt__retain(const char *dir, int keep, int64_t newest)
@@ -269,5 +342,5 @@ void ckpt__retain(const char *dir, int keep, int64_t newest)
             fmt_remove_tree(trash);
     }
     free(steps);
-    clean(dir, newest);
+    clean(dir, newest, 0);
 }

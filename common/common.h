@@ -115,7 +115,14 @@ typedef struct rk__evfield {
 
 /* Opens PATH.<rank> for appending (created 0644). path NULL or "": *ev = NULL, returns 0. */
 int rk__evlog_open(rk__evlog **ev, const char *path, int rank);
-void rk__evlog_close(rk__evlog **ev);
+void rk__evlog_close(rk__evlog **ev); /* drops a reference; the last one closes; *ev = NULL */
+/* Another reference to ev (NULL: none), for a thread that may outlive its opener's
+   close (a checkpoint writer abandoned on a disk that stopped answering). */
+rk__evlog *rk__evlog_ref(rk__evlog *ev);
+
+/* Keeps mem for the life of the process, reachable (common/retain.c): for memory another
+   party may still use after its owner is done (MPI receives, a stuck writer thread). */
+void rk__retain_forever(void *mem);
 /* Writes {"t_ns":…,"rank":…,"event":name, fields…}. Returns 0 or -errno (also logged once). */
 int rk__evlog_emit(rk__evlog *ev, const char *name, const rk__evfield *fields, size_t n);
 #define RK_EVENT(ev, name, ...)                                                             \

@@ -13,6 +13,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "common.h"
 
 struct rk__evlog {
+    atomic_int refs; /* rk__evlog_ref; the last rk__evlog_close closes */
     int fd;
     int rank;
     int write_errors;
@@ -46,15 +48,27 @@ int rk__evlog_open(rk__evlog **ev, const char *path, int rank)
         return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, err, "event log %s: cannot open", full);
     }
     e->rank = rank;
+    atomic_init(&e->refs, 1);
     pthread_mutex_init(&e->mu, NULL);
     *ev = e;
     return 0;
+}
+
+rk__evlog *rk__evlog_ref(rk__evlog *ev)
+{
+    if (ev)
+        atomic_fetch_add(&ev->refs, 1);
+    return ev;
 }
 
 void rk__evlog_close(rk__evlog **ev)
 {
     if (!ev || !*ev)
         return;
+    if (atomic_fetch_sub(&(*ev)->refs, 1) != 1) {
+        *ev = NULL;
+        return;
+    }
     close((*ev)->fd);
     pthread_mutex_destroy(&(*ev)->mu);
     free(*ev);

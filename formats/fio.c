@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "fmt.h"
 
 #define FIO_MAX_RULES 32
 #define FIO_ANY FMT_OP_COUNT          /* the "any" operation: a counter of its own */
@@ -41,6 +42,7 @@ static const struct {
 } kinds[] = {
     {"eio", -EIO},     {"enospc", -ENOSPC},         {"einval", -EINVAL},
     {"eperm", -EPERM}, {"short", FMT_FAULT_SHORT}, {"crash", FMT_FAULT_CRASH},
+    {"hang", FMT_FAULT_HANG},
 };
 
 static pthread_mutex_t fio_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -49,6 +51,7 @@ static struct fio_rule fio_rules[FIO_MAX_RULES];
 static int fio_nrules;
 static char fio_path_filter[256];
 static atomic_uint_fast64_t fio_counts[FMT_OP_COUNT + 1];
+static _Thread_local fmt_io_activity *fio_watch; /* the calling thread's record, if any */
 
 const char *fmt_op_name(enum fmt_op op)
 {
@@ -146,10 +149,65 @@ uint64_t fmt_fault_count(enum fmt_op op)
     return (op >= 0 && op < FMT_OP_COUNT) ? atomic_load(&fio_counts[op]) : 0;
 }
 
+void fmt_io_watch(fmt_io_activity *a)
+{
+    if (a && !a->init) {
+        pthread_mutex_init(&a->mu, NULL);
+        a->init = true;
+    }
+    fio_watch = a;
+}
+
+void fmt_io_activity_fini(fmt_io_activity *a)
+{
+    if (a && a->init) {
+        pthread_mutex_destroy(&a->mu);
+        a->init = false;
+    }
+}
+
+/* Records, for another thread to read, the operation the calling thread starts now. */
+static void note_activity(enum fmt_op op, const char *path)
+{
+    fmt_io_activity *a = fio_watch;
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    a->op = op;
+    a->since_ns = rk__mono_ns();
+    snprintf(a->path, sizeof(a->path), "%s", path ? path : "-");
+    a->count++;
+    pthread_mutex_unlock(&a->mu);
+}
+
+bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap)
+{
+    if (!a || !a->init)
+        return false;
+    pthread_mutex_lock(&a->mu);
+    bool any = a->count > 0;
+    if (any)
+        snprintf(buf, cap, "%s of %s, started %.0f ms ago", op_names[a->op], a->path, rk__ms_since(a->since_ns));
+    pthread_mutex_unlock(&a->mu);
+    return any;
+}
+
+/* A disk that stopped answering: the operation does not start until RK_FAULT_HOLD's file
+   is removed (never, without RK_FAULT_HOLD). */
+static void hold(enum fmt_op op, const char *path)
+{
+    const char *file = getenv("RK_FAULT_HOLD");
+    RK_LOG_WARN(RK_SUB_FMT, "RK_FAULT: %s of %s hangs %s%s", op_names[op], path ? path : "-",
+                file ? "until this file is removed: " : "until the process ends", file ? file : "");
+    while (!file || access(file, F_OK) == 0)
+        rk__sleep_ns(5 * 1000000LL);
+}
+
 int fmt_fault(enum fmt_op op, const char *path)
 {
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
+    note_activity(op, path);
     ensure_loaded();
     if (fio_path_filter[0] && (!path || !strstr(path, fio_path_filter)))
         return 0;
@@ -161,6 +219,10 @@ int fmt_fault(enum fmt_op op, const char *path)
         if ((r->op == (int)op || r->op == FIO_ANY) && (r->index < 0 || r->index == idx)) {
             RK_LOG_INFO(RK_SUB_FMT, "RK_FAULT: injecting %d into %s #%lld of %s", r->fault,
                         op_names[op], (long long)n, path ? path : "-");
+            if (r->fault == FMT_FAULT_HANG) {
+                hold(op, path);
+                return 0; /* released: the operation goes ahead */
+            }
             return r->fault;
         }
     }
@@ -173,6 +235,8 @@ int fmt_fault_apply(int fault)
         raise(SIGKILL);
         return -EINTR; /* not reached */
     }
+    if (fault == FMT_FAULT_HANG)
+        return -EIO; /* not reached: fmt_fault holds the operation until it is released */
     return fault == FMT_FAULT_SHORT ? -EIO : fault;
 }
 

@@ -9,9 +9,10 @@
  *           (odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
  *            any: every operation, N counted over all of them)
  *     N     the 0-based index of that operation in this process, or * for every one
- *     KIND  eio|enospc|einval|eperm|short|crash
+ *     KIND  eio|enospc|einval|eperm|short|crash|hang
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
  *                             faulted (operations without a path never are, then).
+ *   RK_FAULT_HOLD=FILE        hang lasts while FILE exists (see below).
  * A bad RK_FAULT is logged once (RK_LOG_ERROR) and injects nothing; it never crashes.
  * The environment is read at first use; fmt_fault_reset() reads it again.
  *
@@ -19,7 +20,12 @@
  *   -EIO, -ENOSPC, ...  the operation does nothing and fails with that code;
  *   FMT_FAULT_SHORT     a write (read) transfers the first half of the bytes, and the rest
  *                       fails with -EIO, as a device that fails part-way does;
- *   FMT_FAULT_CRASH     the process kills itself with SIGKILL before the operation.
+ *   FMT_FAULT_CRASH     the process kills itself with SIGKILL before the operation;
+ *   FMT_FAULT_HANG      the operation does not complete: the calling thread waits, as
+ *                       on a disk (or a network file system) that stopped answering,
+ *                       until the process ends, or, with RK_FAULT_HOLD=FILE, until FILE
+ *                       no longer exists; then the operation goes ahead. Tests of every
+ *                       bound on a waiting disk use it.
  */
 #ifndef RK_FMT_FIO_H
 #define RK_FMT_FIO_H
@@ -45,6 +51,7 @@ enum fmt_op {
 
 #define FMT_FAULT_SHORT (-100000) /* inject a short write/read (half the length) */
 #define FMT_FAULT_CRASH (-100001) /* the caller must raise(SIGKILL) on itself now */
+#define FMT_FAULT_HANG (-100002)  /* the operation never returns (a disk that stopped) */
 
 /* 0: go ahead; otherwise the fault to inject for this operation: -EIO, -ENOSPC, ...,
    FMT_FAULT_SHORT or FMT_FAULT_CRASH. Counts operations per process (thread-safe). */
@@ -69,7 +76,7 @@ int fmt_io_fsync_dir(const char *dir);
 int fmt_io_unlink(const char *path);
 
 /* Applies an injected fault code for an operation that cannot be short: CRASH kills the
-   process, SHORT becomes -EIO, anything else is returned as is. */
+   process, HANG never returns, SHORT becomes -EIO, anything else is returned as is. */
 int fmt_fault_apply(int fault);
 
 #endif

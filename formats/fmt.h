@@ -17,6 +17,7 @@
 #define RK_FMT_H
 
 #include <hdf5.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,13 +56,20 @@ typedef struct fmt_manifest {
 } fmt_manifest;
 
 /* ---- names (fmt_layout.c) ----------------------------------------------------------- */
-/* "step-000000001200" / ".tmp-step-000000001200" into buf (>= 32 bytes). */
+/* "step-000000001200" into buf (>= 32 bytes). */
 void fmt_step_name(char *buf, size_t cap, int64_t step);
-void fmt_tmp_name(char *buf, size_t cap, int64_t step);
+/* The temporary directory of one attempt at a step, ".tmp-step-000000001200-<nonce as 16
+   hex digits>" (buf >= 48 bytes): every attempt (membership) writes in its own, so a
+   fenced or stale writer can never touch the files of the attempt that commits. */
+void fmt_tmp_name(char *buf, size_t cap, int64_t step, uint64_t nonce);
 /* Whether name is exactly a committed step directory's name; *step gets the label. */
 bool fmt_parse_step_name(const char *name, int64_t *step);
-/* Whether name is a temporary (work in progress) directory of a checkpoint. */
+/* Whether name is a temporary (work in progress) directory of a checkpoint: any name that
+   starts with ".tmp-step-". */
 bool fmt_is_tmp_name(const char *name);
+/* Whether name is exactly an attempt's temporary directory name (fmt_tmp_name); its step
+   and nonce go to *step and *nonce (either may be NULL). */
+bool fmt_parse_tmp_name(const char *name, int64_t *step, uint64_t *nonce);
 /* Committed steps under dir, ascending (malloc'd; *n may be 0). -errno if dir unreadable. */
 int fmt_list_steps(const char *dir, int64_t **steps, size_t *n);
 /* Balanced assignment of tensors to ranks: each tensor to exactly one rank, greedy by
@@ -135,6 +143,25 @@ void fmt_ckpt_close(fmt_ckpt **c);
 int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
 /* Index of the tensor named name, or -1. */
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
+
+/* ---- what a thread is doing in the file system (fio.c) --------------------------------
+ * A thread that registers a record with fmt_io_watch has each file operation it starts
+ * (through the fault-injectable wrappers, which every checkpoint write uses) recorded
+ * there; another thread can then name the operation and path a stuck writer is in. */
+typedef struct fmt_io_activity {
+    pthread_mutex_t mu; /* held only to copy the record, never across I/O */
+    bool init;
+    int op;             /* enum fmt_op of the last operation started */
+    int64_t since_ns;   /* when it started (CLOCK_MONOTONIC) */
+    uint64_t count;     /* operations recorded */
+    char path[512];
+} fmt_io_activity;
+/* Records the calling thread's operations in a (zero-initialized or used before; NULL:
+   stop recording). */
+void fmt_io_watch(fmt_io_activity *a);
+void fmt_io_activity_fini(fmt_io_activity *a);
+/* "fsync of PATH, started N ms ago" into buf; false if nothing was recorded yet. */
+bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
 
 /* XXH3-64 of a buffer (fmt_types.c). */
 uint64_t fmt_xxh3(const void *p, size_t n);

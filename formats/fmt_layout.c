@@ -20,9 +20,9 @@ void fmt_step_name(char *buf, size_t cap, int64_t step)
     snprintf(buf, cap, STEP_PREFIX "%0*" PRId64, STEP_DIGITS, step);
 }
 
-void fmt_tmp_name(char *buf, size_t cap, int64_t step)
+void fmt_tmp_name(char *buf, size_t cap, int64_t step, uint64_t nonce)
 {
-    snprintf(buf, cap, TMP_PREFIX "%0*" PRId64, STEP_DIGITS, step);
+    snprintf(buf, cap, TMP_PREFIX "%0*" PRId64 "-%016" PRIx64, STEP_DIGITS, step, nonce);
 }
 
 static bool parse_digits(const char *s, int64_t *step)
@@ -50,6 +50,31 @@ bool fmt_parse_step_name(const char *name, int64_t *step)
 bool fmt_is_tmp_name(const char *name)
 {
     return strncmp(name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0;
+}
+
+bool fmt_parse_tmp_name(const char *name, int64_t *step, uint64_t *nonce)
+{
+    char digits[STEP_DIGITS + 1];
+    int64_t s;
+    uint64_t v = 0;
+    if (!fmt_is_tmp_name(name) || strlen(name) != strlen(TMP_PREFIX) + STEP_DIGITS + 1 + 16)
+        return false;
+    const char *p = name + strlen(TMP_PREFIX);
+    memcpy(digits, p, STEP_DIGITS);
+    digits[STEP_DIGITS] = '\0';
+    if (!parse_digits(digits, &s) || p[STEP_DIGITS] != '-')
+        return false;
+    for (const char *h = p + STEP_DIGITS + 1; *h; h++) {
+        int d = (*h >= '0' && *h <= '9') ? *h - '0' : (*h >= 'a' && *h <= 'f') ? *h - 'a' + 10 : -1;
+        if (d < 0)
+            return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (step)
+        *step = s;
+    if (nonce)
+        *nonce = v;
+    return true;
 }
 
 static int cmp_i64(const void *a, const void *b)

@@ -154,19 +154,28 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
 /* Step `step` (counted from 0) is finished: the registered state is now that at the
    start of step+1. When (step+1) is a multiple of ckpt_every, takes a checkpoint
    labelled step+1 (training blocks only for the snapshot; the buffers may be changed
-   as soon as it returns). May return RK_RECOVERED. */
+   as soon as it returns). Bound: if the previous checkpoint is still being written it
+   waits for it at most RK_TIMEOUT_MS / 4 (event ckpt_delayed), then skips this one
+   (event ckpt_skipped; a warning, reported by rk_wait only if it failed), plus the copy
+   into staging; a failure elsewhere first runs the recovery, bounded as docs/PROTOCOL.md
+   says. Never waits on the disk. May return RK_RECOVERED. */
 int rk_step_done(rk_ctx *ctx, int64_t step);
 
 int64_t rk_next_step(const rk_ctx *ctx);
 
 /* Start a checkpoint of the current state now (async), labelled rk_next_step(): blocks
    for the copy into staging only. If the previous checkpoint is still being written, waits
-   for it up to RK_TIMEOUT_MS, then skips this one (RK_E_BUSY). RK_E_STATE without a
-   checkpoint directory. */
+   for it at most RK_TIMEOUT_MS / 4, then skips this one (RK_E_BUSY; rk_last_error() says
+   what the writer is doing). RK_E_STATE without a checkpoint directory. */
 int rk_checkpoint(rk_ctx *ctx);
 
-/* Until every started checkpoint is committed or failed; returns the first failure since
-   the last rk_wait (rk_last_error() and the event ckpt_failed say why), 0 if none. */
+/* Until every started checkpoint is committed or failed, at most RK_TIMEOUT_MS; returns
+   the first failure since the last rk_wait (rk_last_error() and the event ckpt_failed say
+   why), 0 if none. RK_E_TIMEOUT if one is still being written at the bound: rk_last_error()
+   names its step, how long it has been in flight and the writer's last file operation
+   with its path (a disk that stopped answering); it stays in flight, and a later rk_wait
+   waits again. A member lost meanwhile abandons it at once (RK_E_ABORTED): nothing of an
+   abandoned checkpoint is ever committed. */
 int rk_wait(rk_ctx *ctx);
 
 /* This worker's rank in the current ring (dense, renumbered in the old order after a
@@ -174,8 +183,13 @@ int rk_wait(rk_ctx *ctx);
 int rk_rank(const rk_ctx *ctx);
 int rk_world(const rk_ctx *ctx);
 
-/* Waits for checkpoints, stops the detector, releases everything; *ctx = NULL.
-   Finalizes MPI only if rk_init() initialized it. */
+/* Waits for checkpoints (at most RK_TIMEOUT_MS, as rk_wait), stops the detector, releases
+   everything; *ctx = NULL. Finalizes MPI only if rk_init() initialized it. A checkpoint
+   writer still stuck at the bound (a disk that stopped answering) is abandoned and left
+   behind, and rk_finalize returns RK_E_TIMEOUT naming the stuck file: the rest is released
+   all the same. That thread may hold HDF5's library lock, which HDF5's own exit handler
+   waits for: a program that gets RK_E_TIMEOUT here should leave with _exit() after
+   flushing its output (rk-train does), or its exit may wait for the disk. */
 int rk_finalize(rk_ctx **ctx);
 
 /* A static, human-readable string for every code (RK_E_..., -errno, RK_OK, RK_RECOVERED). */

@@ -54,7 +54,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     if ((mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, ctx->comm)) != MPI_SUCCESS)
         return rec_mpi_fail(mrc, "rk_init: checkpoint engine");
     if (worst) {
-        ckpt_destroy(&ctx->ckpt);
+        ckpt_destroy(&ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
         if (!rc)
             rk__set_last_error("rk_init: another rank cannot use the checkpoint directory (%s)", rk_strerror(worst));
         return worst;
@@ -62,24 +62,31 @@ int rec_ckpt_open(rk_ctx *ctx)
     return 0;
 }
 
-/* Waits until the checkpoint in flight is committed or failed; if the detector sees a
-   member go meanwhile, the commit (which would wait for that member's shard) is cancelled
-   at once instead of at its deadline. */
-static void settle(rk_ctx *ctx)
+/* Waits until the checkpoint in flight is committed or failed, or until the deadline; if
+   the detector sees a member go meanwhile, the commit (which would wait for that member's
+   shard) is abandoned at once instead of at its deadline. Returns like ckpt_wait. */
+static int settle(rk_ctx *ctx, int64_t deadline)
 {
-    while (!ckpt_idle_by(ctx->ckpt, rk__deadline_ns(20))) {
+    for (;;) {
+        int64_t slice = rk__deadline_ns(20);
+        if (ckpt_idle_by(ctx->ckpt, slice < deadline ? slice : deadline) || rk__deadline_passed(deadline))
+            break;
         if (rec_membership_changed(ctx)) {
-            ckpt_cancel(ctx->ckpt);
-            return;
+            ckpt_abandon(ctx->ckpt);
+            break;
         }
     }
+    return ckpt_wait(ctx->ckpt, deadline);
 }
 
 int rec_ckpt_close(rk_ctx *ctx)
 {
-    if (ctx->ckpt)
-        settle(ctx);
-    return ckpt_destroy(&ctx->ckpt);
+    if (!ctx->ckpt)
+        return 0;
+    int64_t deadline = rk__deadline_ns(ctx->opt.timeout_ms);
+    int rc = settle(ctx, deadline);
+    int drc = ckpt_destroy(&ctx->ckpt, deadline);
+    return rc ? rc : drc;
 }
 
 /* The registry as the engine sees it; malloc'd (NULL with n == 0 is fine). */
@@ -142,8 +149,7 @@ int rk_wait(rk_ctx *ctx)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_wait: ctx is NULL");
     if (!ctx->ckpt)
         return 0;
-    settle(ctx);
-    return ckpt_wait(ctx->ckpt);
+    return settle(ctx, rk__deadline_ns(ctx->opt.timeout_ms));
 }
 
 /* How every rank's attempt at one step ended, ordered so that MAX picks the worst. */
@@ -222,7 +228,10 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     }
     if (!ctx->ckpt)
         return 0; /* no checkpoint directory: nothing to restore */
-    ckpt_drain(ctx->ckpt);
+    /* A checkpoint still in flight may commit a newer step first; it gets RK_TIMEOUT_MS,
+       then it is abandoned (its failure is reported by rk_wait). */
+    if (ckpt_busy(ctx->ckpt) && settle(ctx, rk__deadline_ns(ctx->opt.timeout_ms)) == RK_E_TIMEOUT)
+        ckpt_abandon(ctx->ckpt);
     ckpt_tensor *t = NULL;
     int64_t step = -1;
     int rc = tensors_of(ctx, &t);
@@ -257,7 +266,7 @@ int64_t rec_ckpt_committed_step(rk_ctx *ctx)
 void rec_ckpt_abandon(rk_ctx *ctx)
 {
     if (ctx->ckpt)
-        ckpt_cancel(ctx->ckpt);
+        ckpt_abandon(ctx->ckpt);
 }
 
 /* Every member gets the root's held snapshot: the root contributes its bytes and the
@@ -311,11 +320,12 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
     } else {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no snapshot in memory or on disk");
     }
-    /* Every member is idle now: rank 0 removes what dead attempts left in the directory. */
+    /* Rank 0's writer removes what dead attempts left before it writes again (never the
+       training thread: recovery does not wait on the disk). */
     int worst = rc ? 1 : 0;
     int arc = agree(ctx, &worst, RK_I32, RK_MAX);
     if (!rc && !arc && !worst && ctx->rank == 0)
-        ckpt_clean_dir(ctx->opt.ckpt_dir);
+        ckpt_request_clean(ctx->ckpt);
     free(t);
     if (rc)
         return rc;

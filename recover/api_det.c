@@ -116,6 +116,7 @@ void rec_det_close(rk_ctx *ctx)
 int rec_det_status(rk_ctx *ctx)
 {
     if (ctx->det && det_fenced(ctx->det)) {
+        rec_ckpt_abandon(ctx); /* a fenced worker's checkpoint is never committed */
         rk__set_last_error("this worker was declared dead by the others and is fenced: it must stop");
         return RK_E_FENCED;
     }

@@ -254,32 +254,6 @@ out_free:
     return refail(RK_LOG_ERROR, rc, "ring_create");
 }
 
-/* Buffers that MPI may still write after their ring is gone (receives pending from a lost
-   peer) can never be freed. They are kept for the life of the process in this one list,
-   so they stay reachable: retained on purpose, bounded by the number of aborted calls,
-   and never reported as leaked. The only state of ring/ outside a handle. */
-static struct {
-    pthread_mutex_t mu;
-    void **mem;
-    size_t n, cap;
-} retained = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static void retain_forever(void *mem)
-{
-    pthread_mutex_lock(&retained.mu);
-    if (retained.n == retained.cap) {
-        size_t cap = retained.cap ? 2 * retained.cap : 8;
-        void **m = realloc(retained.mem, cap * sizeof(*m));
-        if (m) {
-            retained.mem = m;
-            retained.cap = cap;
-        }
-    }
-    if (retained.n < retained.cap)
-        retained.mem[retained.n++] = mem;
-    pthread_mutex_unlock(&retained.mu);
-}
-
 void ring_destroy(ring **pr)
 {
     if (!pr || !*pr)
@@ -294,7 +268,7 @@ void ring_destroy(ring **pr)
             for (int i = 0; i < g->nreqs; i++)
                 if (g->reqs[i] != MPI_REQUEST_NULL)
                     MPI_Request_free(&g->reqs[i]);
-            retain_forever(g->mem);
+            rk__retain_forever(g->mem); /* MPI may still write it */
             RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: receives still pending: their buffer is retained");
         }
         free(g->reqs);

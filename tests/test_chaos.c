@@ -138,6 +138,18 @@ START_TEST(kill_while_persisting)
 }
 END_TEST
 
+/* One rank's checkpoint disk stops answering for good in the first launch: every process
+   finishes within its bounds (no hang), the survivors' final hash is the replay's, and
+   the stuck checkpoint is never committed. */
+START_TEST(disk_hang_campaign)
+{
+    need_h5py();
+    char *out = campaign_ok("--runs 1 --seed 3 --faults disk_hang", 1);
+    ck_assert_msg(strstr(out, "=hang on rank"), "no hung disk:\n%.3000s", out);
+    free(out);
+}
+END_TEST
+
 static Suite *chaos_suite(void)
 {
     Suite *s = suite_create("chaos");
@@ -146,6 +158,7 @@ static Suite *chaos_suite(void)
     tcase_add_test(tc, fixed_seed_campaign);
     tcase_add_test(tc, recovery_and_io_campaign);
     tcase_add_test(tc, kill_while_persisting);
+    tcase_add_test(tc, disk_hang_campaign);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracles");
     tcase_set_timeout(tc, SELFTEST_TIMEOUT_S + 30);

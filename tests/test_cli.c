@@ -83,6 +83,13 @@ START_TEST(install_and_pkg_config)
                                "test -f %s/prefix/lib/librekindle.a", dir, dir, dir);
     ck_assert_int_eq(sh_ok(cmd, &out), 0);
     free(out);
+    /* The same program linked against the build tree starts: the loader finds the
+       library under its soname (librekindle.so.0) in build/lib. */
+    snprintf(cmd, sizeof(cmd), "cd %s && cc %s -I%s/include hello.c -o hello-build -L%s/lib -Wl,-rpath,%s/lib -lrekindle && "
+                               "./hello-build", dir, sanitized ? "-fsanitize=address,undefined" : "", src, build, build);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    ck_assert_msg(strstr(out, REKINDLE_VERSION_STRING " not available") == out, "program printed: %s", out);
+    free(out);
     th_rmrf(dir);
     free(dir);
 }

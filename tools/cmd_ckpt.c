@@ -158,7 +158,10 @@ int cmd_ls(int argc, char **argv)
         char p[4200], when[32] = "";
         int64_t step = -1;
         bool tmp = fmt_is_tmp_name(names[i]);
-        fmt_parse_step_name(tmp ? names[i] + 5 : names[i], &step);
+        if (tmp)
+            fmt_parse_tmp_name(names[i], &step, NULL);
+        else
+            fmt_parse_step_name(names[i], &step);
         snprintf(p, sizeof(p), "%s/%s", a.dir, names[i]);
         struct stat sb;
         if (stat(p, &sb) == 0) {
