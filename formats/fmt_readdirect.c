@@ -8,8 +8,13 @@
  * Used only for tensors of at least DIRECT_MIN bytes starting on a 4 KiB boundary (the
  * shard writer aligns them); anything else, or a file system or kernel without O_DIRECT or
  * io_uring, takes fmt_ckpt_read's pread path, said once in the log. Every read passes
- * fmt_fault (RK_FAULT) first. A wait for a completion has no deadline on purpose: until the
- * kernel completes a read it owns the buffer.
+ * fmt_fault (RK_FAULT) first.
+ *
+ * Every wait for a completion is bounded: when none of the reads in flight completes for
+ * DIRECT_STALL_MS (a disk that stopped answering), the read fails with RK_E_TIMEOUT naming
+ * the file, instead of blocking rk_resume or a rollback from disk for ever. The kernel
+ * still owns the bounce buffers then: they are retained for the life of the process
+ * (rk__retain_forever), never freed or reused, and the reader refuses further reads.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,12 +30,14 @@
 
 #define DIRECT_PIECE (4u << 20)
 #define DIRECT_DEPTH 8
+#define DIRECT_STALL_MS 60000 /* no read completed for this long: the disk stopped */
 #define ALIGN_4K(x) (((x) + 4095u) & ~(uint64_t)4095u)
 
 struct fmt_direct {
     struct io_uring ring;
     bool ring_ok;
     bool off;       /* O_DIRECT or io_uring unusable here: every read takes pread */
+    bool stuck;     /* a read never completed: the kernel may still write `bounce` */
     char *bounce;   /* DIRECT_DEPTH pieces, page-aligned */
     int *fds;       /* O_DIRECT descriptor of each shard, -1 until used */
     int nfds;
@@ -48,7 +55,10 @@ void fmt_direct_free(fmt_direct **pd)
         if (d->fds[i] >= 0)
             close(d->fds[i]);
     free(d->fds);
-    free(d->bounce);
+    if (d->stuck)
+        rk__retain_forever(d->bounce); /* reads still in flight may land there */
+    else
+        free(d->bounce);
     if (d->xs)
         XXH3_freeState(d->xs);
     free(d);
@@ -88,16 +98,28 @@ static int direct_get(fmt_ckpt *c, fmt_direct **out)
         d->ring_ok = true;
     }
     *out = c->direct;
+    if (c->direct->stuck)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT, "restore from %s: an earlier read never completed", c->dir);
     return c->direct->off ? -EOPNOTSUPP : 0;
 }
 
-/* Waits for one completion: records its result in res[] by piece number. */
+/* Waits for one completion, at most DIRECT_STALL_MS: records its result in res[] by piece
+   number; RK_E_TIMEOUT (and the reader is stuck for good) if none came. */
 static int reap(fmt_direct *d, int32_t *res, bool *done)
 {
     struct io_uring_cqe *cqe;
     int rc;
-    while ((rc = io_uring_wait_cqe(&d->ring, &cqe)) == -EINTR)
-        ;
+    int64_t deadline = rk__deadline_ns(DIRECT_STALL_MS);
+    do {
+        int64_t left = deadline - rk__mono_ns();
+        struct __kernel_timespec ts = {.tv_sec = left > 0 ? left / 1000000000 : 0,
+                                       .tv_nsec = left > 0 ? left % 1000000000 : 0};
+        rc = io_uring_wait_cqe_timeout(&d->ring, &cqe, &ts);
+    } while (rc == -EINTR && !rk__deadline_passed(deadline));
+    if (rc == -ETIME || rc == -EINTR) {
+        d->stuck = true;
+        return RK_E_TIMEOUT;
+    }
     if (rc < 0)
         return rc;
     uint64_t k = io_uring_cqe_get_data64(cqe);
@@ -166,10 +188,15 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
         memcpy((char *)buf + got * DIRECT_PIECE, p, (size_t)plen);
         got++;
     }
-    /* Never return while the kernel may still write a buffer: collect what is in flight. */
-    for (uint64_t k = got; k < sub; k++)
+    /* Never return while the kernel may still write a buffer: collect what is in flight
+       (unless the disk stopped: then the buffers are never reused, see the header). */
+    for (uint64_t k = got; k < sub && !d->stuck; k++)
         while (!done[k % DIRECT_DEPTH] && reap(d, res, done) == 0)
             ;
+    if (d->stuck)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "%s: reading tensor '%s': no read completed for %d ms (the disk stopped answering)", path,
+                        t->name, DIRECT_STALL_MS);
     if (rc)
         return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, t->name, rk_strerror(rc));
     *hash = XXH3_64bits_digest(d->xs);

@@ -29,6 +29,11 @@
  *     kept in stats->error, and every later write, flush and close of the file fails.
  *  6. flush and close end with fdatasync after the last write completed: a file whose
  *     H5Fclose succeeded is durable.
+ *  8. Every wait for a completion is bounded: when none of the operations in flight
+ *     completes for VFD_STALL_MS (a disk that stopped answering) the file fails with
+ *     RK_E_TIMEOUT (sticky, 5). The kernel still owns the staging buffers then: they are
+ *     retained for the life of the process, never freed or reused (an exception to 3 that
+ *     keeps its promise: no buffer the kernel may use is ever given back).
  *
  * I/O paths, chosen at open (and named in stats->io_path):
  *   "uring+odirect"  io_uring with O_DIRECT for raw-data interiors (the fast path);
@@ -67,6 +72,7 @@ _Static_assert(offsetof(H5FD_class_t, name) == 0, "unexpected H5FD_class_t layou
 #define VFD_VALUE ((H5FD_class_value_t)0) /* unused in 1.10 */
 #define VFD_MAXADDR (((haddr_t)1 << (8 * sizeof(off_t) - 1)) - 1)
 #define VFD_DEF_QD 16    /* staged: 16 x 1 MiB of staging memory */
+#define VFD_STALL_MS 60000 /* no completion for this long: the disk stopped (invariant 8) */
 #define VFD_DEF_QD_ZC 32 /* zero copy: no staging memory, deeper and larger */
 #define VFD_MAX_QD 256
 #define VFD_DEF_PIECE ((size_t)1 << 20)
@@ -92,6 +98,7 @@ typedef struct vfd {
     char *path;
     int fd, dfd;
     bool writable, ring_ok, dirty;
+    bool stuck; /* an operation never completed: the kernel may still use the buffers (8) */
     enum vfd_path vp;
     haddr_t eoa, eof;
     dev_t dev;
@@ -226,19 +233,45 @@ static void complete(vfd *f, struct io_uring_cqe *cqe)
     f->inflight--;
 }
 
+/* Waits for one completion, at most VFD_STALL_MS (invariant 8): RK_E_TIMEOUT, and the file
+   is stuck for good, if none came. */
+static int wait_one(vfd *f, struct io_uring_cqe **cqe)
+{
+    if (f->stuck)
+        return RK_E_TIMEOUT; /* waited once already: the file has failed */
+    int64_t deadline = rk__deadline_ns(VFD_STALL_MS);
+    for (;;) {
+        int64_t left = deadline - rk__mono_ns();
+        struct __kernel_timespec ts = {.tv_sec = left > 0 ? left / 1000000000 : 0,
+                                       .tv_nsec = left > 0 ? left % 1000000000 : 0};
+        int rc = io_uring_wait_cqe_timeout(&f->ring, cqe, &ts);
+        if (rc == -EINTR && !rk__deadline_passed(deadline))
+            continue;
+        if (rc == -ETIME || rc == -EINTR) {
+            f->stuck = true;
+            return RK_E_TIMEOUT;
+        }
+        return rc;
+    }
+}
+
 /* Reaps completions: at least one if wait (and any are in flight), then all ready ones. */
 static void reap(vfd *f, bool wait)
 {
     struct io_uring_cqe *cqe;
     while (f->inflight > 0) {
-        int rc = wait ? io_uring_wait_cqe(&f->ring, &cqe) : io_uring_peek_cqe(&f->ring, &cqe);
+        int rc = wait ? wait_one(f, &cqe) : io_uring_peek_cqe(&f->ring, &cqe);
         if (rc == -EINTR)
             continue;
+        if (rc == RK_E_TIMEOUT) {
+            set_error(f, rc, "io_uring wait: no completion for 60 s (the disk stopped answering)", 0);
+            return;
+        }
         if (rc == -EAGAIN && !wait)
             return;
         if (rc < 0) {
-            /* The ring itself failed: the kernel still owns the buffers; only close can
-               end this, after the kernel has let go (io_uring_queue_exit waits). */
+            /* The ring itself failed: the kernel still owns the buffers (invariant 8). */
+            f->stuck = true;
             set_error(f, rc, "io_uring wait", 0);
             return;
         }
@@ -408,9 +441,9 @@ static int sync_file(vfd *f)
         io_uring_prep_fsync(sqe, f->fd, IORING_FSYNC_DATASYNC);
         io_uring_sqe_set_data64(sqe, UINT64_MAX);
         struct io_uring_cqe *cqe;
-        rc = io_uring_submit_and_wait(&f->ring, 1);
-        while (rc >= 0 && (rc = io_uring_wait_cqe(&f->ring, &cqe)) == -EINTR)
-            ;
+        rc = io_uring_submit(&f->ring);
+        if (rc >= 0)
+            rc = wait_one(f, &cqe);
         if (rc >= 0) {
             rc = cqe->res < 0 ? cqe->res : 0;
             io_uring_cqe_seen(&f->ring, cqe);
@@ -543,9 +576,12 @@ static herr_t vfd_close(H5FD_t *file)
     if (f->writable && f->dirty && rc == 0)
         rc = sync_file(f);
     if (f->ring_ok)
-        io_uring_queue_exit(&f->ring); /* waits for anything the kernel still holds */
+        io_uring_queue_exit(&f->ring);
     for (int i = 0; i < f->nslots; i++)
-        free(f->slots[i].stage);
+        if (f->stuck && f->slots[i].stage)
+            rk__retain_forever(f->slots[i].stage); /* the kernel may still use it (8) */
+        else
+            free(f->slots[i].stage);
     free(f->slots);
     if (f->dfd >= 0)
         close(f->dfd);
