@@ -530,8 +530,7 @@ int64_t ckpt_held_step(const ckpt_engine *e)
     return e->held_step;
 }
 
-/* Whether the held snapshot has exactly the layout of t[0..n). */
-static bool held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n)
+bool ckpt_held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     if (e->held_step < 0 || e->held_n != n)
         return false;
@@ -548,7 +547,7 @@ const void *ckpt_held_tensor(const ckpt_engine *e, size_t i)
 
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
-    if (!held_matches(e, t, n))
+    if (!ckpt_held_matches(e, t, n))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
     for (size_t i = 0; i < n; i++)
         if (t[i].nbytes)

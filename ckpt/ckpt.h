@@ -88,6 +88,10 @@ int64_t ckpt_last_committed(ckpt_engine *e);
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* The step of the complete snapshot held in staging, -1 if none. */
 int64_t ckpt_held_step(const ckpt_engine *e);
+/* Whether the held snapshot has the layout of t[0..n): as many tensors, of the same sizes
+   (tensors are registered in order, never removed). False when none is held. A snapshot
+   taken before a tensor was registered is not one the job can roll back to. */
+bool ckpt_held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* Copies the held snapshot back into t[0..n) (the same tensors, in the same order, as when
    it was taken; RK_E_STATE otherwise, nothing copied). */
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);

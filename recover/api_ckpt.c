@@ -255,7 +255,15 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
 
 int64_t rec_ckpt_held_step(rk_ctx *ctx)
 {
-    return ctx->ckpt ? ckpt_held_step(ctx->ckpt) : -1;
+    if (!ctx->ckpt || ckpt_held_step(ctx->ckpt) < 0)
+        return -1;
+    /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
+    ckpt_tensor *t = NULL;
+    if (tensors_of(ctx, &t))
+        return -1;
+    int64_t step = ckpt_held_matches(ctx->ckpt, t, ctx->ntensors) ? ckpt_held_step(ctx->ckpt) : -1;
+    free(t);
+    return step;
 }
 
 int64_t rec_ckpt_committed_step(rk_ctx *ctx)
@@ -274,6 +282,11 @@ void rec_ckpt_abandon(rk_ctx *ctx)
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
 {
     bool root = ctx->rank0 == dec->root;
+    /* The root offered its snapshot only if it matched (rec_ckpt_held_step); a tensor
+       registered since would leave nothing to copy from. */
+    if (root && (ckpt_held_step(ctx->ckpt) != dec->step || !ckpt_held_matches(ctx->ckpt, t, ctx->ntensors)))
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "rollback: the snapshot of step %" PRId64
+                        " held here does not cover the tensors registered now", dec->step);
     for (size_t i = 0; i < ctx->ntensors; i++) {
         if (!t[i].nbytes)
             continue;

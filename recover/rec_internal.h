@@ -98,7 +98,8 @@ int rec_spare_wait(rk_ctx *ctx);
 /* rk_finalize on rank 0: tells the spares still waiting that they are not needed. */
 void rec_release_spares(rk_ctx *ctx);
 /* What recovery needs from the checkpoint engine (api_ckpt.c): the step of the complete
-   snapshot held in memory and the newest committed one (-1: none), and the rollback to a
+   snapshot held in memory, if it covers every tensor registered now, and the newest
+   committed one (-1: none), and the rollback to a
    decision's step over the rebuilt ring. */
 struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);

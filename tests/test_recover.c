@@ -12,6 +12,7 @@
 #include "common.h"
 #include "harness.h"
 #include "../recover/rec.h"
+#include "../recover/rec_internal.h"
 
 static rk_ctx *ctx;
 
@@ -30,6 +31,20 @@ static void setup(void)
     rk_options o;
     rk_options_init(&o);
     ck_assert_int_eq(rk_init(&ctx, &o), 0);
+}
+
+/* As setup, with a checkpoint directory. */
+static void setup_ckpt(void)
+{
+    char *dir = th_tmpdir("recover-ckpt");
+    setenv("RK_CKPT_DIR", dir, 1);
+    free(dir);
+    unsetenv("RK_EVENT_LOG");
+    quiet_stderr();
+    rk_options o;
+    rk_options_init(&o);
+    ck_assert_int_eq(rk_init(&ctx, &o), 0);
+    unsetenv("RK_CKPT_DIR");
 }
 
 static void teardown(void)
@@ -187,6 +202,25 @@ START_TEST(decide_rejects_malformed)
 }
 END_TEST
 
+/* A tensor registered after the last snapshot: the held snapshot does not cover it, so
+   this member never offers it for a rollback, and a rollback from it fails cleanly
+   instead of copying from memory that holds nothing. */
+START_TEST(held_snapshot_not_offered_after_a_new_tensor)
+{
+    static float a[16], b[16];
+    const int64_t n16[] = {16};
+    th_assert_rc(rk_register(ctx, "a", a, RK_F32, 1, n16, 0), 0);
+    int64_t next = -1;
+    th_assert_rc(rk_resume(ctx, &next), 0);
+    ck_assert_int_eq(rec_ckpt_held_step(ctx), 0); /* the starting state is held */
+    th_assert_rc(rk_register(ctx, "b", b, RK_F32, 1, n16, 0), 0);
+    ck_assert_int_eq(rec_ckpt_held_step(ctx), -1);
+    rec_decision d = {.epoch = 1, .step = 0, .source = REC_FROM_MEMORY, .root = 0, .all_hold = 0,
+                        .nmembers = 1, .members = {0}};
+    ck_assert_int_ne(rec_ckpt_rollback(ctx, &d), 0);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
     Suite *s = suite_create("recover");
@@ -197,6 +231,12 @@ static Suite *recover_suite(void)
     tcase_add_loop_test(tc, register_rejects_bad_names, 0, (int)RK_ARRAY_LEN(bad_names));
     tcase_add_test(tc, register_rejects_bad_arguments);
     tcase_add_test(tc, allreduce_checks_arguments);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("rollback");
+    tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, setup_ckpt, teardown);
+    tcase_add_test(tc, held_snapshot_not_offered_after_a_new_tensor);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("decide");
