@@ -142,7 +142,9 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step);
    op). dtypes f32, f64, f16, bf16 (16-bit types accumulate in f32 per hop), i32, i64, u8
    (wrap-around; avg of integers is refused); ops sum, avg, max, min; any count (0 too).
    For a given membership the reduction order is fixed: results are bitwise reproducible.
-   Never waits longer than RK_TIMEOUT_MS. Errors, returned on every member: -EINVAL (NULL
+   Bound: the ring waits at most RK_TIMEOUT_MS; after a ring error it waits up to
+   20 * RK_HEARTBEAT_MS + 2 s for the detector to declare the lost peer, then runs the
+   recovery (docs/PROTOCOL.md, "Bounds"). Errors, returned on every member: -EINVAL (NULL
    buffer with count > 0), RK_E_DTYPE, RK_E_OP (here), RK_E_COLL_MISMATCH (members passed
    different arguments), RK_E_PEER_LOST (a member was lost and could not be recovered),
    RK_E_TIMEOUT, RK_E_FENCED, RK_E_NO_MAJORITY / RK_E_MIN_WORLD (recovery stopped).
