@@ -121,7 +121,7 @@ void rk__evlog_close(rk__evlog **ev); /* drops a reference; the last one closes;
 rk__evlog *rk__evlog_ref(rk__evlog *ev);
 
 /* Keeps mem for the life of the process, reachable (common/retain.c): for memory another
-   party may still use after its owner is done (MPI receives, a stuck writer thread). */
+   party may still use after its owner is done (MPI transfers, a stuck writer thread). */
 void rk__retain_forever(void *mem);
 /* Writes {"t_ns":…,"rank":…,"event":name, fields…}. Returns 0 or -errno (also logged once). */
 int rk__evlog_emit(rk__evlog *ev, const char *name, const rk__evfield *fields, size_t n);

@@ -1,7 +1,8 @@
 /*
  * common/retain.c - memory that another party may still use after its owner is done with
  * it can never be freed: receive buffers MPI may still write after their ring is gone
- * (ring/), a checkpoint engine whose writer thread is stuck in the kernel (ckpt/). Such
+ * (ring/), recovery's message copies (MPI_Alloc_mem) a request to a dead peer may still
+ * read (recover/), a checkpoint engine whose writer thread is stuck in the kernel (ckpt/). Such
  * memory is kept for the life of the process in this one list, so it stays reachable:
  * retained on purpose, bounded by the number of such events, never reported as leaked.
  */

@@ -34,6 +34,7 @@ struct rec_tensor {
 
 struct ckpt_engine;
 struct det;
+struct rec_xfer;
 struct ring;
 
 struct rk_ctx {
@@ -55,7 +56,10 @@ struct rk_ctx {
     uint64_t agreed_epoch;    /* the detector epoch of that view */
     uint64_t seen_seq;        /* det_seq() when last looked at */
     bool change_pending;      /* the detector's view differs from the agreed one */
-    void *send_buf;           /* this worker's report, reused across rounds */
+    int64_t loss_ns;          /* CLOCK_MONOTONIC when the detector declared the loss not yet
+                                 recovered (0: none): the rounds' schedule starts there */
+    struct rec_xfer *xfers;   /* messages MPI may still be sending (recovery.c) */
+    int nxfers, cap_xfers;
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
@@ -86,7 +90,8 @@ bool rec_name_valid(const char *name, const char **why);
 /* Recovery (recover/recovery.c, docs/PROTOCOL.md). rec_recovery_init after every part is
    open; rec_membership_changed is cheap (an atomic load) and tells whether the detector's
    view moved past the agreed one; rec_recover runs the rounds and returns RK_RECOVERED
-   (state rolled back, ctx->next_step set) or an error every survivor gets alike. */
+   (state rolled back, ctx->next_step set) or an error every survivor gets alike.
+   rec_recovery_fini keeps (rk__retain_forever) the copies of messages MPI may still send. */
 int rec_recovery_init(rk_ctx *ctx);
 void rec_recovery_fini(rk_ctx *ctx);
 bool rec_membership_changed(rk_ctx *ctx);

@@ -9,29 +9,44 @@
  *
  * STATES (per worker; the function performing each transition)
  *
- *   RUNNING --(a member declared dead: rec_membership_changed)--> FENCE
+ *   RUNNING --(a member declared dead: rec_membership_changed, which notes the loss time)--> FENCE
  *   FENCE   --(the ring call returned; no request can write user memory)--> AGREE (rec_recover)
- *   AGREE   --(coordinator: reports gathered, rec_decide: coordinate)--> REBUILD
- *   AGREE   --(member: decision received: follow)--> REBUILD
- *   AGREE   --(coordinator dead, or the view changed again: AGAIN)--> AGREE, next round
- *   AGREE   --(RK_E_NO_MAJORITY / RK_E_MIN_WORLD / RK_E_TIMEOUT)--> STOPPED (error returned)
+ *   AGREE   --(coordinator: every live member reported: coordinate)--> REBUILD
+ *   AGREE   --(member: its coordinator's decision received: follow)--> REBUILD
+ *   AGREE   --(a round ended with a report missing, or the coordinator died)--> AGREE, next
+ *             round, the report sent again (recover_rounds)
+ *   AGREE   --(the last round ended: give_up, or a member's own schedule ran out)--> STOPPED
+ *   AGREE   --(RK_E_NO_MAJORITY / RK_E_MIN_WORLD)--> STOPPED (error returned)
  *   REBUILD --(ring_rebuild over the members: apply_decision)--> ROLLBACK
- *   REBUILD --(a member died meanwhile: AGAIN)--> AGREE, next round, same base view
+ *   REBUILD --(a member died meanwhile: AGAIN)--> AGREE, fresh reports, same base and schedule
  *   ROLLBACK --(rec_ckpt_rollback: memory or disk)--> RESUME
+ *   ROLLBACK --(a member died meanwhile: AGAIN)--> AGREE, the new base, that loss's schedule
  *   RESUME  --(events ring_rebuilt, resumed; RK_RECOVERED)--> RUNNING
  *   any     --(this worker declared dead, or left out of the decision)--> FENCED
  *
  * INVARIANTS (besides rec_decide's I1..I6, see coord.c)
  *   R1 Messages travel point-to-point on ctx->comm between survivors only; a worker only
- *      ever waits for a message while polling the detector and a deadline.
+ *      ever waits for a message while polling the detector and a deadline, and no MPI call
+ *      here blocks (MPI_Isend, MPI_Improbe + MPI_Imrecv, MPI_Test).
  *   R2 Every message carries the base epoch (the last agreed view's); a message of
  *      another base is stale and dropped, so rounds of different recoveries never mix.
  *   R3 A decision is applied only from the coordinator of the receiver's current round,
  *      and becomes the new base only once the ring over its members is built.
  *   R4 The coordinator of a round is the lowest rank of the base view that the
  *      receiver's detector still holds alive.
+ *   R5 One schedule for everyone: REC_ROUNDS rounds of RK_TIMEOUT_MS counted from the
+ *      time the detector declared the loss (ctx->loss_ns), not from when a worker enters
+ *      recovery, so a survivor that enters late (a long step) is in the same round as the
+ *      others. The coordinator decides once every live member reported; a member reports
+ *      again each round and when the coordinator changes. After the last round every
+ *      survivor stops alike with RK_E_TIMEOUT, naming who never reported.
+ *   R6 A message's bytes are a copy (MPI_Alloc_mem) listed in ctx->xfers until MPI is
+ *      done with it: freed once its send completed, freed at once if MPI_Isend failed,
+ *      and kept for the life of the process (rk__retain_forever) if a request to a dead
+ *      peer may still read it. Received messages land in such a copy too.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,6 +60,7 @@
 #define REC_TAG_RELEASE 0x5e03
 #define REC_MAGIC 0x524b5231u /* "RKR1" */
 #define REC_AGAIN 2 /* internal: start the next round (distinct from RK_OK and RK_RECOVERED) */
+#define REC_ROUNDS 3          /* rounds of RK_TIMEOUT_MS each, counted from the loss (R5) */
 #define POLL_NS (200 * 1000)  /* between polls of MPI and the detector */
 
 struct msg_report {
@@ -56,9 +72,16 @@ struct msg_report {
 
 struct msg_decide {
     uint32_t magic;
-    int32_t error; /* 0, or the error every member stops with (no majority, min_world) */
+    int32_t error; /* 0, or the error every member stops with (no majority, min_world, timeout) */
     uint64_t base_epoch;
-    rec_decision d; /* only the first nmembers entries of d.members are sent */
+    rec_decision d; /* only the first nmembers entries of d.members are sent; with
+                       RK_E_TIMEOUT they name the members whose report never came */
+};
+
+/* A message MPI may still be sending: the request and the copy it reads (R6). */
+struct rec_xfer {
+    MPI_Request rq;
+    void *buf; /* MPI_Alloc_mem */
 };
 
 static size_t decide_bytes(int nmembers)
@@ -66,14 +89,14 @@ static size_t decide_bytes(int nmembers)
     return offsetof(struct msg_decide, d.members) + (size_t)nmembers * sizeof(int);
 }
 
-/* Whether n received bytes are a well-formed decision message: the magic, and for a
-   decision (not an error) a member list whose length matches the size. */
+/* Whether n received bytes are a well-formed decision message: the magic, and a member
+   list whose length matches the size. */
 static bool decision_well_formed(const struct msg_decide *m, int n)
 {
     if ((size_t)n < decide_bytes(0) || m->magic != REC_MAGIC)
         return false;
-    return m->error != 0 ||
-           (m->d.nmembers > 0 && m->d.nmembers <= REC_MAX_WORLD && (size_t)n == decide_bytes(m->d.nmembers));
+    return m->d.nmembers >= (m->error ? 0 : 1) && m->d.nmembers <= REC_MAX_WORLD &&
+           (size_t)n == decide_bytes(m->d.nmembers);
 }
 
 static bool in_list(const int *a, int n, int x)
@@ -84,19 +107,47 @@ static bool in_list(const int *a, int n, int x)
     return false;
 }
 
+/* "3, 5, 9" into buf (cap bytes), cut with "..." when long. */
+static const char *rank_list(char *buf, size_t cap, const int *r, int n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len + 16 < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", i ? ", " : "", r[i]);
+    if (n > 0 && len + 16 >= cap)
+        snprintf(buf + len, cap - len, ", ...");
+    return buf;
+}
+
+/* The schedule (R5): round k of a loss runs from loss + k*T to loss + (k+1)*T; a member
+   listens a grace of 2 heartbeats past the last round, for a coordinator that learned of
+   the loss a little later than itself, and the same grace bounds how long a message
+   between live workers may take. */
+static int64_t round_ns(const rk_ctx *ctx)
+{
+    return (int64_t)ctx->opt.timeout_ms * 1000000LL;
+}
+
+static int64_t grace_ns(const rk_ctx *ctx)
+{
+    return 2LL * ctx->opt.heartbeat_ms * 1000000LL;
+}
+
 /* ---- initial state and the cheap change test ------------------------------------------- */
+
+static void xfers_settle(rk_ctx *ctx, int64_t deadline);
 
 int rec_recovery_init(rk_ctx *ctx)
 {
     ctx->nview = ctx->world;
     ctx->view = calloc((size_t)ctx->nview, sizeof(int));
     if (!ctx->view)
-        return -ENOMEM;
+        goto out_fail;
     for (int i = 0; i < ctx->nview; i++)
         ctx->view[i] = i;
     if (ctx->nspares > 0) {
         if (!(ctx->spares = calloc((size_t)ctx->nspares, sizeof(int))))
-            return -ENOMEM;
+            goto out_fail;
         for (int i = 0; i < ctx->nspares; i++)
             ctx->spares[i] = ctx->world + i;
     }
@@ -107,6 +158,9 @@ int rec_recovery_init(rk_ctx *ctx)
         ctx->seen_seq = det_seq(ctx->det);
     }
     return 0;
+out_fail:
+    rec_recovery_fini(ctx);
+    return -ENOMEM;
 }
 
 void rec_recovery_fini(rk_ctx *ctx)
@@ -117,8 +171,21 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->spares);
     ctx->spares = NULL;
     ctx->nspares = 0;
-    free(ctx->send_buf);
-    ctx->send_buf = NULL;
+    xfers_settle(ctx, 0);
+    free(ctx->xfers);
+    ctx->xfers = NULL;
+    ctx->cap_xfers = 0;
+}
+
+/* The first loss since the last agreement starts the schedule (R5): the time the detector
+   learned it (an event's CLOCK_REALTIME stamp, taken back to CLOCK_MONOTONIC), so a
+   worker that looks late, after a long step, is on the same rounds as the others. */
+static void note_loss(rk_ctx *ctx, int64_t t_real_ns)
+{
+    if (ctx->loss_ns)
+        return;
+    int64_t ago = rk__real_ns() - t_real_ns;
+    ctx->loss_ns = rk__mono_ns() - (ago > 0 ? ago : 0);
 }
 
 /* A member of the agreed view declared dead, or this worker fenced, since the last
@@ -136,10 +203,10 @@ bool rec_membership_changed(rk_ctx *ctx)
     det_event ev;
     uint64_t lost = 0;
     while (det_next_event(ctx->det, &ev, &lost) == 1) {
-        if (ev.kind == DET_EV_FENCED)
+        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_list(ctx->view, ctx->nview, ev.peer))) {
             ctx->change_pending = true;
-        else if (ev.kind == DET_EV_DEAD && in_list(ctx->view, ctx->nview, ev.peer))
-            ctx->change_pending = true;
+            note_loss(ctx, ev.t_ns);
+        }
     }
     if (lost) { /* events were dropped: judge by the view alone */
         det_view v;
@@ -148,6 +215,8 @@ bool rec_membership_changed(rk_ctx *ctx)
             ctx->change_pending |= !det_view_has(&v, ctx->view[i]);
     }
     ctx->change_pending |= det_fenced(ctx->det);
+    if (ctx->change_pending)
+        note_loss(ctx, rk__real_ns()); /* known only from the view: now */
     return ctx->change_pending;
 }
 
@@ -156,63 +225,185 @@ bool rec_ring_changed(void *arg)
     return rec_membership_changed(arg);
 }
 
-/* ---- messages --------------------------------------------------------------------------- */
+/* ---- messages (R1, R6) ------------------------------------------------------------------ */
 
-/* Sends len bytes to dst without ever blocking on a dead peer: the copy stays in
-   ctx->send_buf (one pending send at a time is enough: each round sends one report, or
-   one decision per member from a buffer of its own below). */
-static int post_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag, int64_t deadline)
+/* MPI is done with a transfer's copy (completed, or failed without a request): free it. A
+   request still pending is handed back to MPI and its copy kept for the life of the
+   process: a dead peer's transfer may touch it whenever. */
+static void xfer_release(MPI_Request *rq, void *buf)
 {
-    MPI_Request rq;
-    int rc = MPI_Isend(msg, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq);
-    if (rc != MPI_SUCCESS)
-        return REC_AGAIN; /* the peer is gone: the detector will say so */
-    int done = 0;
-    while (!done && !rk__deadline_passed(deadline)) {
-        if (MPI_Test(&rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return REC_AGAIN;
-        if (!done)
-            rk__sleep_ns(POLL_NS);
+    if (*rq != MPI_REQUEST_NULL) {
+        MPI_Request_free(rq);
+        rk__retain_forever(buf);
+    } else {
+        MPI_Free_mem(buf);
     }
-    if (!done) {
-        /* The message buffer must outlive the request: it is ctx-owned and leaked on
-           purpose (bounded: one per abandoned send), never reused while MPI holds it. */
-        MPI_Request_free(&rq);
+}
+
+/* Tests every send in flight once; frees the copies of those completed. */
+static void xfers_progress(rk_ctx *ctx)
+{
+    for (int i = 0; i < ctx->nxfers; i++) {
+        int done = 0;
+        struct rec_xfer *x = &ctx->xfers[i];
+        int mrc = MPI_Test(&x->rq, &done, MPI_STATUS_IGNORE);
+        if (mrc == MPI_SUCCESS && !done)
+            continue;
+        if (mrc != MPI_SUCCESS && x->rq != MPI_REQUEST_NULL)
+            continue; /* not completed: kept until it does or xfers_settle gives up */
+        xfer_release(&x->rq, x->buf);
+        ctx->xfers[i--] = ctx->xfers[--ctx->nxfers];
+    }
+}
+
+/* Waits until every send completed or the deadline (0: test once), then gives up on the
+   rest (xfer_release keeps their copies). */
+static void xfers_settle(rk_ctx *ctx, int64_t deadline)
+{
+    for (;;) {
+        xfers_progress(ctx);
+        if (ctx->nxfers == 0 || rk__deadline_passed(deadline))
+            break;
+        rk__sleep_ns(POLL_NS);
+    }
+    for (int i = 0; i < ctx->nxfers; i++)
+        xfer_release(&ctx->xfers[i].rq, ctx->xfers[i].buf);
+    ctx->nxfers = 0;
+}
+
+/* Sends a copy of len bytes to dst and returns at once: the copy stays in ctx->xfers until
+   MPI is done with it. 0; REC_AGAIN if MPI refused the send (nothing is held then: the
+   caller sends again in the next round, or the detector declares dst dead); -ENOMEM. */
+static int xfer_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
+{
+    if (ctx->nxfers == ctx->cap_xfers) {
+        int cap = ctx->cap_xfers ? 2 * ctx->cap_xfers : 8;
+        struct rec_xfer *x = realloc(ctx->xfers, (size_t)cap * sizeof(*x));
+        if (!x)
+            return -ENOMEM;
+        ctx->xfers = x;
+        ctx->cap_xfers = cap;
+    }
+    void *copy = NULL;
+    if (MPI_Alloc_mem((MPI_Aint)len, MPI_INFO_NULL, &copy) != MPI_SUCCESS)
+        return -ENOMEM;
+    memcpy(copy, msg, len);
+    MPI_Request rq = MPI_REQUEST_NULL;
+    int mrc = MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq);
+    if (mrc != MPI_SUCCESS) {
+        MPI_Free_mem(copy); /* a failed MPI_Isend holds nothing */
+        RK_LOG_DEBUG(RK_SUB_REC, "recovery: send (tag %#x) to rank %d refused (MPI error %d)", tag, dst, mrc);
         return REC_AGAIN;
     }
+    ctx->xfers[ctx->nxfers++] = (struct rec_xfer){.rq = rq, .buf = copy};
     return 0;
 }
 
-/* Receives one pending message of `tag` from anyone into buf (cap bytes); returns its
-   length and *src, or 0 if none is pending. Oversized messages are drained and dropped. */
-static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src)
+/* Receives one message of `tag` already waiting, from anyone, without ever blocking:
+   MPI_Improbe matches it, MPI_Imrecv receives it into a copy polled until the deadline
+   (a sender that dies mid-message leaves the copy to MPI, kept). Returns its length
+   (copied into buf) and *src; 0 if none waits, or it is longer than cap (dropped). */
+static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline)
 {
-    int flag = 0;
+    int flag = 0, count = 0, done = 0;
+    MPI_Message msg;
     MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &st) != MPI_SUCCESS || !flag)
+    if (MPI_Improbe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &msg, &st) != MPI_SUCCESS || !flag)
         return 0;
-    int count = 0;
-    MPI_Get_count(&st, MPI_BYTE, &count);
-    char *tmp = buf;
-    bool drop = count < 0 || (size_t)count > cap;
-    if (drop && !(tmp = malloc(count > 0 ? (size_t)count : 1)))
-        return 0;
-    MPI_Recv(tmp, count, MPI_BYTE, st.MPI_SOURCE, tag, ctx->comm, MPI_STATUS_IGNORE);
-    if (drop) {
-        free(tmp);
+    if (MPI_Get_count(&st, MPI_BYTE, &count) != MPI_SUCCESS || count < 0)
+        count = 0;
+    void *copy = NULL;
+    if (MPI_Alloc_mem((MPI_Aint)(count > 0 ? count : 1), MPI_INFO_NULL, &copy) != MPI_SUCCESS) {
+        rk__fail(RK_SUB_REC, RK_LOG_WARN, -ENOMEM, "recovery: no memory to receive a message: dropped");
+        return 0; /* the matched message is lost; every wait for it is bounded */
+    }
+    MPI_Request rq = MPI_REQUEST_NULL;
+    if (MPI_Imrecv(copy, count, MPI_BYTE, &msg, &rq) != MPI_SUCCESS) {
+        MPI_Free_mem(copy);
         return 0;
     }
-    *src = st.MPI_SOURCE;
-    return count;
+    while (MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && !rk__deadline_passed(deadline))
+        rk__sleep_ns(POLL_NS);
+    int n = 0;
+    if (done && (size_t)count <= cap) {
+        memcpy(buf, copy, (size_t)count);
+        *src = st.MPI_SOURCE;
+        n = count;
+    }
+    xfer_release(&rq, copy);
+    return n;
 }
 
-/* Drops every stale message of `tag` (R2): those of another base epoch. */
-static void drain_stale(rk_ctx *ctx, int tag)
+/* ---- one recovery: what a worker holds during the rounds of one base view --------------- */
+
+struct rounds {
+    int64_t start_ns;        /* the schedule's origin (R5) */
+    uint64_t base_epoch;     /* the agreed epoch this state belongs to (R2) */
+    rec_report *rep;         /* by position in ctx->view: the latest report of each member */
+    bool *got;
+    struct msg_decide *in;   /* the latest decision received: in_len bytes from in_src */
+    int in_len, in_src;
+    uint64_t min_epoch;      /* a new decision's epoch exceeds every earlier one's */
+};
+
+static void rounds_free(struct rounds *st)
 {
-    struct msg_decide m;
-    int src;
-    while (try_recv(ctx, tag, &m, sizeof(m), &src) > 0)
-        RK_LOG_DEBUG(RK_SUB_REC, "dropped a stale message (tag %#x) from rank %d", tag, src);
+    free(st->rep);
+    free(st->got);
+    free(st->in);
+    memset(st, 0, sizeof(*st));
+}
+
+/* A fresh state for the current base view, on the schedule of the loss being recovered. */
+static int rounds_reset(rk_ctx *ctx, struct rounds *st)
+{
+    uint64_t min_epoch = st->min_epoch;
+    rounds_free(st);
+    st->min_epoch = min_epoch;
+    st->start_ns = ctx->loss_ns ? ctx->loss_ns : rk__mono_ns();
+    st->base_epoch = ctx->agreed_epoch;
+    st->rep = calloc((size_t)ctx->nview, sizeof(*st->rep));
+    st->got = calloc((size_t)ctx->nview, sizeof(*st->got));
+    st->in = malloc(sizeof(*st->in));
+    return st->rep && st->got && st->in ? 0 : -ENOMEM;
+}
+
+static int view_pos(const rk_ctx *ctx, int rank0)
+{
+    for (int i = 0; i < ctx->nview; i++)
+        if (ctx->view[i] == rank0)
+            return i;
+    return -1;
+}
+
+/* Files every message waiting: reports of this base from members (the latest of each),
+   the latest decision of this base; everything else is stale or malformed (R2). */
+static void pump(rk_ctx *ctx, struct rounds *st)
+{
+    struct msg_report m;
+    int src, n, i;
+    while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) > 0) {
+        if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && m.base_epoch == st->base_epoch && m.r.rank0 == src &&
+            (i = view_pos(ctx, src)) >= 0) {
+            st->rep[i] = m.r;
+            st->got[i] = true;
+        } else {
+            RK_LOG_DEBUG(RK_SUB_REC, "dropped a stale report from rank %d", src);
+        }
+    }
+    struct msg_decide *d = malloc(sizeof(*d));
+    if (!d)
+        return;
+    while ((n = try_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) > 0) {
+        if (decision_well_formed(d, n) && d->base_epoch == st->base_epoch && d->d.epoch >= st->min_epoch) {
+            memcpy(st->in, d, (size_t)n);
+            st->in_len = n;
+            st->in_src = src;
+        } else {
+            RK_LOG_DEBUG(RK_SUB_REC, "dropped a stale decision from rank %d", src);
+        }
+    }
+    free(d);
 }
 
 /* ---- one round ------------------------------------------------------------------------- */
@@ -229,169 +420,126 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
 
 /* After the decision rule: live spares take the places of lost members (up to the size of
    the previous view). Spares have the highest ranks at start, so the list stays ascending. */
-static void add_spares(rk_ctx *ctx, rec_decision *dec)
+static void add_spares(rk_ctx *ctx, const det_view *v, rec_decision *dec)
 {
-    det_view v;
-    det_view_get(ctx->det, &v);
     for (int i = 0; i < ctx->nspares && dec->nmembers < ctx->nview && dec->nmembers < REC_MAX_WORLD; i++) {
-        if (!det_view_has(&v, ctx->spares[i]))
+        if (!det_view_has(v, ctx->spares[i]))
             continue; /* a spare that died while waiting */
         dec->members[dec->nmembers++] = ctx->spares[i];
         dec->all_hold = 0; /* a spare holds no snapshot: it receives the root's */
     }
 }
 
-/* The coordinator: gathers a report from every member of `alive`, decides, tells them. */
-static int coordinate(rk_ctx *ctx, int *alive, int nalive, const rec_report *mine, int64_t deadline,
-                      rec_decision *dec, int *dec_error)
+/* Sends a decision (or an error: then d names who is missing) to each of `to`, all at
+   once; the sends complete while the ring is rebuilt (R6). */
+static int send_decision(rk_ctx *ctx, const struct rounds *st, int error, const rec_decision *d, const int *to,
+                         int nto)
 {
-    rec_report *rep = calloc((size_t)nalive, sizeof(*rep));
-    bool *got = calloc((size_t)nalive, sizeof(*got));
+    struct msg_decide *m = calloc(1, sizeof(*m));
+    if (!m)
+        return -ENOMEM;
+    m->magic = REC_MAGIC;
+    m->error = error;
+    m->base_epoch = st->base_epoch;
+    memcpy(&m->d, d, decide_bytes(d->nmembers) - offsetof(struct msg_decide, d));
     int rc = 0;
-    if (!rep || !got) {
+    for (int i = 0; i < nto && rc >= 0; i++)
+        if (to[i] != ctx->rank0)
+            rc = xfer_send(ctx, m, decide_bytes(d->nmembers), to[i], REC_TAG_DECIDE);
+    free(m);
+    return rc < 0 ? rc : 0;
+}
+
+/* The coordinator, once every member alive in v reported: decides (rec_decide, spares)
+   and tells the members of the new ring, or every reporter the error they all stop with. */
+static int coordinate(rk_ctx *ctx, struct rounds *st, const det_view *v, rec_decision *dec, int *dec_error)
+{
+    rec_report *rep = calloc((size_t)ctx->nview, sizeof(*rep));
+    int *to = calloc((size_t)ctx->nview, sizeof(*to));
+    int rc = 0, nrep = 0;
+    if (!rep || !to) {
         rc = -ENOMEM;
         goto out_free;
     }
-    for (int i = 0; i < nalive; i++)
-        if (alive[i] == ctx->rank0) {
-            rep[i] = *mine;
-            got[i] = true;
-        }
-    uint64_t max_epoch = mine->epoch;
-    for (;;) {
-        struct msg_report m;
-        int src, n;
-        while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src)) > 0) {
-            if ((size_t)n != sizeof(m) || m.magic != REC_MAGIC || m.base_epoch != ctx->agreed_epoch ||
-                m.r.rank0 != src)
-                continue; /* R2: stale or malformed */
-            for (int i = 0; i < nalive; i++)
-                if (alive[i] == src) {
-                    rep[i] = m.r;
-                    got[i] = true;
-                }
-        }
-        drain_stale(ctx, REC_TAG_DECIDE);
-        if (det_fenced(ctx->det)) {
-            rc = RK_E_FENCED;
-            goto out_free;
-        }
-        /* Members the detector declared dead meanwhile are no longer waited for. */
-        det_view v;
-        det_view_get(ctx->det, &v);
-        int missing = 0;
-        for (int i = 0; i < nalive; i++) {
-            if (!got[i] && !det_view_has(&v, alive[i])) {
-                alive[i] = alive[--nalive];
-                got[i] = got[nalive];
-                rep[i] = rep[nalive];
-                i--;
-                continue;
-            }
-            missing += !got[i];
-        }
-        if (v.epoch > max_epoch)
-            max_epoch = v.epoch;
-        if (missing == 0)
-            break;
-        if (rk__deadline_passed(deadline)) {
-            RK_LOG_WARN(RK_SUB_REC, "recovery: %d member(s) alive but silent past the deadline: left out", missing);
-            break;
-        }
-        rk__sleep_ns(POLL_NS);
+    uint64_t max_epoch = v->epoch;
+    for (int i = 0; i < ctx->nview; i++) {
+        if (!st->got[i] || !(det_view_has(v, ctx->view[i]) || ctx->view[i] == ctx->rank0))
+            continue; /* a member that died after it reported is not waited for again */
+        to[nrep] = ctx->view[i];
+        rep[nrep++] = st->rep[i];
+        if (st->rep[i].epoch > max_epoch)
+            max_epoch = st->rep[i].epoch;
     }
-    int nrep = 0;
-    for (int i = 0; i < nalive; i++)
-        if (got[i]) {
-            rep[nrep++] = rep[i];
-            if (rep[i].epoch > max_epoch)
-                max_epoch = rep[i].epoch;
-        }
-    *dec_error = rec_decide(ctx->view, ctx->nview, rep, nrep, ctx->opt.min_world, max_epoch + 1, dec);
+    uint64_t epoch = max_epoch + 1 > st->min_epoch ? max_epoch + 1 : st->min_epoch;
+    *dec_error = rec_decide(ctx->view, ctx->nview, rep, nrep, ctx->opt.min_world, epoch, dec);
     if (*dec_error == -EINVAL) {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "recovery: malformed reports");
         goto out_free;
     }
-    if (*dec_error == 0)
-        add_spares(ctx, dec);
-
-    /* Tell every member of the new ring (spares included), or every reporter the error
-       they all stop with. */
-    size_t len = decide_bytes(*dec_error ? 0 : dec->nmembers);
-    int nto = *dec_error ? nrep : dec->nmembers;
-    for (int i = 0; i < nto; i++) {
-        int to = *dec_error ? rep[i].rank0 : dec->members[i];
-        if (to == ctx->rank0)
-            continue;
-        struct msg_decide *m = malloc(sizeof(*m));
-        if (!m) {
-            rc = -ENOMEM;
-            goto out_free;
-        }
-        m->magic = REC_MAGIC;
-        m->error = *dec_error;
-        m->base_epoch = ctx->agreed_epoch;
-        memcpy(&m->d, dec, offsetof(rec_decision, members) + (size_t)dec->nmembers * sizeof(int));
-        if (post_send(ctx, m, len, to, REC_TAG_DECIDE, rk__deadline_ns(1000)) == 0)
-            free(m);
-        /* else: m stays with MPI (see post_send) */
+    if (*dec_error == 0) {
+        add_spares(ctx, v, dec);
+        rc = send_decision(ctx, st, 0, dec, dec->members, dec->nmembers);
+    } else {
+        dec->nmembers = 0;
+        rc = send_decision(ctx, st, *dec_error, dec, to, nrep);
     }
 out_free:
     free(rep);
-    free(got);
+    free(to);
     return rc;
 }
 
-/* A member: reports to the coordinator, waits for its decision (R3). */
-static int follow(rk_ctx *ctx, int coord, const rec_report *mine, int64_t deadline, rec_decision *dec,
-                  int *dec_error)
+/* RK_E_TIMEOUT after the last round; d->members: who never reported. */
+static int timed_out(rk_ctx *ctx, const rec_decision *d)
 {
-    struct msg_report *m = ctx->send_buf;
-    if (!m && !(m = ctx->send_buf = malloc(sizeof(*m))))
-        return -ENOMEM;
-    m->magic = REC_MAGIC;
-    m->pad = 0;
-    m->base_epoch = ctx->agreed_epoch;
-    m->r = *mine;
-    if (post_send(ctx, m, sizeof(*m), coord, REC_TAG_REPORT, rk__deadline_ns(1000)) != 0) {
-        ctx->send_buf = NULL; /* held by MPI now */
-        return REC_AGAIN;
+    char who[256];
+    if (d->nmembers == 0)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "recovery stopped: its %d rounds of %d ms ended before this worker could decide "
+                        "(checkpoints are intact)", REC_ROUNDS, ctx->opt.timeout_ms);
+    return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT,
+                    "recovery stopped: no report from rank(s) %s in %d rounds of %d ms (checkpoints are intact)",
+                    rank_list(who, sizeof(who), d->members, d->nmembers), REC_ROUNDS, ctx->opt.timeout_ms);
+}
+
+/* The coordinator after the last round (members still silent, or it came late itself):
+   every reporter stops with RK_E_TIMEOUT naming the silent, like the coordinator (and like
+   the silent ones, whose own schedule ends too). */
+static int give_up(rk_ctx *ctx, struct rounds *st, const det_view *v)
+{
+    rec_decision *d = calloc(1, sizeof(*d));
+    int *to = calloc((size_t)ctx->nview, sizeof(*to));
+    int rc = -ENOMEM, nto = 0;
+    if (d && to) {
+        for (int i = 0; i < ctx->nview; i++) {
+            if (st->got[i])
+                to[nto++] = ctx->view[i];
+            else if (det_view_has(v, ctx->view[i]) && ctx->view[i] != ctx->rank0)
+                d->members[d->nmembers++] = ctx->view[i];
+        }
+        rc = send_decision(ctx, st, RK_E_TIMEOUT, d, to, nto);
+        xfers_settle(ctx, rk__mono_ns() + grace_ns(ctx));
+        if (rc == 0)
+            rc = timed_out(ctx, d);
     }
-    struct msg_decide *in = malloc(sizeof(*in));
-    if (!in)
-        return -ENOMEM;
-    int rc;
-    for (;;) {
-        int src, n;
-        while ((n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src)) > 0) {
-            if (!decision_well_formed(in, n) || in->base_epoch != ctx->agreed_epoch || src != coord)
-                continue; /* malformed, R2, R3 */
-            *dec_error = in->error;
-            memcpy(dec, &in->d, (size_t)n - offsetof(struct msg_decide, d));
-            rc = 0;
-            goto out;
-        }
-        drain_stale(ctx, REC_TAG_REPORT);
-        if (det_fenced(ctx->det)) {
-            rc = RK_E_FENCED;
-            goto out;
-        }
-        det_view v;
-        det_view_get(ctx->det, &v);
-        if (!det_view_has(&v, coord)) {
-            rc = REC_AGAIN; /* R4: the next lowest takes over */
-            goto out;
-        }
-        if (rk__deadline_passed(deadline)) {
-            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT,
-                          "recovery: no decision from coordinator rank %d within %d ms", coord, ctx->opt.timeout_ms);
-            goto out;
-        }
-        rk__sleep_ns(POLL_NS);
-    }
-out:
-    free(in);
+    free(d);
+    free(to);
     return rc;
+}
+
+/* A member: takes the decision of its coordinator (R3), the error named if it is one. */
+static int follow(rk_ctx *ctx, struct rounds *st, rec_decision *dec)
+{
+    struct msg_decide *in = st->in;
+    st->in_len = 0;
+    if (in->error == 0) {
+        memcpy(dec, &in->d, decide_bytes(in->d.nmembers) - offsetof(struct msg_decide, d));
+        return 0;
+    }
+    if (in->error == RK_E_TIMEOUT)
+        return timed_out(ctx, &in->d);
+    return rk__fail(RK_SUB_REC, RK_LOG_ERROR, in->error, "recovery stopped: %s (checkpoints are intact)",
+                    rk_strerror(in->error));
 }
 
 /* The ring's cancellation while rebuilding: a member of the decision died meanwhile. */
@@ -468,6 +616,7 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     /* Deaths the detector declared meanwhile are still queued: the next check sees them. */
     ctx->seen_seq = 0;
     ctx->change_pending = false;
+    ctx->loss_ns = 0;
     ctx->rank = ring_rank(ctx->ring);
     ctx->world = ring_size(ctx->ring);
     RK_EVENT(ctx->ev, "ring_rebuilt", RK_EV_I("epoch", dec->epoch), RK_EV_I("world", ctx->world),
@@ -493,61 +642,110 @@ int rec_recover(rk_ctx *ctx)
     int rc = recover_rounds(ctx);
     if (rc < 0)
         rec_ckpt_abandon(ctx); /* stopped: never wait for the lost member's shard */
+    /* Sends to live members are done (they received, or stopped); the rest went to the
+       dead: kept, never freed (R6). */
+    xfers_settle(ctx, 0);
     return rc;
 }
 
+/* The rounds (R5): every worker runs this loop, as coordinator while it is the lowest live
+   member of the base view (R4), else as a member, on the schedule of the loss. */
 static int recover_rounds(rk_ctx *ctx)
 {
     if (!ctx->det || !ctx->ring)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST,
                         "a member was lost and recovery needs the detector and the ring");
     int64_t t0 = rk__mono_ns();
-    int64_t deadline = rk__deadline_ns(2LL * ctx->opt.timeout_ms);
-    RK_LOG_INFO(RK_SUB_REC, "membership changed: recovering from base epoch %llu",
-                (unsigned long long)ctx->agreed_epoch);
-    for (int round = 0;; round++) {
-        if (det_fenced(ctx->det))
-            return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED, "this worker was declared dead by the others");
-        if (rk__deadline_passed(deadline))
-            return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT, "recovery did not finish within %d ms",
-                            2 * ctx->opt.timeout_ms);
+    struct rounds st = {0};
+    rec_decision *dec = malloc(sizeof(*dec));
+    int rc = dec ? rounds_reset(ctx, &st) : -ENOMEM;
+    int sent_to = -1, sent_round = -1, last_coord = -1;
+    RK_LOG_INFO(RK_SUB_REC, "membership changed: recovering from base epoch %llu, %.0f ms after the loss",
+                (unsigned long long)ctx->agreed_epoch, rk__ms_since(st.start_ns));
+    while (rc == 0) {
+        pump(ctx, &st);
+        xfers_progress(ctx);
+        if (det_fenced(ctx->det)) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED, "this worker was declared dead by the others");
+            break;
+        }
         det_view v;
         det_view_get(ctx->det, &v);
-        int *alive = malloc((size_t)ctx->nview * sizeof(int));
-        if (!alive)
-            return -ENOMEM;
-        int nalive = 0;
-        for (int i = 0; i < ctx->nview; i++)
-            if (det_view_has(&v, ctx->view[i]) || ctx->view[i] == ctx->rank0)
-                alive[nalive++] = ctx->view[i];
-        int coord = alive[0]; /* R4: the base view is ascending */
-        rec_report mine;
-        my_report(ctx, &v, &mine);
-        rec_decision *dec = malloc(sizeof(*dec));
-        int dec_error = 0, rc;
-        if (!dec) {
-            free(alive);
-            return -ENOMEM;
+        int coord = -1, missing = 0, me = view_pos(ctx, ctx->rank0);
+        for (int i = 0; i < ctx->nview; i++) {
+            bool alive = det_view_has(&v, ctx->view[i]) || i == me;
+            if (alive && coord < 0)
+                coord = ctx->view[i]; /* R4: the base view is ascending */
+            missing += alive && !st.got[i] && i != me;
         }
-        int64_t round_deadline = rk__deadline_ns(ctx->opt.timeout_ms);
-        if (round_deadline > deadline)
-            round_deadline = deadline;
-        RK_LOG_DEBUG(RK_SUB_REC, "recovery round %d: coordinator rank %d, %d alive of %d", round, coord, nalive,
-                     ctx->nview);
-        if (coord == ctx->rank0)
-            rc = coordinate(ctx, alive, nalive, &mine, round_deadline, dec, &dec_error);
-        else
-            rc = follow(ctx, coord, &mine, round_deadline, dec, &dec_error);
-        free(alive);
-        if (rc == 0 && dec_error != 0)
-            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, dec_error, "recovery stopped: %s (checkpoints are intact)",
-                          rk_strerror(dec_error));
-        if (rc == 0)
-            rc = apply_decision(ctx, dec, t0, deadline);
-        free(dec);
+        int64_t since = rk__mono_ns() - st.start_ns;
+        int round = (int)(since / round_ns(ctx));
+        if (coord != last_coord) {
+            RK_LOG_DEBUG(RK_SUB_REC, "recovery round %d: coordinator rank %d", round, coord);
+            last_coord = coord;
+        }
+        int dec_error = 0;
+        if (coord == ctx->rank0) {
+            if (round >= REC_ROUNDS) { /* the members stop waiting too */
+                rc = give_up(ctx, &st, &v);
+                break;
+            }
+            if (missing > 0) {
+                rk__sleep_ns(POLL_NS);
+                continue;
+            }
+            if (me >= 0) {
+                my_report(ctx, &v, &st.rep[me]);
+                st.got[me] = true;
+            }
+            rc = coordinate(ctx, &st, &v, dec, &dec_error);
+            if (rc == 0 && dec_error)
+                rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, dec_error, "recovery stopped: %s (checkpoints are intact)",
+                              rk_strerror(dec_error));
+        } else {
+            /* Report to the coordinator: when it changes, and again every round (R5). */
+            if ((coord != sent_to || round != sent_round) && round < REC_ROUNDS) {
+                struct msg_report m = {.magic = REC_MAGIC, .base_epoch = st.base_epoch};
+                my_report(ctx, &v, &m.r);
+                sent_to = coord;
+                sent_round = round;
+                if ((rc = xfer_send(ctx, &m, sizeof(m), coord, REC_TAG_REPORT)) == REC_AGAIN)
+                    rc = 0; /* again next round */
+                if (rc)
+                    break;
+            }
+            if (!st.in_len || st.in_src != coord) {
+                if (since > REC_ROUNDS * round_ns(ctx) + grace_ns(ctx)) {
+                    rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT,
+                                  "recovery stopped: no decision from coordinator rank %d in %d rounds of %d ms",
+                                  coord, REC_ROUNDS, ctx->opt.timeout_ms);
+                    break;
+                }
+                rk__sleep_ns(POLL_NS);
+                continue;
+            }
+            rc = follow(ctx, &st, dec);
+        }
+        if (rc != 0)
+            break;
+        st.min_epoch = dec->epoch + 1;
+        rc = apply_decision(ctx, dec, t0, rk__deadline_ns(ctx->opt.timeout_ms));
         if (rc != REC_AGAIN)
-            return rc;
+            break;
+        /* A member died while the ring was rebuilt (same base: fresh reports, same
+           schedule) or during the rollback (a new base: a new loss, a new schedule). */
+        if (ctx->agreed_epoch != st.base_epoch) {
+            rc = rounds_reset(ctx, &st);
+        } else {
+            memset(st.got, 0, (size_t)ctx->nview * sizeof(*st.got));
+            st.in_len = 0;
+            rc = 0;
+        }
+        sent_to = -1;
     }
+    rounds_free(&st);
+    free(dec);
+    return rc;
 }
 
 /* ---- spares ------------------------------------------------------------------------------ */
@@ -565,7 +763,7 @@ int rec_spare_wait(rk_ctx *ctx)
     for (;;) {
         int src, n;
         char token[16];
-        if (try_recv(ctx, REC_TAG_RELEASE, token, sizeof(token), &src) > 0) {
+        if (try_recv(ctx, REC_TAG_RELEASE, token, sizeof(token), &src, rk__mono_ns() + grace_ns(ctx)) > 0) {
             rk__set_last_error("the job finished without needing this spare worker");
             rc = RK_E_SPARE_UNUSED;
             break;
@@ -573,7 +771,7 @@ int rec_spare_wait(rk_ctx *ctx)
         /* A decision naming this spare, from whichever member coordinates (R2 does not
            apply: a spare takes no part in rounds, so it has no base epoch to match). */
         bool got = false;
-        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src)) > 0)
+        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) > 0)
             got = decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
         if (got) {
             rec_decision *dec = malloc(sizeof(*dec));
@@ -583,7 +781,7 @@ int rec_spare_wait(rk_ctx *ctx)
             }
             memcpy(dec, &in->d, (size_t)n - offsetof(struct msg_decide, d));
             int64_t t0 = rk__mono_ns();
-            rc = apply_decision(ctx, dec, t0, rk__deadline_ns(2LL * ctx->opt.timeout_ms));
+            rc = apply_decision(ctx, dec, t0, rk__deadline_ns(ctx->opt.timeout_ms));
             free(dec);
             if (rc == RK_RECOVERED) {
                 RK_EVENT(ctx->ev, "spare_joined", RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("rank", ctx->rank),
@@ -627,6 +825,7 @@ void rec_release_spares(rk_ctx *ctx)
 {
     static const char token[] = "release";
     for (int i = 0; i < ctx->nspares; i++)
-        if (post_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE, rk__deadline_ns(1000)) != 0)
+        if (xfer_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE) != 0)
             RK_LOG_INFO(RK_SUB_REC, "could not tell spare %d it is not needed (gone?)", ctx->spares[i]);
+    xfers_settle(ctx, rk__deadline_ns(1000)); /* all at once, one bound */
 }

@@ -1,10 +1,14 @@
 /*
  * tests/test_recover.c - the recover/ part: the tensor registry behind rk_register
  * (names HDF5 can hold, no dataset/group clash, dtype, shape, buffers) and the API's
- * behaviour on a single process.
+ * behaviour on a single process; the decision rule (coord.c, I1..I6); and the rounds
+ * (recovery.c, R5, R6) on real mpirun jobs of tests/prog_recover: a survivor that enters
+ * recovery late, a coordinator or member that dies during recovery, a send MPI refuses,
+ * and the common RK_E_TIMEOUT after the last round.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -221,6 +225,99 @@ START_TEST(held_snapshot_not_offered_after_a_new_tensor)
 }
 END_TEST
 
+/* ---- the rounds on real jobs (recover/recovery.c, R5, R6) ------------------------------ */
+
+#define ROUND_MS "2000" /* RK_TIMEOUT_MS: one round */
+
+/* Runs prog_recover ARGS on n workers with recovery on; returns its output (malloc'd). */
+static char *recover_job(int n, const char *refuse, const char *a1, const char *a2, const char *a3, const char *a4)
+{
+    char *p = NULL;
+    ck_assert(asprintf(&p, "%s/tests/prog_recover", getenv("RK_TEST_BUILD")) > 0);
+    char *argv[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", p, (char *)a1, (char *)a2,
+                    (char *)a3, (char *)a4, NULL};
+    const char *env[] = {"RK_TIMEOUT_MS=" ROUND_MS, refuse, NULL};
+    char *out = NULL;
+    th_mpirun(n, argv, env, 90, &out);
+    free(p);
+    ck_assert(out);
+    return out;
+}
+
+static int count_lines(const char *out, const char *needle)
+{
+    int n = 0;
+    for (const char *q = out; (q = strstr(q, needle)); q++)
+        n++;
+    return n;
+}
+
+/* Every survivor recovered into a ring of `world`, finished, and left no MPI memory. */
+static void assert_all_recovered(const char *out, int survivors, int world)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "recovered world %d ", world);
+    ck_assert_msg(count_lines(out, want) == survivors, "want %d lines '%s':\n%s", survivors, want, out);
+    snprintf(want, sizeof(want), "done world %d\n", world);
+    ck_assert_msg(count_lines(out, want) == survivors, "want %d lines '%s':\n%s", survivors, want, out);
+    ck_assert_msg(!strstr(out, " error: "), "a survivor failed:\n%s", out);
+    ck_assert_msg(count_lines(out, "alloc_mem outstanding 0 ") == survivors, "MPI memory left behind:\n%s", out);
+    ck_assert_msg(!strstr(out, "LeakSanitizer"), "leak:\n%s", out);
+}
+
+/* R5: a survivor in a long compute step enters recovery 1.5 rounds after the others; they
+   wait for it on the common schedule instead of giving up after one round. */
+START_TEST(rounds_R5_late_survivor_recovers)
+{
+    char *out = recover_job(4, NULL, "3", "2", "3500", NULL);
+    assert_all_recovered(out, 3, 3);
+    free(out);
+}
+END_TEST
+
+/* R4, R5: the coordinator is late and dies during recovery, after the members' first
+   round ended; the next lowest coordinates in a later round. */
+START_TEST(rounds_R5_coordinator_dies_in_recovery)
+{
+    char *out = recover_job(5, NULL, "4", "0", "2600", "die");
+    assert_all_recovered(out, 3, 3);
+    free(out);
+}
+END_TEST
+
+/* R5: a member dies while the others wait for its report. */
+START_TEST(rounds_R5_member_dies_in_recovery)
+{
+    char *out = recover_job(5, NULL, "4", "2", "2600", "die");
+    assert_all_recovered(out, 3, 3);
+    free(out);
+}
+END_TEST
+
+/* R6: MPI refuses rank 1's first report (MPI_Isend fails): nothing is left behind (no
+   MPI_Alloc_mem outstanding; under SANITIZE=1 no leak), it reports again next round. */
+START_TEST(rounds_R6_refused_send_leaves_nothing)
+{
+    char *out = recover_job(4, "PROG_REC_REFUSE_ISEND=1:0x5e01", "3", "-1", "0", NULL);
+    ck_assert_msg(strstr(out, "rank 1 alloc_mem outstanding 0 isend_refused 1"), "no send refused:\n%s", out);
+    assert_all_recovered(out, 3, 3);
+    free(out);
+}
+END_TEST
+
+/* R5: a survivor silent past the last round: every survivor stops alike with
+   RK_E_TIMEOUT, the ones that waited naming the silent one. */
+START_TEST(rounds_R5_timeout_after_last_round_alike)
+{
+    char *out = recover_job(4, NULL, "3", "2", "7500", NULL);
+    ck_assert_msg(count_lines(out, " error: a deadline passed") == 3, "want 3 timeouts:\n%s", out);
+    ck_assert_msg(count_lines(out, "finished: recovery stopped: no report from rank(s) 2 in 3 rounds") == 2,
+                  "the silent one not named:\n%s", out);
+    ck_assert_msg(!strstr(out, "recovered"), "someone recovered:\n%s", out);
+    free(out);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
     Suite *s = suite_create("recover");
@@ -245,6 +342,15 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, decide_I5_memory_first_I6_dense_order);
     tcase_add_test(tc, decide_I4_never_older_than_committed);
     tcase_add_test(tc, decide_rejects_malformed);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("rounds");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, rounds_R5_late_survivor_recovers);
+    tcase_add_test(tc, rounds_R5_coordinator_dies_in_recovery);
+    tcase_add_test(tc, rounds_R5_member_dies_in_recovery);
+    tcase_add_test(tc, rounds_R6_refused_send_leaves_nothing);
+    tcase_add_test(tc, rounds_R5_timeout_after_last_round_alike);
     suite_add_tcase(s, tc);
     return s;
 }
