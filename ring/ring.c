@@ -96,8 +96,10 @@ static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_err
     int cls = 0;
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
-        return ring__mpi_fail(rc, RK_E_COLL_MISMATCH, "allreduce: a message longer than a chunk");
-    return ring__mpi_fail(rc, code_on_error, "allreduce: transfer with a neighbour failed");
+        return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_COLL_MISMATCH, rc,
+                            "allreduce: a message longer than a chunk");
+    return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, code_on_error, rc,
+                        "allreduce: transfer with a neighbour failed");
 }
 
 /* Receives: each next message from the left is matched with MPI_Improbe and classified
@@ -114,7 +116,7 @@ static int post_recvs(struct xfer *x)
         MPI_Status st;
         int rc = MPI_Improbe(r->left, MPI_ANY_TAG, r->comm, &flag, &msg, &st);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Improbe");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
         if (!flag)
             return 0;
         size_t len;
@@ -128,7 +130,7 @@ static int post_recvs(struct xfer *x)
         rc = MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
                         &r->rreq[slot]);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Imrecv");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Imrecv");
         x->drop[slot] = kind == 1;
         x->pvalid += kind == 0;
         x->posted++;
@@ -146,7 +148,7 @@ static int post_sends(struct xfer *x)
         int rc = MPI_Isend(p, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->comm,
                            &r->sreq[x->sent % (size_t)r->window]);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Isend");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
     }
     return 0;

@@ -57,8 +57,8 @@ struct ring {
     void *hook_arg;
 };
 
-/* ring_mpi.c */
-int ring__mpi_fail(int mpi_rc, int code, const char *what);
+/* ring_mpi.c. MPI errors are translated by rk__mpi_fail (common/) at debug level: the
+   ring's caller reports the failure once, with its context. */
 /* Receive slots for the current chunking; the old ones go to the grave if any of
    `reqs` (n of them) is still pending, else are freed. */
 int ring__stage_alloc(ring *r);

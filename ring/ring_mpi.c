@@ -28,16 +28,6 @@
 #define RING_HAVE_ULFM 1
 #endif
 
-int ring__mpi_fail(int mpi_rc, int code, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(mpi_rc, msg, &len) != MPI_SUCCESS)
-        snprintf(msg, sizeof(msg), "MPI error %d", mpi_rc);
-    /* Debug level: the caller reports the failure once, with its context. */
-    return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, code, "%s: %s", what, msg);
-}
-
 int64_t ring__deadline(const ring *r, const ring_cancel *c)
 {
     if (c && c->deadline_ns != 0)
@@ -197,7 +187,7 @@ static int group_comm(ring *r, const int *members, int n, int tag, MPI_Comm *out
         MPI_Group_free(&g);
     }
     if (rc != MPI_SUCCESS)
-        return ring__mpi_fail(rc, RK_E_PEER_LOST, "ring: MPI_Comm_create_group");
+        return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "ring: MPI_Comm_create_group");
     MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
     return 0;
 }
@@ -218,7 +208,7 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
     r->chunk_bytes = RING_DEFAULT_CHUNK;
     r->window = RING_DEFAULT_WINDOW;
     if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
-        rc = ring__mpi_fail(mrc, RK_E_MPI, "ring_create: MPI_Comm_dup");
+        rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_MPI, mrc, "ring_create: MPI_Comm_dup");
         goto out_free;
     }
     MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
@@ -310,13 +300,13 @@ static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring
         int m1 = MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]);
         int m2 = MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]);
         if (m1 != MPI_SUCCESS || m2 != MPI_SUCCESS)
-            rc = ring__mpi_fail(m1 != MPI_SUCCESS ? m1 : m2, RK_E_PEER_LOST, "rebuild handshake: post");
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, m1 != MPI_SUCCESS ? m1 : m2, "rebuild handshake: post");
     }
     int64_t deadline = ring__deadline(r, c);
     for (int done = 0; rc == 0 && !done;) {
         int mrc = MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE);
         if (mrc != MPI_SUCCESS)
-            rc = ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild handshake");
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "rebuild handshake");
         else if (!done)
             rc = ring__poll_cancel(c, deadline);
     }
@@ -342,7 +332,7 @@ static int ulfm_shrink(ring *r, const int *list, int n, MPI_Comm *out)
     MPI_Comm sh;
     int mrc = MPIX_Comm_shrink(r->comm, &sh), sz = 0;
     if (mrc != MPI_SUCCESS)
-        return ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild: MPIX_Comm_shrink");
+        return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "rebuild: MPIX_Comm_shrink");
     MPI_Comm_size(sh, &sz);
     if (sz != n) {
         MPI_Comm_free(&sh);
