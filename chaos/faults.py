@@ -9,6 +9,9 @@ Kinds (KINDS below; `--faults` picks among them):
   kill_coord        SIGKILL of the coordinator (the lowest live rank)
   kill_two          SIGKILL of two workers at the same instant
   kill_in_recovery  SIGKILL of one worker, then of another as soon as a death is declared
+  kill_in_rebuild   SIGKILL of one worker; another dies inside the ring's rebuild that
+                    follows, after the rebuild's handshake (RK_FAULT=rebuild@0=crash on that
+                    rank, first launch only): no survivor may freeze
   stop_cont         SIGSTOP of a worker for longer than the detector's timeout, then SIGCONT:
                     it must fence itself, not rejoin
   job_kill          SIGKILL of every worker: the job dies whole, `rekindle run` relaunches it
@@ -37,10 +40,11 @@ import subprocess
 
 from job import now_ns
 
-KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "stop_cont", "job_kill",
-         "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world"]
+KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "kill_in_rebuild", "stop_cont",
+         "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world"]
 # Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
-IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "stop_cont", "io_fault", "disk_hang", "hb_jitter"}
+IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "kill_in_rebuild", "stop_cont", "io_fault",
+            "disk_hang", "hb_jitter"}
 # A writer stuck on a dead disk keeps its attempt's temporary directory (removed at the
 # next start): these kinds may end with one.
 LEAVES_TEMP = {"disk_hang"}
@@ -89,6 +93,14 @@ def draw(rng, kinds, workers, steps, every):
     elif kind == "kill_in_recovery":
         fault("kill", pick="random_not_lowest", n=1)
         fault("kill", pick="random", n=1, moment="dead", delay_ms=rng.randint(0, 50))
+    elif kind == "kill_in_rebuild":
+        # Neither victim is the lowest rank, so two losses of four keep a quorum (I1).
+        pool = list(range(1, workers)) if workers > 2 else list(range(workers))
+        first, rank = rng.sample(pool, 2) if len(pool) >= 2 else (pool[0], pool[0])
+        fault("kill", pick="given", ranks=[first], n=1)
+        plan["env"] = {"RK_FAULT": "rebuild@0=crash", "CHAOS_FAULT_RANK": str(rank), "CHAOS_FAULT_ATTEMPT": "0"}
+        plan["faults"].append({"kind": "io", "spec": plan["env"]["RK_FAULT"], "rank": rank,
+                               "moment": "start", "step": -1, "delay_ms": 0, "fired": False})
     elif kind == "stop_cont":
         fault("stop", pick="random_not_lowest", n=1, hold_ms=rng.randint(2500, 4000))
     elif kind == "job_kill":
@@ -154,6 +166,8 @@ def pick_victims(f, rng, live):
         return ranks[:1]
     if f["pick"] == "all":
         return ranks
+    if f["pick"] == "given":
+        return [r for r in f["ranks"] if r in live]
     pool = ranks[1:] if f["pick"] == "random_not_lowest" and len(ranks) > 1 else ranks
     return rng.sample(pool, min(f["n"], len(pool)))
 

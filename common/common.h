@@ -4,9 +4,10 @@
  * Names here start with rk__ (internal to the library, never exported in the API).
  *
  * Errors (STYLE.md convention 2): a function returns 0 or a negative code: -errno for
- * the OS, RK_E_... (include/rekindle.h) for Rekindle. Foreign codes (HDF5, MPI, CUDA,
- * NCCL) are translated in the glue file of their part and logged once, where they
- * happen, with rk__fail(), which also sets the thread's rk_last_error() message.
+ * the OS, RK_E_... (include/rekindle.h) for Rekindle. Foreign codes (HDF5, CUDA, NCCL)
+ * are translated in the glue file of their part, MPI's in common/mpi.c (rk__mpi_fail,
+ * shared by ring/ and recover/), and logged once, where they happen, with rk__fail(),
+ * which also sets the thread's rk_last_error() message.
  */
 #ifndef RK_COMMON_H
 #define RK_COMMON_H
@@ -36,6 +37,9 @@ int rk__fail(int sub, int level, int code, const char *fmt, ...) RK_PRINTF(4, 5)
 void rk__set_last_error(const char *fmt, ...) RK_PRINTF(1, 2);
 /* Whether `code` is one of the table's RK_E_... codes. */
 bool rk__is_rk_error(int code);
+/* The one translation of an MPI error code (common/mpi.c, the MPI glue): rk__fail with
+   the message "what: <MPI's text for mpi_rc>"; returns `code`. */
+int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what);
 
 /* ---- logging (common/log.c) ------------------------------------------------------------
  * RK_LOG=error|warn|info|debug (default warn) and RK_LOG_SUBSYS=det,ring,... (default all)

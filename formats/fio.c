@@ -33,7 +33,7 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_OPEN] = "open",         [FMT_OP_WRITE] = "write",     [FMT_OP_READ] = "read",
     [FMT_OP_SYNC] = "sync",         [FMT_OP_TRUNCATE] = "truncate", [FMT_OP_RENAME] = "rename",
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
-    [FMT_OP_URING] = "uring",       [FIO_ANY] = "any",
+    [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -207,16 +207,18 @@ int fmt_fault(enum fmt_op op, const char *path)
 {
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
-    note_activity(op, path);
+    bool file_op = op != FMT_OP_REBUILD;
+    if (file_op)
+        note_activity(op, path);
     ensure_loaded();
     if (fio_path_filter[0] && (!path || !strstr(path, fio_path_filter)))
         return 0;
     int64_t n = (int64_t)atomic_fetch_add(&fio_counts[op], 1);
-    int64_t n_any = (int64_t)atomic_fetch_add(&fio_counts[FIO_ANY], 1);
+    int64_t n_any = file_op ? (int64_t)atomic_fetch_add(&fio_counts[FIO_ANY], 1) : -1;
     for (int i = 0; i < fio_nrules; i++) {
         const struct fio_rule *r = &fio_rules[i];
         int64_t idx = r->op == FIO_ANY ? n_any : n;
-        if ((r->op == (int)op || r->op == FIO_ANY) && (r->index < 0 || r->index == idx)) {
+        if ((r->op == (int)op || (r->op == FIO_ANY && file_op)) && (r->index < 0 || r->index == idx)) {
             RK_LOG_INFO(RK_SUB_FMT, "RK_FAULT: injecting %d into %s #%lld of %s", r->fault,
                         op_names[op], (long long)n, path ? path : "-");
             if (r->fault == FMT_FAULT_HANG) {
@@ -238,6 +240,13 @@ int fmt_fault_apply(int fault)
     if (fault == FMT_FAULT_HANG)
         return -EIO; /* not reached: fmt_fault holds the operation until it is released */
     return fault == FMT_FAULT_SHORT ? -EIO : fault;
+}
+
+void fmt_fault_point(const char *op)
+{
+    for (int i = 0; i < FMT_OP_COUNT; i++)
+        if (strcmp(op, op_names[i]) == 0 && fmt_fault((enum fmt_op)i, NULL) == FMT_FAULT_CRASH)
+            fmt_fault_apply(FMT_FAULT_CRASH);
 }
 
 int fmt_io_open(const char *path, int flags, mode_t mode)

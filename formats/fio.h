@@ -5,9 +5,11 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|any
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|any|rebuild
  *           (odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
- *            any: every operation, N counted over all of them)
+ *            any: every file operation, N counted over all of them; rebuild: not a file
+ *            operation but the ring's rebuild, between its handshake and its end, a
+ *            point reached through fmt_fault_point (fmt.h) where only crash applies)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -46,6 +48,7 @@ enum fmt_op {
     FMT_OP_UNLINK,
     FMT_OP_DIRECT, /* "odirect": open with O_DIRECT (EINVAL: the file system refuses it) */
     FMT_OP_URING,  /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp) */
+    FMT_OP_REBUILD, /* "rebuild": the ring's rebuild (fmt_fault_point); not counted by "any" */
     FMT_OP_COUNT
 };
 

@@ -163,6 +163,13 @@ void fmt_io_activity_fini(fmt_io_activity *a);
 /* "fsync of PATH, started N ms ago" into buf; false if nothing was recorded yet. */
 bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
 
+/* A fault point of RK_FAULT (formats/fio.h has the syntax) outside the file operations,
+   named by its op: "rebuild", the ring's rebuild between its handshake and its end
+   (ring/ring_mpi.c). Counted like the file operations; only the crash kind applies there
+   (the process SIGKILLs itself, as one that dies at that instant), other kinds do
+   nothing. */
+void fmt_fault_point(const char *op);
+
 /* XXH3-64 of a buffer (fmt_types.c). */
 uint64_t fmt_xxh3(const void *p, size_t n);
 

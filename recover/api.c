@@ -9,15 +9,6 @@
 
 #include "rec_internal.h"
 
-int rec_mpi_fail(int mpi_rc, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(mpi_rc, msg, &len) != MPI_SUCCESS)
-        snprintf(msg, sizeof(msg), "MPI error %d", mpi_rc);
-    return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, "%s: %s", what, msg);
-}
-
 static char *dup_opt(const char *s)
 {
     return s ? strdup(s) : NULL;
@@ -71,7 +62,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
         setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
         mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
         if (mrc != MPI_SUCCESS) {
-            rc = rec_mpi_fail(mrc, "rk_init: MPI_Init_thread");
+            rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Init_thread");
             goto out_free;
         }
         ctx->mpi_owned = true;
@@ -79,7 +70,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
             RK_LOG_WARN(RK_SUB_REC, "MPI provides thread level %d < SERIALIZED: call Rekindle from one thread only", provided);
     }
     if ((mrc = MPI_Comm_dup(MPI_COMM_WORLD, &ctx->comm)) != MPI_SUCCESS) {
-        rc = rec_mpi_fail(mrc, "rk_init: MPI_Comm_dup");
+        rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Comm_dup");
         goto out_mpi;
     }
     /* A dead peer must surface as an error code, never abort the survivors. */

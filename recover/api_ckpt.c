@@ -32,7 +32,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     uint64_t nonce = ctx->rank == 0 ? make_nonce() : 0;
     int mrc = MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, ctx->comm);
     if (mrc != MPI_SUCCESS)
-        return rec_mpi_fail(mrc, "rk_init: checkpoint nonce");
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint nonce");
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
@@ -42,7 +42,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
         ckpt_clean_dir(ctx->opt.ckpt_dir);
     if ((mrc = MPI_Bcast(&rc, 1, MPI_INT, 0, ctx->comm)) != MPI_SUCCESS)
-        return rec_mpi_fail(mrc, "rk_init: checkpoint directory");
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint directory");
     if (rc) {
         if (ctx->rank != 0)
             rk__set_last_error("rk_init: rank 0 cannot use the checkpoint directory %s (%s)", ctx->opt.ckpt_dir,
@@ -52,7 +52,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     if (ctx->rank != 0)
         rc = ckpt_create(&ctx->ckpt, &cfg);
     if ((mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, ctx->comm)) != MPI_SUCCESS)
-        return rec_mpi_fail(mrc, "rk_init: checkpoint engine");
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint engine");
     if (worst) {
         ckpt_destroy(&ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
         if (!rc)

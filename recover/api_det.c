@@ -71,7 +71,8 @@ int rec_det_open(rk_ctx *ctx)
     }
     mrc = MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, ctx->comm);
     if (mrc != MPI_SUCCESS) {
-        rc = rec_mpi_fail(mrc, "rk_init: MPI_Allgather of detector addresses");
+        rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc,
+                          "rk_init: MPI_Allgather of detector addresses");
         goto out_free;
     }
     if ((rc = worst(all, ctx->world0, &who)) != 0) {

@@ -114,7 +114,4 @@ int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
    recovering): the checkpoint in flight stops waiting for it. */
 void rec_ckpt_abandon(rk_ctx *ctx);
 
-/* Translate an MPI error code, log it once, set rk_last_error. */
-int rec_mpi_fail(int mpi_rc, const char *what);
-
 #endif

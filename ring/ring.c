@@ -1,7 +1,7 @@
 /*
  * ring/ring.c - the allreduce engine of the ring: a chunked, pipelined ring allreduce
  * (reduce-scatter, then allgather) over MPI non-blocking point-to-point, abortable at
- * every wait. Communicators, rebuild and MPI glue are in ring_mpi.c; the kernels in
+ * every wait. Membership, rebuild and MPI glue are in ring_mpi.c; the kernels in
  * ring_reduce.c; the protocol in docs/RING.md.
  *
  * Protocol. N members; count elements split into N segments (ring_segment), each into
@@ -29,8 +29,12 @@
  *     abort token to its right neighbour, which forwards it: every member returns an
  *     error, none writes past its buffer.
  *  5. Messages are classified by their envelope before they are received: stale ones
- *     (an aborted call's, lower sequence number) are received into a slot and dropped;
- *     a message of a later call is never taken by an earlier one.
+ *     (an aborted call's, lower sequence number; another epoch's, an older ring's on the
+ *     same parent communicator; a control message of an abandoned rebuild) are received
+ *     into a slot and dropped; a message of a later call is never taken by an earlier one.
+ *  7. After a failure no collective MPI call is made: every ring of every epoch is the
+ *     parent communicator with neighbours re-mapped over the members' parent ranks, and
+ *     a rebuild is a bounded point-to-point handshake followed by local work only.
  *  6. A send never reads a region of the buffer that a later receive of the same call
  *     rewrites before the send completed (allgather step k waits for the send of
  *     step k-N+1 of the same chunk).
@@ -38,10 +42,10 @@
  * States of a ring and the function for each transition:
  *
  *     ring_create --> MEMBER --ring_allreduce ok/error--> MEMBER (stale drained: inv. 5)
- *          |            |  \--ring_rebuild(list with self)--> MEMBER (new comm, epoch)
+ *          |            |  \--ring_rebuild(list with self)--> MEMBER (re-mapped, epoch)
  *          |            \----ring_rebuild(list without self)--> FENCED (every call: RK_E_FENCED)
  *          \--> SPARE --ring_rebuild(list with self)--> MEMBER
- *     any --ring_destroy--> (freed; retired communicators and graves released)
+ *     any --ring_destroy--> (freed; graves released or retained for good)
  */
 #include <errno.h>
 #include <sched.h>
@@ -96,8 +100,10 @@ static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_err
     int cls = 0;
     MPI_Error_class(rc, &cls);
     if (cls == MPI_ERR_TRUNCATE)
-        return ring__mpi_fail(rc, RK_E_COLL_MISMATCH, "allreduce: a message longer than a chunk");
-    return ring__mpi_fail(rc, code_on_error, "allreduce: transfer with a neighbour failed");
+        return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_COLL_MISMATCH, rc,
+                            "allreduce: a message longer than a chunk");
+    return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, code_on_error, rc,
+                        "allreduce: transfer with a neighbour failed");
 }
 
 /* Receives: each next message from the left is matched with MPI_Improbe and classified
@@ -112,9 +118,9 @@ static int post_recvs(struct xfer *x)
         int flag = 0;
         MPI_Message msg;
         MPI_Status st;
-        int rc = MPI_Improbe(r->left, MPI_ANY_TAG, r->comm, &flag, &msg, &st);
+        int rc = MPI_Improbe(r->left, MPI_ANY_TAG, r->parent, &flag, &msg, &st);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Improbe");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
         if (!flag)
             return 0;
         size_t len;
@@ -128,7 +134,7 @@ static int post_recvs(struct xfer *x)
         rc = MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
                         &r->rreq[slot]);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Imrecv");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Imrecv");
         x->drop[slot] = kind == 1;
         x->pvalid += kind == 0;
         x->posted++;
@@ -143,10 +149,10 @@ static int post_sends(struct xfer *x)
            (x->sent < x->nch || x->valid > x->sent - x->nch)) {
         size_t len;
         unsigned char *p = chunk_at(x, x->sent, true, &len);
-        int rc = MPI_Isend(p, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->comm,
+        int rc = MPI_Isend(p, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->parent,
                            &r->sreq[x->sent % (size_t)r->window]);
         if (rc != MPI_SUCCESS)
-            return ring__mpi_fail(rc, RK_E_PEER_LOST, "allreduce: MPI_Isend");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
     }
     return 0;
@@ -169,16 +175,19 @@ static int reap_sends(struct xfer *x, bool *progress)
     return 0;
 }
 
-/* What a completed receive carried: 0 a chunk of this call, 1 a stale message (drop it),
-   or the error the tag or length means. */
+/* What a matched message carries: 0 a chunk of this call, 1 a stale message (drop it:
+   an aborted call's, another epoch's, or a control message left over from an abandoned
+   rebuild), or the error the tag or length means. */
 static int classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes)
 {
-    unsigned tag = (unsigned)st->MPI_TAG, sig = tag & 0xffffu;
-    unsigned age = (x->seq - (tag >> 16)) & RING_SEQ_MASK;
+    unsigned tag = (unsigned)st->MPI_TAG, sig = tag & RING_SIG_MASK, mseq = (tag >> 13) & RING_SEQ_MASK;
+    if ((tag & RING_TAG_CTRL) || ((tag >> 18) & RING_EPOCH_MASK) != (x->r->epoch & RING_EPOCH_MASK))
+        return 1;
+    unsigned age = (x->seq - mseq) & RING_SEQ_MASK;
     if (age != 0 && age <= RING_SEQ_MASK / 2)
         return 1;
     if (age != 0) {
-        RK_LOG_DEBUG(RK_SUB_RING, "a message of call %u arrived in call %u", tag >> 16, x->seq & RING_SEQ_MASK);
+        RK_LOG_DEBUG(RK_SUB_RING, "a message of call %u arrived in call %u", mseq, x->seq & RING_SEQ_MASK);
         return RK_E_COLL_MISMATCH;
     }
     if (sig == RING_TOK_TIMEOUT)
@@ -187,10 +196,10 @@ static int classify(const struct xfer *x, const MPI_Status *st, size_t want_byte
         return RK_E_PEER_LOST;
     int bytes = -1;
     MPI_Get_count(st, MPI_BYTE, &bytes);
-    if (sig == (unsigned)(x->tag & 0xffff) && bytes == (int)want_bytes)
+    if (sig == ((unsigned)x->tag & RING_SIG_MASK) && bytes == (int)want_bytes)
         return 0;
     RK_LOG_DEBUG(RK_SUB_RING, "signature %#x and %d bytes from the left, %#x and %zu bytes here", sig,
-                 bytes, (unsigned)x->tag & 0xffff, want_bytes);
+                 bytes, (unsigned)x->tag & RING_SIG_MASK, want_bytes);
     return RK_E_COLL_MISMATCH;
 }
 
@@ -309,7 +318,7 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_FENCED,
                         "ring_allreduce: the membership of epoch %llu excludes this process",
                         (unsigned long long)r->epoch);
-    if (r->comm == MPI_COMM_NULL)
+    if (r->rank < 0)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE,
                         "ring_allreduce: this process is a spare, not a member of the ring");
     struct xfer x = {.r = r, .buf = buf, .count = count, .dtype = dtype, .op = op,
@@ -338,7 +347,7 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
     ring_segment(count, r->size, 0, &seg0_off, &seg0_len); /* segment 0 is a longest one */
     x.nch = seg0_len == 0 ? 1 : (seg0_len + x.ce - 1) / x.ce;
     x.T = 2 * ((size_t)r->size - 1) * x.nch;
-    x.tag = (int)(((x.seq & RING_SEQ_MASK) << 16) | signature(count, dtype, op));
+    x.tag = ring__data_tag(r, x.seq, signature(count, dtype, op));
     x.deadline = ring__deadline(r, cancel);
 
     rc = run(&x);

@@ -2,11 +2,12 @@
  * ring/ring.h - the allreduce ring: the one header of ring/ that other parts include.
  *
  * A chunked, pipelined ring allreduce (reduce-scatter, then allgather) over Open MPI
- * non-blocking point-to-point on a communicator of the current members. Every wait polls
- * a cancellation source (ring_cancel), so a call returns a distinct error within a bound
- * when a member dies; the ring is then rebuilt over the survivors (and spares) with
- * ring_rebuild(). See ring/ring.c for the design (invariants, state diagram) and
- * docs/RING.md for the protocol.
+ * non-blocking point-to-point between the current members, on the one communicator the
+ * ring was created with. Every wait polls a cancellation source (ring_cancel), so a call
+ * returns a distinct error within a bound when a member dies; the ring is then rebuilt
+ * over the survivors (and spares) with ring_rebuild(), which makes no collective MPI
+ * call. See ring/ring.c for the design (invariants, state diagram) and docs/RING.md for
+ * the protocol.
  *
  * Threading: MPI_THREAD_SERIALIZED; a ring is used by one thread at a time, the thread
  * that calls MPI. The changed() callback of a ring_cancel runs on that thread.
@@ -38,12 +39,13 @@ typedef struct ring ring;
 
 /* Creates a ring over `members` (ranks of `comm`, any order; the ring orders them by
    rank; NULL/0: every rank of comm). Collective over ALL of comm (it duplicates comm,
-   with MPI_ERRORS_RETURN); a process of comm that is not a member gets a ring in the
+   with MPI_ERRORS_RETURN, once: every later epoch of the ring lives on that duplicate);
+   a process of comm that is not a member gets a ring in the
    spare state (ring_is_member() false) that can join later through ring_rebuild().
    timeout_ms: the default bound of every wait (< 0: none). *r is owned by the caller,
    released with ring_destroy(). */
 int ring_create(ring **r, MPI_Comm comm, const int *members, int nmembers, int timeout_ms);
-/* Releases the ring and its communicators; *r = NULL. Receive buffers that MPI might
+/* Releases the ring and its communicator; *r = NULL. Receive buffers that MPI might
    still write after an aborted call are released only once MPI says it is done with them. */
 void ring_destroy(ring **r);
 
@@ -67,10 +69,11 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
    survivors of the current ring and/or spares) for membership epoch `epoch`. Collective
    over the listed members only, which must all pass the same list and epoch; the new
    ring never talks to an excluded rank. Members are renumbered densely in the order of
-   their ranks in the original communicator. A first handshake among the members is
-   bounded by cancel (RK_E_TIMEOUT / RK_E_PEER_LOST, nothing changed); after it the
-   communicator is built with MPI_Comm_create_group (MPIX_Comm_shrink first, where the
-   MPI library has ULFM). Returns RK_E_FENCED if this process is not in the list. */
+   their ranks in the original communicator. A handshake among the members (point-to-
+   point) is bounded by cancel (RK_E_TIMEOUT / RK_E_PEER_LOST, nothing changed); after it
+   the neighbours are re-mapped locally: no collective MPI call, so a member that dies
+   during the rebuild never blocks the others (the next allreduce reports it). Returns
+   RK_E_FENCED if this process is not in the list. */
 int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch,
                  const ring_cancel *cancel);
 
@@ -78,8 +81,6 @@ bool ring_is_member(const ring *r);
 int ring_rank(const ring *r);   /* rank in the ring (dense), -1 for a spare */
 int ring_size(const ring *r);   /* members in the ring */
 uint64_t ring_epoch(const ring *r);
-/* The ring's communicator (MPI_COMM_NULL for a spare); owned by the ring. */
-MPI_Comm ring_comm(const ring *r);
 
 /* Test hook: called on the calling thread at each step of every allreduce, before the
    receive of (phase, step, chunk) is processed; phase 0 = reduce-scatter, 1 = allgather,
@@ -87,7 +88,7 @@ MPI_Comm ring_comm(const ring *r);
 typedef void (*ring_hook_fn)(void *arg, int phase, int step, int chunk);
 void ring_set_test_hook(ring *r, ring_hook_fn fn, void *arg);
 
-/* Tuning (benchmarks): bytes per chunk (a multiple of 8, >= 64) and chunks in flight per
+/* Tuning (benchmarks): bytes per chunk (a multiple of 8, >= 128) and chunks in flight per
    direction (1..64). Defaults: 256 KiB, 4. Must be equal on every member. */
 int ring_set_chunking(ring *r, size_t chunk_bytes, int window);
 
@@ -119,8 +120,8 @@ void ring_segment(size_t count, int size, int s, size_t *off, size_t *len);
  * NCCL version, not the MPI ring's order). */
 #if defined(RK_HAVE_NCCL)
 typedef struct ring_nccl ring_nccl;
-/* Collective over the members of r (its communicator carries the unique id, bounded by
-   timeout_ms). device: the CUDA device of this process. */
+/* Collective over the members of r (the unique id travels point-to-point between them
+   on r's communicator, bounded by timeout_ms). device: the CUDA device of this process. */
 int ring_nccl_create(ring_nccl **g, ring *r, int device, int timeout_ms);
 /* Finalizes (or, after an abort, leaves alone: never destroyed after an abortive shrink)
    the NCCL communicator; *g = NULL. */
@@ -131,7 +132,7 @@ int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtyp
                         const ring_cancel *cancel);
 /* After ring_rebuild(r, ...) dropped members: ncclCommShrink excluding the NCCL ranks
    that are gone (NCCL_SHRINK_ABORT if the communicator failed), or, when members were
-   added, a fresh communicator whose unique id travels over r's new communicator. */
+   added, a fresh communicator whose unique id travels between r's new members. */
 int ring_nccl_rebuild(ring_nccl *g, ring *r, const ring_cancel *cancel);
 #endif
 

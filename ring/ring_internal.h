@@ -7,19 +7,27 @@
 
 #include "ring.h"
 
-/* Tags (must fit MPI_TAG_UB >= 2^23 - 1, the smallest of Open MPI's PMLs):
- *   data and abort tokens on the ring's communicator: (seq & 0x3f) << 16 | sig
- *     sig: a 16-bit signature of (count, dtype, op) below RING_SIG_TOKENS, or a token;
- *   the rebuild handshake on the parent communicator: RING_TAG_CTRL | (epoch & 0x3fffff). */
+/* Tags (must fit MPI_TAG_UB >= 2^23 - 1, the smallest of Open MPI's PMLs). Every message
+ * of the ring travels point-to-point on the one parent communicator, in every epoch:
+ *   data and abort tokens: (epoch & 0xf) << 18 | (seq & 0x1f) << 13 | sig
+ *     sig: a 13-bit signature of (count, dtype, op) below RING_SIG_TOKENS, or a token;
+ *     a message of another epoch (an older ring's) is drained and dropped (invariant 5);
+ *   control (bit 22): RING_TAG_CTRL | kind << 21 | (epoch & 0x1fffff), kind
+ *     RING_CTRL_HANDSHAKE (the rebuild handshake) or RING_CTRL_NCCL_ID (ring_nccl.c). */
 #define RING_TAG_UB_MIN ((1 << 23) - 1)
 #define RING_TAG_CTRL (1 << 22)
-#define RING_SEQ_MASK 0x3fu
-#define RING_SIG_TOKENS 0xfffdu /* signatures are 0 .. RING_SIG_TOKENS - 1 */
+#define RING_CTRL_HANDSHAKE 0
+#define RING_CTRL_NCCL_ID 1
+#define RING_EPOCH_MASK 0xfu
+#define RING_SEQ_MASK 0x1fu
+#define RING_SIG_MASK 0x1fffu
+#define RING_SIG_TOKENS 0x1ffdu /* signatures are 0 .. RING_SIG_TOKENS - 1 */
 enum ring_token {
-    RING_TOK_TIMEOUT = 0xfffd,  /* a member's deadline passed */
-    RING_TOK_LOST = 0xfffe,     /* a member saw the membership change or a failed transfer */
-    RING_TOK_MISMATCH = 0xffff, /* a member had bad or different arguments */
+    RING_TOK_TIMEOUT = 0x1ffd,  /* a member's deadline passed */
+    RING_TOK_LOST = 0x1ffe,     /* a member saw the membership change or a failed transfer */
+    RING_TOK_MISMATCH = 0x1fff, /* a member had bad or different arguments */
 };
+#define RING_MIN_CHUNK 128 /* a slot holds any control message (an NCCL unique id) */
 
 #define RING_DEFAULT_CHUNK (256u * 1024u)
 #define RING_DEFAULT_WINDOW 4
@@ -35,30 +43,40 @@ struct ring_grave {
 };
 
 struct ring {
-    MPI_Comm parent;      /* dup of the creator's communicator, MPI_ERRORS_RETURN */
-    MPI_Comm comm;        /* the current ring; MPI_COMM_NULL for a spare */
+    MPI_Comm parent;      /* dup of the creator's communicator, MPI_ERRORS_RETURN: every
+                             message of every epoch travels on it, point-to-point */
     int prank, psize;     /* in parent */
     int rank, size;       /* in the ring; rank -1 for a spare */
-    int left, right;      /* ring ranks of the neighbours */
+    int left, right;      /* parent ranks of the neighbours (-1 for a spare) */
     int *members;         /* parent ranks of the members, ascending (the ring order) */
     uint64_t epoch;
     bool fenced;          /* a rebuild excluded this process: every call fails */
     int timeout_ms;
-    unsigned seq;         /* calls of ring_allreduce so far (tags carry its low 6 bits) */
+    unsigned seq;         /* calls of ring_allreduce in this epoch (tags carry its low bits) */
     size_t chunk_bytes;
     int window;
     unsigned char *stage; /* window * chunk_bytes: the receive slots */
     MPI_Request *rreq;    /* window receive requests, slot i <-> rreq[i] */
     MPI_Request *sreq;    /* window send requests (a FIFO) */
     struct ring_grave *grave;
-    MPI_Comm *retired;    /* communicators of earlier memberships, freed at destroy */
-    int nretired;
     ring_hook_fn hook;
     void *hook_arg;
 };
 
-/* ring_mpi.c */
-int ring__mpi_fail(int mpi_rc, int code, const char *what);
+/* The tag of a data message or token of call `seq` in the ring's epoch. */
+static inline int ring__data_tag(const ring *r, unsigned seq, unsigned sig)
+{
+    return (int)(((unsigned)r->epoch & RING_EPOCH_MASK) << 18 | (seq & RING_SEQ_MASK) << 13 |
+                 (sig & RING_SIG_MASK));
+}
+/* The tag of a control message of `kind` for `epoch`. */
+static inline int ring__ctrl_tag(uint64_t epoch, int kind)
+{
+    return RING_TAG_CTRL | kind << 21 | (int)(epoch & 0x1fffff);
+}
+
+/* ring_mpi.c. MPI errors are translated by rk__mpi_fail (common/) at debug level: the
+   ring's caller reports the failure once, with its context. */
 /* Receive slots for the current chunking; the old ones go to the grave if any of
    `reqs` (n of them) is still pending, else are freed. */
 int ring__stage_alloc(ring *r);

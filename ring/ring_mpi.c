@@ -1,14 +1,18 @@
 /*
- * ring/ring_mpi.c - the ring's communicators and its MPI glue: create, destroy, rebuild
- * over survivors and spares (shrink), receive slots and their graveyard, abort tokens,
- * and the translation of MPI error codes. See ring.c for the design.
+ * ring/ring_mpi.c - the ring's membership and its MPI glue: create, destroy, rebuild over
+ * survivors and spares, receive slots and their graveyard, abort tokens. See ring.c for
+ * the design (invariant 7) and docs/RING.md for the protocol.
  *
- * Rebuild without ULFM (Debian's Open MPI 4.1): a bounded handshake among the listed
- * members on the parent communicator (every member sends its epoch to every other and
- * waits, polling the cancellation source), then MPI_Comm_create_group over exactly the
- * listed members with a tag from the epoch: a collective of the survivors alone, that
- * never touches an excluded rank. With ULFM (MPIX_Comm_shrink, detected at compile time)
- * a rebuild that only drops members shrinks the old ring instead.
+ * One communicator for good: ring_create duplicates the creator's communicator (the
+ * parent; collective, before any failure). Every ring of every epoch lives on it: the
+ * membership is the sorted array of the members' parent ranks, the neighbours are the
+ * parent ranks before and after this one in it, and every message is point-to-point on
+ * the parent with the epoch in its tag. A rebuild after a failure is a bounded handshake
+ * among the listed members (every member sends its epoch to every other and waits,
+ * polling the cancellation source) followed by local work only (re-map the neighbours):
+ * no collective MPI call is ever made after a failure, so a member that dies at any
+ * point of a rebuild can delay the survivors by at most their deadline. MPI_Comm_free
+ * of the parent at ring_destroy is local in Open MPI.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -16,27 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../formats/fmt.h"
 #include "ring_internal.h"
-
-/* After mpi.h: Open MPI's extensions, where ULFM (MPIX_Comm_shrink) would be declared. */
-#if defined(__has_include)
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>
-#endif
-#endif
-#if defined(OMPI_HAVE_MPI_EXT_FTMPI) && OMPI_HAVE_MPI_EXT_FTMPI && defined(MPIX_ERR_PROC_FAILED)
-#define RING_HAVE_ULFM 1
-#endif
-
-int ring__mpi_fail(int mpi_rc, int code, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(mpi_rc, msg, &len) != MPI_SUCCESS)
-        snprintf(msg, sizeof(msg), "MPI error %d", mpi_rc);
-    /* Debug level: the caller reports the failure once, with its context. */
-    return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, code, "%s: %s", what, msg);
-}
 
 int64_t ring__deadline(const ring *r, const ring_cancel *c)
 {
@@ -48,14 +33,13 @@ int64_t ring__deadline(const ring *r, const ring_cancel *c)
 void ring__send_token(ring *r, unsigned seq, enum ring_token tok)
 {
     MPI_Request q;
-    int tag = (int)(((seq & RING_SEQ_MASK) << 16) | (unsigned)tok);
-    if (r->comm != MPI_COMM_NULL && r->size > 1 &&
-        MPI_Isend(NULL, 0, MPI_BYTE, r->right, tag, r->comm, &q) == MPI_SUCCESS)
+    if (r->rank >= 0 && r->size > 1 &&
+        MPI_Isend(NULL, 0, MPI_BYTE, r->right, ring__data_tag(r, seq, tok), r->parent, &q) == MPI_SUCCESS)
         MPI_Request_free(&q);
 }
 
 /* Frees mem and reqs if every request is complete (after cancelling it); otherwise keeps
-   them in the grave until ring_destroy finds them complete (invariant 2). */
+   them in the grave until reap_graves finds them complete (invariant 2). */
 static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
 {
     int pending = 0;
@@ -81,6 +65,36 @@ static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
     *g = (struct ring_grave){.reqs = reqs, .nreqs = n, .mem = mem, .next = r->grave};
     r->grave = g;
     RK_LOG_DEBUG(RK_SUB_RING, "%d receives still pending after an abort: buffer retired", pending);
+}
+
+/* Frees the graves whose requests MPI has completed. final (ring_destroy): the others'
+   requests are released and their memory retained for good (rk__retain_forever), since a
+   dead peer's pending receive may still be written. */
+static void reap_graves(ring *r, bool final)
+{
+    struct ring_grave **link = &r->grave;
+    while (*link) {
+        struct ring_grave *g = *link;
+        int done = 0;
+        if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            done = 0;
+        if (!done && !final) {
+            link = &g->next;
+            continue;
+        }
+        if (done) {
+            free(g->mem);
+        } else {
+            for (int i = 0; i < g->nreqs; i++)
+                if (g->reqs[i] != MPI_REQUEST_NULL)
+                    MPI_Request_free(&g->reqs[i]);
+            rk__retain_forever(g->mem); /* MPI may still write it */
+            RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: receives still pending: their buffer is retained");
+        }
+        *link = g->next;
+        free(g->reqs);
+        free(g);
+    }
 }
 
 int ring__stage_alloc(ring *r)
@@ -162,44 +176,19 @@ static int index_of(const int *v, int n, int x)
     return -1;
 }
 
-/* Makes `comm` (or MPI_COMM_NULL) over `members` the ring; takes ownership of both. */
-static void adopt(ring *r, MPI_Comm comm, int *members, int n, uint64_t epoch)
+/* Makes the sorted parent ranks `members` the ring of `epoch` (takes ownership of the
+   array): the neighbours are re-mapped over them; nothing is sent. */
+static void adopt(ring *r, int *members, int n, uint64_t epoch)
 {
-    if (r->comm != MPI_COMM_NULL) {
-        MPI_Comm *v = realloc(r->retired, (size_t)(r->nretired + 1) * sizeof(*v));
-        if (v) {
-            r->retired = v;
-            r->retired[r->nretired++] = r->comm;
-        } /* else: the old communicator is leaked, never freed while peers may be dead */
-    }
     free(r->members);
-    r->comm = comm;
     r->members = members;
     r->size = n;
     r->epoch = epoch;
     r->rank = index_of(members, n, r->prank);
-    r->left = r->rank < 0 ? -1 : (r->rank + n - 1) % n;
-    r->right = r->rank < 0 ? -1 : (r->rank + 1) % n;
+    r->left = r->rank < 0 ? -1 : members[(r->rank + n - 1) % n];
+    r->right = r->rank < 0 ? -1 : members[(r->rank + 1) % n];
     r->seq = 0;
     r->fenced = false;
-}
-
-static int group_comm(ring *r, const int *members, int n, int tag, MPI_Comm *out)
-{
-    MPI_Group pg, g;
-    int rc = MPI_Comm_group(r->parent, &pg);
-    if (rc == MPI_SUCCESS) {
-        rc = MPI_Group_incl(pg, n, members, &g);
-        MPI_Group_free(&pg);
-    }
-    if (rc == MPI_SUCCESS) {
-        rc = MPI_Comm_create_group(r->parent, g, tag, out);
-        MPI_Group_free(&g);
-    }
-    if (rc != MPI_SUCCESS)
-        return ring__mpi_fail(rc, RK_E_PEER_LOST, "ring: MPI_Comm_create_group");
-    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
-    return 0;
 }
 
 int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int timeout_ms)
@@ -212,13 +201,13 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
     ring *r = calloc(1, sizeof(*r));
     if (!r)
         return -ENOMEM;
-    r->comm = r->parent = MPI_COMM_NULL;
+    r->parent = MPI_COMM_NULL;
     r->rank = r->left = r->right = -1;
     r->timeout_ms = timeout_ms;
     r->chunk_bytes = RING_DEFAULT_CHUNK;
     r->window = RING_DEFAULT_WINDOW;
     if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
-        rc = ring__mpi_fail(mrc, RK_E_MPI, "ring_create: MPI_Comm_dup");
+        rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_MPI, mrc, "ring_create: MPI_Comm_dup");
         goto out_free;
     }
     MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
@@ -234,17 +223,10 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
         goto out_parent;
     if ((rc = ring__stage_alloc(r)) != 0)
         goto out_list;
-    int n = (!members || nmembers == 0) ? r->psize : nmembers;
-    MPI_Comm rc_comm = MPI_COMM_NULL;
-    if (index_of(list, n, r->prank) >= 0 && (rc = group_comm(r, list, n, 0, &rc_comm)) != 0)
-        goto out_stage;
-    adopt(r, rc_comm, list, n, 0);
+    adopt(r, list, (!members || nmembers == 0) ? r->psize : nmembers, 0);
     *out = r;
     return 0;
 
-out_stage:
-    free(r->stage);
-    free(r->rreq);
 out_list:
     free(list);
 out_parent:
@@ -259,28 +241,9 @@ void ring_destroy(ring **pr)
     if (!pr || !*pr)
         return;
     ring *r = *pr;
-    for (struct ring_grave *g = r->grave, *next; g; g = next) {
-        next = g->next;
-        int done = 0;
-        if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) == MPI_SUCCESS && done) {
-            free(g->mem);
-        } else {
-            for (int i = 0; i < g->nreqs; i++)
-                if (g->reqs[i] != MPI_REQUEST_NULL)
-                    MPI_Request_free(&g->reqs[i]);
-            rk__retain_forever(g->mem); /* MPI may still write it */
-            RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: receives still pending: their buffer is retained");
-        }
-        free(g->reqs);
-        free(g);
-    }
-    for (int i = 0; i < r->nretired; i++)
-        MPI_Comm_free(&r->retired[i]);
-    if (r->comm != MPI_COMM_NULL)
-        MPI_Comm_free(&r->comm);
+    reap_graves(r, true);
     if (r->parent != MPI_COMM_NULL)
         MPI_Comm_free(&r->parent);
-    free(r->retired);
     free(r->members);
     free(r->stage);
     free(r->rreq);
@@ -292,7 +255,7 @@ void ring_destroy(ring **pr)
    waits for theirs. Nothing is created unless all answered with the same epoch. */
 static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring_cancel *c)
 {
-    int me = index_of(list, n, r->prank), tag = RING_TAG_CTRL | (int)(epoch & 0x3fffff), rc = 0;
+    int me = index_of(list, n, r->prank), tag = ring__ctrl_tag(epoch, RING_CTRL_HANDSHAKE), rc = 0;
     size_t nq = 2 * (size_t)n;
     MPI_Request *q = malloc(nq * sizeof(*q));
     uint64_t *val = malloc((size_t)(n + 1) * sizeof(*val));
@@ -310,13 +273,13 @@ static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring
         int m1 = MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]);
         int m2 = MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]);
         if (m1 != MPI_SUCCESS || m2 != MPI_SUCCESS)
-            rc = ring__mpi_fail(m1 != MPI_SUCCESS ? m1 : m2, RK_E_PEER_LOST, "rebuild handshake: post");
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, m1 != MPI_SUCCESS ? m1 : m2, "rebuild handshake: post");
     }
     int64_t deadline = ring__deadline(r, c);
     for (int done = 0; rc == 0 && !done;) {
         int mrc = MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE);
         if (mrc != MPI_SUCCESS)
-            rc = ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild handshake");
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "rebuild handshake");
         else if (!done)
             rc = ring__poll_cancel(c, deadline);
     }
@@ -328,31 +291,6 @@ static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring
     bury(r, q, (int)nq, val); /* frees both when complete (always, on success) */
     return rc;
 }
-
-#ifdef RING_HAVE_ULFM
-/* ULFM: when the new membership only drops members of the current ring, shrink it with
-   the library's fault-tolerant agreement. Returns 1 when it does not apply. */
-static int ulfm_shrink(ring *r, const int *list, int n, MPI_Comm *out)
-{
-    if (r->comm == MPI_COMM_NULL)
-        return 1;
-    for (int i = 0; i < n; i++)
-        if (index_of(r->members, r->size, list[i]) < 0)
-            return 1; /* a spare joins: create_group over the parent instead */
-    MPI_Comm sh;
-    int mrc = MPIX_Comm_shrink(r->comm, &sh), sz = 0;
-    if (mrc != MPI_SUCCESS)
-        return ring__mpi_fail(mrc, RK_E_PEER_LOST, "rebuild: MPIX_Comm_shrink");
-    MPI_Comm_size(sh, &sz);
-    if (sz != n) {
-        MPI_Comm_free(&sh);
-        return 1;
-    }
-    MPI_Comm_set_errhandler(sh, MPI_ERRORS_RETURN);
-    *out = sh;
-    return 0;
-}
-#endif
 
 int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, const ring_cancel *c)
 {
@@ -368,28 +306,21 @@ int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, cons
                         "ring_rebuild: epoch %llu excludes this process (rank %d of the job)",
                         (unsigned long long)epoch, r->prank);
     }
+    reap_graves(r, false); /* receive slots of earlier aborts that MPI has finished with */
     if ((rc = handshake(r, list, nmembers, epoch, c)) != 0) {
         free(list);
         return refail(RK_LOG_WARN, rc, "ring_rebuild: handshake");
     }
-    MPI_Comm nc = MPI_COMM_NULL;
-    rc = 1;
-#ifdef RING_HAVE_ULFM
-    rc = ulfm_shrink(r, list, nmembers, &nc);
-#endif
-    if (rc == 1)
-        rc = group_comm(r, list, nmembers, (int)(epoch & 0x3fffff), &nc);
-    if (rc != 0) {
-        free(list);
-        return refail(RK_LOG_ERROR, rc, "ring_rebuild");
-    }
-    adopt(r, nc, list, nmembers, epoch);
+    /* Between the handshake and the end of the rebuild (chaos kind kill_in_rebuild): a
+       member that dies here costs the survivors at most their next call's deadline. */
+    fmt_fault_point("rebuild");
+    adopt(r, list, nmembers, epoch);
     return 0;
 }
 
 bool ring_is_member(const ring *r)
 {
-    return r && r->comm != MPI_COMM_NULL;
+    return r && r->rank >= 0;
 }
 
 int ring_rank(const ring *r)
@@ -407,11 +338,6 @@ uint64_t ring_epoch(const ring *r)
     return r ? r->epoch : 0;
 }
 
-MPI_Comm ring_comm(const ring *r)
-{
-    return r ? r->comm : MPI_COMM_NULL;
-}
-
 void ring_set_test_hook(ring *r, ring_hook_fn fn, void *arg)
 {
     if (r) {
@@ -422,7 +348,7 @@ void ring_set_test_hook(ring *r, ring_hook_fn fn, void *arg)
 
 int ring_set_chunking(ring *r, size_t chunk_bytes, int window)
 {
-    if (!r || chunk_bytes < 64 || chunk_bytes % 8 != 0 || chunk_bytes > (size_t)INT32_MAX ||
+    if (!r || chunk_bytes < RING_MIN_CHUNK || chunk_bytes % 8 != 0 || chunk_bytes > (size_t)INT32_MAX ||
         window < 1 || window > RING_MAX_WINDOW)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_set_chunking: chunk %zu bytes, window %d",
                         chunk_bytes, window);

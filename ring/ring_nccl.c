@@ -15,8 +15,8 @@
  *    NCCL_SHRINK_ABORT (ends whatever the lost member left pending); the old communicator
  *    is then never destroyed (NCCL forbids it after an abortive shrink) but kept until
  *    ring_nccl_destroy, which leaves it alone. Members added (spares) -> the old one is
- *    aborted and a fresh communicator is made, its unique id sent over the MPI ring's new
- *    communicator by ring rank 0 with a bounded wait.
+ *    aborted and a fresh communicator is made, its unique id sent point-to-point by ring
+ *    rank 0 to the MPI ring's new members with a bounded wait.
  * Untested on a GPU here (no GPU on the build machines): tests/test_ring_nccl.c skips.
  */
 #include <cuda_runtime.h>
@@ -83,10 +83,11 @@ static int nccl_type(rk_dtype t, ncclDataType_t *out)
     return RK_E_DTYPE;
 }
 
-/* Ring rank 0 makes a unique id and sends it to every member over r's communicator. */
+/* Ring rank 0 makes a unique id and sends it to every member, point-to-point on r's
+   parent communicator. */
 static int share_id(ring *r, ncclUniqueId *id, const ring_cancel *c, int64_t deadline)
 {
-    int tag = RING_TAG_CTRL | (int)(r->epoch & 0x3fffff), rc = 0, n = r->rank == 0 ? r->size - 1 : 1;
+    int tag = ring__ctrl_tag(r->epoch, RING_CTRL_NCCL_ID), rc = 0, n = r->rank == 0 ? r->size - 1 : 1;
     MPI_Request *q = calloc((size_t)(n > 0 ? n : 1), sizeof(*q));
     if (!q)
         return -ENOMEM;
@@ -97,9 +98,9 @@ static int share_id(ring *r, ncclUniqueId *id, const ring_cancel *c, int64_t dea
             return nccl_fail(res, RK_E_NCCL, "ncclGetUniqueId");
         }
         for (int i = 1; i < r->size; i++)
-            MPI_Isend(id, (int)sizeof(*id), MPI_BYTE, i, tag, r->comm, &q[i - 1]);
+            MPI_Isend(id, (int)sizeof(*id), MPI_BYTE, r->members[i], tag, r->parent, &q[i - 1]);
     } else {
-        MPI_Irecv(id, (int)sizeof(*id), MPI_BYTE, 0, tag, r->comm, &q[0]);
+        MPI_Irecv(id, (int)sizeof(*id), MPI_BYTE, r->members[0], tag, r->parent, &q[0]);
     }
     for (int done = 0; !done && rc == 0;) {
         if (MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)

@@ -13,6 +13,10 @@
  *                   "deadline", RK_E_TIMEOUT; they rebuild the ring (and with "spare",
  *                   the last rank of the job, started outside the ring, joins) and the
  *                   next allreduce is exact.
+ *   rebuild-kill V  every rank rebuilds the ring over all ranks; rank V dies inside the
+ *                   rebuild, after its handshake (RK_FAULT=rebuild@0=crash). Survivors
+ *                   must not freeze: the rebuild returns, the next allreduce reports the
+ *                   loss, and a rebuild over the survivors is exact (ring.c inv. 7).
  * The test-only membership oracle: all ranks run on this host, so a peer is dead once
  * /proc/<pid> is gone or a zombie. It stands in for the detector's view.
  */
@@ -24,6 +28,7 @@
 #include <unistd.h>
 
 #include "prog_common.h"
+#include "../formats/fio.h"
 #include "../ring/ring.h"
 #include "rekindle.h"
 
@@ -340,6 +345,26 @@ static void kill_hook(void *arg, int phase, int step, int chunk)
         raise(SIGKILL);
 }
 
+/* Rebuilds *r over surv (job ranks, ascending) at `epoch`, checks the renumbering and two
+   exact allreduces on the new ring, prints "ok rebuilt ...", destroys the ring. */
+static void rebuild_exact(ring **r, const int *surv, int ns, uint64_t epoch)
+{
+    int64_t t0 = rk__mono_ns();
+    expect(ring_rebuild(*r, surv, ns, epoch, NULL), 0, "rebuild");
+    int want_rank = -1;
+    for (int i = 0; i < ns; i++)
+        if (surv[i] == g_rank)
+            want_rank = i;
+    if (ring_rank(*r) != want_rank || ring_size(*r) != ns)
+        FAIL("after rebuild: rank %d size %d, want %d %d", ring_rank(*r), ring_size(*r), want_rank, ns);
+    double rebuild_ms = rk__ms_since(t0);
+    check_one(via_ring, *r, RK_F32, RK_SUM, 100003, surv, ns, want_rank, 6);
+    check_one(via_ring, *r, RK_BF16, RK_AVG, 4099, surv, ns, want_rank, 8);
+    printf("ok rebuilt rank %d -> %d world %d rebuild %.1f ms\n", g_rank, want_rank, ns, rebuild_ms);
+    fflush(stdout);
+    ring_destroy(r);
+}
+
 static int mode_kill(int victim, int phase, int step, bool deadline, bool spare)
 {
     int m = spare ? g_world - 1 : g_world; /* ring members: job ranks 0 .. m-1 */
@@ -388,21 +413,49 @@ static int mode_kill(int victim, int phase, int step, bool deadline, bool spare)
             surv[ns++] = members[i];
     if (spare)
         surv[ns++] = g_world - 1;
-    t0 = rk__mono_ns();
-    int rc = ring_rebuild(r, surv, ns, 1, NULL);
-    expect(rc, 0, "rebuild");
-    int want_rank = -1;
-    for (int i = 0; i < ns; i++)
-        if (surv[i] == g_rank)
-            want_rank = i;
-    if (ring_rank(r) != want_rank || ring_size(r) != ns)
-        FAIL("after rebuild: rank %d size %d, want %d %d", ring_rank(r), ring_size(r), want_rank, ns);
-    double rebuild_ms = rk__ms_since(t0);
-    check_one(via_ring, r, RK_F32, RK_SUM, 100003, surv, ns, want_rank, 6);
-    check_one(via_ring, r, RK_BF16, RK_AVG, 4099, surv, ns, want_rank, 8);
-    printf("ok rebuilt rank %d -> %d world %d rebuild %.1f ms\n", g_rank, want_rank, ns, rebuild_ms);
-    fflush(stdout);
-    ring_destroy(&r);
+    rebuild_exact(&r, surv, ns, 1);
+    free(surv);
+    free(members);
+    free(pids);
+    return 0;
+}
+
+static int mode_rebuild_kill(int victim)
+{
+    int *pids = malloc((size_t)g_world * sizeof(int)), me = getpid();
+    MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
+    int *members = iota(g_world);
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 4096, 4) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    check_one(via_ring, r, RK_F32, RK_SUM, 10007, members, g_world, g_rank, 5);
+    struct oracle o = {.pids = pids, .n = g_world, .members = members, .nmembers = g_world};
+    if (g_rank == victim) {
+        setenv("RK_FAULT", "rebuild@0=crash", 1);
+        if (fmt_fault_reset() != 0)
+            FAIL("RK_FAULT=rebuild@0=crash refused: %s", rk_last_error());
+    }
+    ring_cancel c = {.deadline_ns = rk__deadline_ns(20000), .changed = oracle_changed, .arg = &o};
+    int64_t t0 = rk__mono_ns();
+    int rc = ring_rebuild(r, members, g_world, 1, &c);
+    if (g_rank == victim)
+        FAIL("the victim survived its rebuild");
+    if (rc != 0 && rc != RK_E_PEER_LOST) /* PEER_LOST: it saw the death inside its handshake */
+        FAIL("rebuild with a member dying in it: %s", rk_strerror(rc));
+    if (rc == 0) { /* the death is reported by the next call, within its bound */
+        size_t n = 65536 + 5;
+        float *buf = malloc(n * 4);
+        fill(buf, RK_F32, n, g_rank, 5);
+        ring_cancel c2 = {.deadline_ns = rk__deadline_ns(20000), .changed = oracle_changed, .arg = &o};
+        expect(ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c2), RK_E_PEER_LOST, "allreduce after the rebuild");
+        free(buf);
+    }
+    printf("ok rebuild-returned rank %d (%s) after %.0f ms\n", g_rank, rk_strerror(rc), rk__ms_since(t0));
+    int *surv = malloc((size_t)g_world * sizeof(int)), ns = 0;
+    for (int i = 0; i < g_world; i++)
+        if (i != victim)
+            surv[ns++] = i;
+    rebuild_exact(&r, surv, ns, 2);
     free(surv);
     free(members);
     free(pids);
@@ -412,7 +465,7 @@ static int mode_kill(int victim, int phase, int step, bool deadline, bool spare)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]\n");
+        fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]|rebuild-kill V\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -434,6 +487,10 @@ int main(int argc, char **argv)
         }
         rc = mode_kill(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), dl, sp);
         /* A member is dead: MPI_Finalize would wait for it. Leave without it. */
+        fflush(stdout);
+        _exit(rc);
+    } else if (strcmp(argv[1], "rebuild-kill") == 0 && argc >= 3) {
+        rc = mode_rebuild_kill(atoi(argv[2]));
         fflush(stdout);
         _exit(rc);
     } else {

@@ -8,7 +8,8 @@
  * network namespace and iptables or tc netem (`make chaos` runs it where it can). The
  * campaign prints (and its report.json lists) every kind it leaves out. Seed 1 draws most
  * kinds in 8 runs; a second small campaign covers the two it does not draw, and a third
- * kills a worker while a checkpoint persists.
+ * kills a worker while a checkpoint persists; single-run campaigns cover disk_hang and
+ * kill_in_rebuild.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,15 @@ static char *campaign_ok(const char *args, int runs)
     ck_assert_msg(r == runs && f >= runs && v == 0 && rc == 0, "runs %d faults %d violations %d exit %d:\n%.3000s",
                   r, f, v, rc, out);
     return out;
+}
+
+/* campaign_ok, then its output must contain `want` (what the campaign was run for). */
+static void campaign_shows(const char *args, int runs, const char *want)
+{
+    need_h5py();
+    char *out = campaign_ok(args, runs);
+    ck_assert_msg(strstr(out, want), "no '%s' in the campaign's output:\n%.3000s", want, out);
+    free(out);
 }
 
 START_TEST(fixed_seed_campaign)
@@ -131,10 +141,7 @@ END_TEST
    flight is cancelled, the survivors recover, and no checkpoint is left half-made. */
 START_TEST(kill_while_persisting)
 {
-    need_h5py();
-    char *out = campaign_ok("--runs 3 --seed 4 --faults " CHECK_KINDS_3, 3);
-    ck_assert_msg(strstr(out, "@persist"), "no kill while persisting:\n%.3000s", out);
-    free(out);
+    campaign_shows("--runs 3 --seed 4 --faults " CHECK_KINDS_3, 3, "@persist");
 }
 END_TEST
 
@@ -143,10 +150,16 @@ END_TEST
    the stuck checkpoint is never committed. */
 START_TEST(disk_hang_campaign)
 {
-    need_h5py();
-    char *out = campaign_ok("--runs 1 --seed 3 --faults disk_hang", 1);
-    ck_assert_msg(strstr(out, "=hang on rank"), "no hung disk:\n%.3000s", out);
-    free(out);
+    campaign_shows("--runs 1 --seed 3 --faults disk_hang", 1, "=hang on rank");
+}
+END_TEST
+
+/* A worker killed, and another dying inside the ring's rebuild that follows, after its
+   handshake (seed 1 lands it there: the rank's crash is the rebuild's fault point): no
+   survivor freezes, the two survivors finish in place with the replay's hash. */
+START_TEST(kill_in_rebuild_campaign)
+{
+    campaign_shows("--runs 1 --seed 1 --workers 4 --faults kill_in_rebuild", 1, "(crashed inside the ring's rebuild)");
 }
 END_TEST
 
@@ -159,6 +172,7 @@ static Suite *chaos_suite(void)
     tcase_add_test(tc, recovery_and_io_campaign);
     tcase_add_test(tc, kill_while_persisting);
     tcase_add_test(tc, disk_hang_campaign);
+    tcase_add_test(tc, kill_in_rebuild_campaign);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracles");
     tcase_set_timeout(tc, SELFTEST_TIMEOUT_S + 30);

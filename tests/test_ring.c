@@ -1,7 +1,8 @@
 /*
  * tests/test_ring.c - the allreduce ring (ring/): reduction kernels and 16-bit
  * conversions as unit tests; then real mpirun jobs of tests/prog_ring (exact results on
- * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining).
+ * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining, a member
+ * killed inside a rebuild).
  * Each test names the invariant of ring/ring.c it checks.
  */
 #include <math.h>
@@ -266,6 +267,16 @@ START_TEST(kill_spare_joins)
 }
 END_TEST
 
+/* Invariant 7: a member killed inside a rebuild, between its handshake and its end,
+   never freezes the survivors (no collective MPI call follows the handshake); they see
+   the loss in their next call and rebuild again. */
+START_TEST(kill_in_rebuild)
+{
+    char *args[] = {"rebuild-kill", "2", NULL};
+    job(4, true, args, "ok rebuilt ", 3);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ring");
@@ -291,6 +302,7 @@ int main(void)
     tcase_add_test(tj, kill_in_allgather);
     tcase_add_test(tj, kill_deadline_only);
     tcase_add_test(tj, kill_spare_joins);
+    tcase_add_test(tj, kill_in_rebuild);
     suite_add_tcase(s, tj);
     return th_main(s);
 }
