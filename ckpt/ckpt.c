@@ -22,9 +22,11 @@
  *  I5  The background thread never calls MPI; every wait it does has a deadline
  *      (timeout_ms for other ranks' shards on rank 0, twice that for learning of the
  *      commit elsewhere).
- *  I6  Retention never removes the checkpoint just committed, and removes older ones
- *      only after the new one reopens intact; a removed directory is first renamed to a
- *      '.'-name, so a half-removed checkpoint is never seen as committed.
+ *  I6  Retention never removes the checkpoint just committed (the newest of ckpt_list's
+ *      order: its commit time is the latest) nor the newest one whose data verify; a
+ *      removed directory is first renamed to a '.'-name, so a half-removed checkpoint is
+ *      never seen as committed. Re-committing a label exchanges the directories in one
+ *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).
  *  I7  Every failure of a started checkpoint is reported once: by ckpt_wait (rk_wait),
  *      the log and the event ckpt_failed with its reason. Earlier checkpoints stay intact.
  *  I8  Staging holds a complete snapshot of every registered tensor (the held snapshot,
@@ -44,6 +46,14 @@
  *      running on its own: the staging it reads is never unmapped under it (a replaced
  *      region is retired until the writer is idle), its job slot is not reused, and
  *      ckpt_destroy leaves it the engine (retained, never freed) instead of joining it.
+ *  I11 A restore reads into staging (ckpt_load), never into the registered buffers;
+ *      they are written (ckpt_restore_held) only once the whole checkpoint verified on
+ *      every rank, so a failed restore leaves them as they were.
+ *  I12 A checkpoint directory that cannot be listed is an error wherever it is read
+ *      (restore, retention, the CLI), never "no checkpoint".
+ *  I13 Every reader of the directory takes one order (ckpt_list): the current timeline
+ *      by commit time, then abandoned ones; the held snapshot is offered to a rollback
+ *      only when its layout matches the registry (ckpt_held_matches).
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
@@ -51,6 +61,8 @@
  *      QUEUED/RUNNING --ckpt_abandon: the job fails at the writer's next check, or when its
  *                       stuck operation returns; the training thread does not wait
  *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms / 4, else skipped (I3)
+ *      any --ckpt_hold / ckpt_load (ckpt_restore.c): abandons the job in flight, then
+ *            staging holds the new snapshot (I8, I11)
  *      any --ckpt_destroy: waits for IDLE until its deadline, then abandons and leaves the
  *            writer the engine (RK_E_TIMEOUT naming what it is stuck in)
  */
@@ -407,19 +419,26 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
-/* Copies every tensor into staging: the held snapshot of `step` (I8). */
-static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+/* The held snapshot's layout for t[0..n) in staging; nothing held yet (I8). */
+static void hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     size_t off = 0;
     e->held_step = -1;
     for (size_t i = 0; i < n; i++) {
         e->held_off[i] = off;
         e->held_len[i] = t[i].nbytes;
-        if (t[i].nbytes)
-            memcpy(e->staging + off, t[i].ptr, t[i].nbytes);
         off += ALIGN_UP(t[i].nbytes);
     }
     e->held_n = n;
+}
+
+/* Copies every tensor into staging: the held snapshot of `step` (I8). */
+static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    hold_layout(e, t, n);
+    for (size_t i = 0; i < n; i++)
+        if (t[i].nbytes)
+            memcpy(e->staging + e->held_off[i], t[i].ptr, t[i].nbytes);
     e->held_step = step;
 }
 
@@ -513,12 +532,21 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 
 /* ---- the held snapshot and membership changes (recovery) --------------------------------- */
 
-int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     /* Overwriting staging under a live job would tear what it writes: the job goes first.
        An abandoned writer may still read staging; it never commits what it read (I10). */
     ckpt_abandon(e);
     int rc = stage(e, t, n);
+    if (rc)
+        return rc;
+    hold_layout(e, t, n);
+    return 0;
+}
+
+int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    int rc = ckpt__hold_space(e, t, n);
     if (rc)
         return rc;
     hold_copy(e, step, t, n);

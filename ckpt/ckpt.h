@@ -52,8 +52,9 @@ int ckpt_create(ckpt_engine **e, const ckpt_config *cfg);
 int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
 
 /* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir,
-   each renamed to a '.trash-' name first. Called by one rank while no checkpoint of this
-   job is being written (rk_init); recovery uses ckpt_request_clean. */
+   each renamed to a '.trash-' name first (ckpt_dir.c). Called by one rank while no
+   checkpoint of this job is being written (rk_init); recovery uses ckpt_request_clean.
+   -errno if dir cannot be listed. */
 int ckpt_clean_dir(const char *dir);
 
 /* Snapshot of t[0..n) labelled `step` into staging (the training thread blocks for this
@@ -114,15 +115,49 @@ void ckpt_request_clean(ckpt_engine *e);
    as `rank` of `world` under a nonce derived from `epoch`. */
 void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch);
 
+/* ---- the checkpoint directory (ckpt_dir.c): order, retention, dead attempts -------------- */
+
+/* A committed checkpoint of a directory. */
+typedef struct ckpt_entry {
+    int64_t step;
+    int64_t commit_ns; /* index.h5's commit_time_ns; 0: not recorded, or the index unreadable */
+    bool abandoned;    /* a later commit carries a lower label: a timeline the job left */
+    bool readable;     /* index.h5 could be read (and names this label) */
+} ckpt_entry;
+
+/* Every committed checkpoint of dir, in the order a job resumes from them: the current
+   timeline newest first by commit time, then the abandoned ones newest first (ckpt_dir.c
+   says how timelines are told apart). *out is malloc'd (the caller frees it; *n may be
+   0). -errno, never an empty list, if dir cannot be listed. */
+int ckpt_list(const char *dir, ckpt_entry **out, size_t *n);
+/* *step: the first checkpoint of ckpt_list's order labelled below `below` (INT64_MAX:
+   any), -1 if none. Returns 0, or -errno if dir cannot be listed (*step -1 then too). */
+int ckpt_newest_below(const char *dir, int64_t below, int64_t *step);
+
+/* What retention did, told to the caller's note function (may be NULL). */
+enum ckpt_retain_what {
+    CKPT_RETAIN_UNVERIFIED,    /* path does not verify: why */
+    CKPT_RETAIN_REMOVED,       /* path was removed */
+    CKPT_RETAIN_REMOVE_FAILED, /* path could not be removed: why */
+};
+typedef void ckpt_retain_note(void *arg, enum ckpt_retain_what what, const char *path, const char *why);
+/* Retention, the one used by the engine after each commit and by `rekindle gc`: keeps the
+   first `keep` checkpoints of ckpt_list's order and the first one whose data verify
+   (ckpt_verify_dir: every tensor re-read against its checksum; checked only when there is
+   anything to remove), and removes the rest, each renamed to a '.trash-' name first. Returns
+   0, -errno if dir cannot be listed (nothing removed), or the first removal that failed. */
+int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg);
+
 /* ---- restore (ckpt_restore.c) ---------------------------------------------------------- */
 
-/* The newest committed step in dir below `below` (INT64_MAX: any), -1 if none. */
-int64_t ckpt_newest_below(const char *dir, int64_t below);
-/* Restores committed checkpoint `step` of dir into t[0..n): first checks that it holds
-   exactly these tensors (names, dtypes, shapes; RK_E_MISMATCH naming the first difference,
-   no buffer touched), then reads every tensor and verifies its checksum (RK_E_CORRUPT,
-   RK_E_INCOMPLETE, RK_E_FORMAT: the buffers may then hold part of it). */
-int ckpt_restore_step(const char *dir, int64_t step, const ckpt_tensor *t, size_t n);
+/* Reads committed checkpoint `step` of the engine's directory into staging, as the held
+   snapshot of t[0..n)'s layout; no buffer of t is written (ckpt_restore_held copies it out
+   once every rank has read it whole). First checks that the checkpoint holds exactly these
+   tensors (names, dtypes, shapes; RK_E_MISMATCH naming the first difference), then reads
+   every tensor and verifies its checksum (RK_E_CORRUPT, RK_E_INCOMPLETE, RK_E_FORMAT). On
+   success the held step is `step`; on failure no snapshot is held (-1). A checkpoint in
+   flight is abandoned first (never waited for). */
+int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Verifies every tensor of committed checkpoint `stepdir` by re-reading it. On failure
    `bad` (if not NULL) gets what was bad. */
 int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap);

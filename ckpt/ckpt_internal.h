@@ -72,6 +72,9 @@ struct ckpt_engine {
    commit and retention; on other ranks, waiting to learn of the commit. Returns 0 or the
    failure (its reason in rk_last_error() of the calling thread). */
 int ckpt__persist(ckpt_engine *e, struct ckpt_job *j);
+/* Staging for t[0..n) with the held snapshot's layout, nothing held (-1), the job in
+   flight abandoned first: where ckpt_load reads a checkpoint (ckpt.c). */
+int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* Whether the job was abandoned (the writer stops at its next check). */
 bool ckpt__abandoned(struct ckpt_job *j);
 /* The writer's claim to commit: false if the job was abandoned first (ckpt.c I10). */
@@ -84,8 +87,11 @@ bool ckpt__claim_commit(struct ckpt_job *j);
 void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why);
 /* Removes the temporary directories of every attempt but j's (ckpt_request_clean). */
 void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
-/* Retention: keeps the newest `keep` committed checkpoints of dir (newest = just
-   committed, `newest`), removes older ones and dead temporary directories. */
+/* After the commit of `newest`: ckpt_retain, then the temporary directories of attempts
+   labelled below it (ckpt_dir.c). */
 void ckpt__retain(const char *dir, int keep, int64_t newest);
+/* The commit time for a checkpoint committed now: CLOCK_REALTIME, but later than every
+   commit time already in dir, so the new one is the newest in ckpt_list's order. */
+int64_t ckpt__commit_ns(const char *dir);
 
 #endif

@@ -1,15 +1,15 @@
 /*
  * ckpt/ckpt_persist.c - what the engine's background thread does with one checkpoint:
  * checksums, this rank's shard and manifest in the attempt's '.tmp-step-<S>-<nonce>/', then
- *   rank 0:  wait (bounded) for every rank's manifest, write index.h5, commit by rename,
- *            retention;
+ *   rank 0:  wait (bounded) for every rank's manifest, write index.h5 (with the commit
+ *            time, ckpt_dir.c), commit by rename (or exchange with an abandoned
+ *            timeline's directory of the same label), retention (ckpt_dir.c);
  *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
  *            job's nonce, or rank 0's FAILED note in the temporary directory; a rank
  *            whose own shard fails leaves FAILED-<rank>, so rank 0 stops waiting for it.
  * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous. An abandoned
  * job (ckpt.c I10) stops at the next check and never commits.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -155,7 +155,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
 
 static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const char *tmpname)
 {
-    char final[64], path[PATH_CAP];
+    char final[64];
     fmt_manifest **shards = calloc((size_t)j->m.world, sizeof(*shards));
     if (!shards)
         return -ENOMEM;
@@ -167,27 +167,14 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
     for (int r = 1; r < j->m.world; r++)
         if (strcmp(shards[r]->io_path, io_path) != 0)
             io_path = "mixed";
-    if ((rc = fmt_index_write(tmpdir, j->step, j->m.world, shards, io_path)) != 0)
+    if ((rc = fmt_index_write(tmpdir, j->step, j->m.world, shards, io_path, ckpt__commit_ns(e->dir))) != 0)
         goto out;
     if (!ckpt__claim_commit(j)) { /* from here on it is committed or failed, never abandoned */
         rc = abandoned(j);
         goto out;
     }
+    /* The same label from an abandoned timeline is exchanged for this one in one step. */
     fmt_step_name(final, sizeof(final), j->step);
-    snprintf(path, sizeof(path), "%s/%s", e->dir, final);
-    struct stat sb;
-    if (stat(path, &sb) == 0) {
-        /* The same label from an earlier timeline: move it out of the way under a '.'-name. */
-        char trash[PATH_CAP];
-        snprintf(trash, sizeof(trash), "%s/.trash-%s-%016" PRIx64, e->dir, final, j->m.nonce);
-        fmt_remove_tree(trash);
-        if (rename(path, trash) != 0) {
-            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": cannot replace %s: %s", j->step, path,
-                          strerror(errno));
-            goto out;
-        }
-        fmt_remove_tree(trash);
-    }
     if ((rc = fmt_commit_dir(e->dir, tmpname, final)) != 0)
         goto out;
     ckpt__retain(e->dir, e->keep, j->step);
@@ -257,90 +244,4 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
     if (rc)
         note_failure(tmpdir, "FAILED", j->m.nonce, rk_last_error());
     return rc;
-}
-
-static int cmp_desc(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x < y) - (x > y);
-}
-
-/* Removes '.trash-…' directories and the temporary directories of attempts labelled below
-   `below`, except the attempt with nonce `keep`. Each goes to a '.trash-' name first by
-   one rename: a stale writer that has not committed yet then finds its directory gone
-   and can never commit it (ckpt.c I9), and a half-removed directory is never seen. */
-static int clean(const char *dir, int64_t below, uint64_t keep)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, -errno, "clean %s: %s", dir, strerror(errno));
-    char path[PATH_CAP + 16], trash[PATH_CAP + 16];
-    struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
-        int64_t s = -1;
-        uint64_t nonce = 0;
-        bool tmp = fmt_is_tmp_name(de->d_name), trashed = strncmp(de->d_name, ".trash-", 7) == 0;
-        if (tmp && !fmt_parse_tmp_name(de->d_name, &s, &nonce))
-            s = -1;
-        if (!(tmp && s < below && (nonce != keep || keep == 0)) && !trashed)
-            continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-        RK_LOG_INFO(RK_SUB_CKPT, "removing %s (a dead attempt)", path);
-        if (tmp) {
-            snprintf(trash, sizeof(trash), "%s/.trash-%s", dir, de->d_name + 1);
-            if (rename(path, trash) != 0)
-                continue; /* gone already, or committed meanwhile */
-            snprintf(path, sizeof(path), "%s", trash);
-        }
-        fmt_remove_tree(path);
-    }
-    closedir(d);
-    return 0;
-}
-
-int ckpt_clean_dir(const char *dir)
-{
-    return clean(dir, INT64_MAX, 0);
-}
-
-void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j)
-{
-    clean(e->dir, INT64_MAX, j->m.nonce);
-}
-
-void ckpt__retain(const char *dir, int keep, int64_t newest)
-{
-    int64_t *steps = NULL;
-    size_t n = 0;
-    char name[64], path[PATH_CAP], trash[PATH_CAP];
-    if (fmt_list_steps(dir, &steps, &n) != 0)
-        return;
-    qsort(steps, n, sizeof(*steps), cmp_desc);
-    /* I6: the new checkpoint must reopen intact before anything older goes. */
-    fmt_step_name(name, sizeof(name), newest);
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    fmt_ckpt *c = NULL;
-    if (fmt_ckpt_open(path, &c) != 0) {
-        RK_LOG_WARN(RK_SUB_CKPT, "retention: %s does not reopen intact; nothing removed", path);
-        free(steps);
-        return;
-    }
-    fmt_ckpt_close(&c);
-    int kept = 1; /* the new one */
-    for (size_t i = 0; i < n; i++) {
-        if (steps[i] == newest)
-            continue;
-        if (kept < keep) {
-            kept++;
-            continue;
-        }
-        fmt_step_name(name, sizeof(name), steps[i]);
-        snprintf(path, sizeof(path), "%s/%s", dir, name);
-        snprintf(trash, sizeof(trash), "%s/.trash-%s", dir, name);
-        fmt_remove_tree(trash);
-        if (rename(path, trash) == 0)
-            fmt_remove_tree(trash);
-    }
-    free(steps);
-    clean(dir, newest, 0);
 }

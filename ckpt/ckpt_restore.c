@@ -1,7 +1,10 @@
 /*
- * ckpt/ckpt_restore.c - restoring a committed checkpoint into the registered buffers, and
- * verifying one. The match of the tensor set is checked before any buffer is written;
- * every tensor's checksum is checked as it is read.
+ * ckpt/ckpt_restore.c - reading a committed checkpoint back, and verifying one. A restore
+ * reads into the engine's staging memory (the held snapshot, ckpt.c I8), never into the
+ * registered buffers: the caller copies it out (ckpt_restore_held) only once the whole
+ * checkpoint verified on every rank, so a checkpoint that fails at its k-th tensor leaves
+ * the caller's buffers as they were. The match of the tensor set is checked before
+ * anything is read; every tensor's checksum is checked as it is read.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -10,19 +13,6 @@
 #include <string.h>
 
 #include "ckpt_internal.h"
-
-int64_t ckpt_newest_below(const char *dir, int64_t below)
-{
-    int64_t *steps = NULL, best = -1;
-    size_t n = 0;
-    if (fmt_list_steps(dir, &steps, &n) != 0)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        if (steps[i] < below && steps[i] > best)
-            best = steps[i];
-    free(steps);
-    return best;
-}
 
 static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
@@ -66,11 +56,11 @@ static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, const 
     return 0;
 }
 
-int ckpt_restore_step(const char *dir, int64_t step, const ckpt_tensor *t, size_t n)
+int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     char name[64], path[4096];
     fmt_step_name(name, sizeof(name), step);
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    snprintf(path, sizeof(path), "%s/%s", e->dir, name);
     fmt_ckpt *c = NULL;
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
@@ -79,15 +69,16 @@ int ckpt_restore_step(const char *dir, int64_t step, const ckpt_tensor *t, size_
         rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "%s skipped: its index says step %" PRId64, path, c->step);
         goto out;
     }
-    if ((rc = check_match(c, t, n, path)) != 0)
+    if ((rc = check_match(c, t, n, path)) != 0 || (rc = ckpt__hold_space(e, t, n)) != 0)
         goto out;
     for (size_t i = 0; i < n; i++) {
         long k = fmt_ckpt_find(c, t[i].name);
-        if ((rc = fmt_ckpt_read(c, (size_t)k, t[i].ptr)) != 0) {
+        if ((rc = fmt_ckpt_read(c, (size_t)k, e->staging + e->held_off[i])) != 0) {
             rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
-            goto out;
+            goto out; /* staging holds part of it: no snapshot is held (-1) */
         }
     }
+    e->held_step = step;
 out:
     fmt_ckpt_close(&c);
     return rc;

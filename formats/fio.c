@@ -6,6 +6,7 @@
  */
 #include "fio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -33,7 +34,8 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_OPEN] = "open",         [FMT_OP_WRITE] = "write",     [FMT_OP_READ] = "read",
     [FMT_OP_SYNC] = "sync",         [FMT_OP_TRUNCATE] = "truncate", [FMT_OP_RENAME] = "rename",
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
-    [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FIO_ANY] = "any",
+    [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FMT_OP_LIST] = "list",
+    [FMT_OP_SWAP] = "swap",         [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -351,4 +353,40 @@ int fmt_io_unlink(const char *path)
     if (f)
         return fmt_fault_apply(f);
     return unlink(path) < 0 ? -errno : 0;
+}
+
+int fmt_io_exchange(const char *a, const char *b)
+{
+    int f = fmt_fault(FMT_OP_SWAP, b);
+    if (f)
+        return fmt_fault_apply(f);
+    return renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) < 0 ? -errno : 0;
+}
+
+int fmt_list_dir(const char *dir, int (*fn)(void *arg, const char *name), void *arg)
+{
+    int f = fmt_fault(FMT_OP_LIST, dir);
+    if (f) {
+        f = fmt_fault_apply(f);
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, f, "cannot list %s: %s", dir, strerror(-f));
+    }
+    DIR *d = opendir(dir);
+    if (!d)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -errno, "cannot list %s: %s", dir, strerror(errno));
+    int rc = 0;
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir(d);
+        if (!e) {
+            if (errno)
+                rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -errno, "cannot list %s: %s", dir, strerror(errno));
+            break;
+        }
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if ((rc = fn(arg, e->d_name)) != 0)
+            break;
+    }
+    closedir(d);
+    return rc;
 }

@@ -5,11 +5,13 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|any|rebuild
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|list|swap|any|rebuild
  *           (odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
- *            any: every file operation, N counted over all of them; rebuild: not a file
- *            operation but the ring's rebuild, between its handshake and its end, a
- *            point reached through fmt_fault_point (fmt.h) where only crash applies)
+ *            list: reading a directory's entries; swap: exchanging two directories'
+ *            names in one step; any: every file operation, N counted over all of them;
+ *            rebuild: not a file operation but the ring's rebuild, between its handshake
+ *            and its end, a point reached through fmt_fault_point (fmt.h) where only
+ *            crash applies)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -49,6 +51,8 @@ enum fmt_op {
     FMT_OP_DIRECT, /* "odirect": open with O_DIRECT (EINVAL: the file system refuses it) */
     FMT_OP_URING,  /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp) */
     FMT_OP_REBUILD, /* "rebuild": the ring's rebuild (fmt_fault_point); not counted by "any" */
+    FMT_OP_LIST,   /* "list": opening and reading a directory (EACCES, an unmounted share) */
+    FMT_OP_SWAP,   /* "swap": renameat2 RENAME_EXCHANGE of two directories */
     FMT_OP_COUNT
 };
 
@@ -77,6 +81,9 @@ int fmt_io_ftruncate(int fd, off_t len, const char *path);
 int fmt_io_rename(const char *from, const char *to); /* FMT_FAULT_CRASH -> raise(SIGKILL) */
 int fmt_io_fsync_dir(const char *dir);
 int fmt_io_unlink(const char *path);
+/* Exchanges the names of a and b (both exist) atomically: renameat2 RENAME_EXCHANGE.
+   -EINVAL / -ENOSYS where the file system or kernel cannot; FMT_FAULT_CRASH -> SIGKILL. */
+int fmt_io_exchange(const char *a, const char *b);
 
 /* Applies an injected fault code for an operation that cannot be short: CRASH kills the
    process, HANG never returns, SHORT becomes -EIO, anything else is returned as is. */

@@ -9,7 +9,7 @@
  *   shard-<r>.ok   the shard's manifest: one line per tensor, written and fsync'd after the
  *                  shard itself, closed by a checksum of the manifest's own text
  *   index.h5       an external link per tensor (relative file name) and the root
- *                  attributes step, world_size, format_version, io_path
+ *                  attributes step, world_size, format_version, io_path, commit_time_ns
  * Every file read here is untrusted: sizes and names are checked, failures are
  * RK_E_FORMAT / RK_E_CORRUPT / RK_E_INCOMPLETE, never a crash or a hang.
  */
@@ -70,8 +70,13 @@ bool fmt_is_tmp_name(const char *name);
 /* Whether name is exactly an attempt's temporary directory name (fmt_tmp_name); its step
    and nonce go to *step and *nonce (either may be NULL). */
 bool fmt_parse_tmp_name(const char *name, int64_t *step, uint64_t *nonce);
-/* Committed steps under dir, ascending (malloc'd; *n may be 0). -errno if dir unreadable. */
+/* Committed steps under dir, ascending by label (malloc'd; *n may be 0). -errno if dir
+   cannot be listed (never "none"): the order a job resumes in is ckpt_list's. */
 int fmt_list_steps(const char *dir, int64_t **steps, size_t *n);
+/* Calls fn(arg, name) for every entry of dir but "." and "..", through the fault-
+   injectable "list" operation (fio.h); a non-zero return of fn stops and is returned.
+   -errno (logged, in rk_last_error) if dir cannot be opened or read to its end. */
+int fmt_list_dir(const char *dir, int (*fn)(void *arg, const char *name), void *arg);
 /* Balanced assignment of tensors to ranks: each tensor to exactly one rank, greedy by
    size, largest first, ties by order; deterministic, so every rank computes the same.
    sizes[i] bytes of tensor i; out_rank[i] gets its rank. 0 or -ENOMEM. */
@@ -97,8 +102,9 @@ typedef struct fmt_write_stats {
    durable (fsync). io_mode is the RK_IO string ("auto" ...). */
 int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
                     fmt_write_stats *st);
-/* Root attributes step, world_size, format_version, io_path on an open file (or -1). */
-int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path);
+/* Root attributes step, world_size, format_version, io_path, and commit_time_ns if
+   commit_ns > 0, on an open file (or -1). */
+int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path, int64_t commit_ns);
 /* Writes and fsyncs the manifest file (a new file; never visible half-written under its
    name: written as path + ".part", fsync'd, renamed). */
 int fmt_manifest_write(const char *path, const fmt_manifest *m);
@@ -108,13 +114,22 @@ void fmt_manifest_free(fmt_manifest **m);
 
 /* ---- index and commit (fmt_index.c) -------------------------------------------------- */
 /* Writes <dir>/index.h5: an external link per tensor of every manifest, to
-   "shard-<r>.h5", at its name; root attributes; fsync. */
+   "shard-<r>.h5", at its name; root attributes (commit_time_ns: commit_ns, CLOCK_REALTIME
+   of the commit, which orders checkpoints into timelines: ckpt_list); fsync. */
 int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards,
-                    const char *io_path);
+                    const char *io_path, int64_t commit_ns);
+/* Reads index.h5's root attributes step and commit_time_ns of committed checkpoint
+   `stepdir` (*commit_ns = 0 for an index written before that attribute existed).
+   RK_E_FORMAT if the index cannot be read. */
+int fmt_index_info(const char *stepdir, int64_t *step, int64_t *commit_ns);
 /* Durable rename of tmp (a directory under parent) to final: fsync tmp, rename, fsync
-   parent. final must not exist. */
+   parent. If final exists (the same label committed in an abandoned timeline), tmp is
+   swapped in by one atomic exchange (fmt_io_exchange), so a directory named final exists
+   at every instant, the parent is fsync'd, and the old directory, now named tmp, is
+   removed. A file system without the exchange (-EINVAL) gets rename-aside, logged. */
 int fmt_commit_dir(const char *parent, const char *tmp, const char *final);
-/* Removes a directory tree (files and sub-directories); 0 if it does not exist. */
+/* Removes a directory tree (files and sub-directories, symbolic links not followed);
+   0 if it does not exist. The one tree remover of the project. */
 int fmt_remove_tree(const char *path);
 /* fsync a file or directory by path. */
 int fmt_fsync_path(const char *path, bool dir);
@@ -122,6 +137,7 @@ int fmt_fsync_path(const char *path, bool dir);
 /* ---- reading a checkpoint (fmt_read.c) ----------------------------------------------- */
 typedef struct fmt_ckpt {
     int64_t step;
+    int64_t commit_ns; /* index.h5's commit_time_ns, 0 if absent */
     int world;
     int version;
     char io_path[FMT_IO_PATH_LEN];

@@ -1,8 +1,8 @@
 /*
  * formats/fmt_index.c - index.h5 (an external link per tensor to its shard, by a relative
  * file name, and the root attributes) and the durable commit of a checkpoint directory:
- * fsync the temporary directory, rename it to its final name (never over an existing
- * one), fsync the parent.
+ * fsync the temporary directory, rename it to its final name (or, if that name exists,
+ * exchange the two atomically, so the name never goes missing), fsync the parent.
  */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
@@ -23,7 +23,8 @@ static int cmp_order(const void *a, const void *b)
     return (x->order > y->order) - (x->order < y->order);
 }
 
-int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards, const char *io_path)
+int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards, const char *io_path,
+                    int64_t commit_ns)
 {
     char path[4096], file[32];
     int rc = RK_E_HDF5;
@@ -49,7 +50,7 @@ int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *cons
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, errno ? -errno : RK_E_HDF5, "index %s: cannot create", path);
         goto out_lcpl;
     }
-    if (fmt_h5_root_attrs(f, step, world, io_path) < 0) {
+    if (fmt_h5_root_attrs(f, step, world, io_path, commit_ns) < 0) {
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_HDF5, "index %s: root attributes", path);
         goto out_file;
     }
@@ -87,12 +88,29 @@ int fmt_commit_dir(const char *parent, const char *tmp, const char *final)
     int rc = fmt_fsync_path(from, true);
     if (rc)
         return rc;
-    /* One committer per label (rank 0): check, then rename. */
+    /* One committer per label (rank 0): check, then rename or exchange. */
     struct stat sb;
-    rc = stat(to, &sb) == 0 ? -EEXIST : fmt_io_rename(from, to);
+    bool replace = stat(to, &sb) == 0;
+    if (!replace) {
+        rc = fmt_io_rename(from, to);
+    } else if ((rc = fmt_io_exchange(from, to)) == -EINVAL || rc == -ENOSYS) {
+        /* No atomic exchange here: the old directory goes aside first (a moment without
+           `final`; the label's older timeline is lost if the process dies in it). */
+        RK_LOG_WARN(RK_SUB_FMT, "commit: %s cannot exchange directories (%s): replacing %s in two renames", parent,
+                    strerror(-rc), to);
+        char aside[4200];
+        snprintf(aside, sizeof(aside), "%s.old", from);
+        if ((rc = fmt_io_rename(to, aside)) == 0 && (rc = fmt_io_rename(from, to)) == 0)
+            rc = fmt_io_rename(aside, from);
+    }
     if (rc)
-        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "commit: rename %s -> %s: %s", from, to, strerror(-rc));
-    return fmt_fsync_path(parent, true);
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "commit: %s %s -> %s: %s", replace ? "exchange" : "rename", from,
+                        to, strerror(-rc));
+    if ((rc = fmt_fsync_path(parent, true)) != 0)
+        return rc;
+    if (replace) /* the old one now has the temporary name: a dead attempt if we stop here */
+        fmt_remove_tree(from);
+    return 0;
 }
 
 static int rm_one(const char *path, const struct stat *sb, int type, struct FTW *ftw)

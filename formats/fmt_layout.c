@@ -2,7 +2,6 @@
  * formats/fmt_layout.c - names of checkpoint directories, listing committed steps, and
  * the balanced assignment of tensors to the ranks that write them.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -83,41 +82,43 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+struct step_list {
+    int64_t *steps;
+    size_t n, cap;
+};
+
+static int add_step(void *arg, const char *name)
+{
+    struct step_list *l = arg;
+    int64_t s;
+    if (!fmt_parse_step_name(name, &s))
+        return 0;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        int64_t *p = realloc(l->steps, cap * sizeof(*p));
+        if (!p)
+            return -ENOMEM;
+        l->steps = p;
+        l->cap = cap;
+    }
+    l->steps[l->n++] = s;
+    return 0;
+}
+
 int fmt_list_steps(const char *dir, int64_t **steps, size_t *n)
 {
+    struct step_list l = {0};
+    int rc = fmt_list_dir(dir, add_step, &l);
     *steps = NULL;
     *n = 0;
-    DIR *d = opendir(dir);
-    if (!d)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, -errno, "list checkpoints: opendir %s: %s", dir,
-                        strerror(errno));
-    size_t cap = 0;
-    int rc = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int64_t s;
-        if (!fmt_parse_step_name(e->d_name, &s))
-            continue;
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            int64_t *p = realloc(*steps, cap * sizeof(*p));
-            if (!p) {
-                rc = -ENOMEM;
-                break;
-            }
-            *steps = p;
-        }
-        (*steps)[(*n)++] = s;
-    }
-    closedir(d);
     if (rc) {
-        free(*steps);
-        *steps = NULL;
-        *n = 0;
+        free(l.steps);
         return rc;
     }
-    if (*n)
-        qsort(*steps, *n, sizeof(**steps), cmp_i64);
+    if (l.n)
+        qsort(l.steps, l.n, sizeof(*l.steps), cmp_i64);
+    *steps = l.steps;
+    *n = l.n;
     return 0;
 }
 

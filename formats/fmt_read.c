@@ -122,6 +122,8 @@ static int read_index(fmt_ckpt *c, const char *path, bool links)
                       path, world, c->step);
     if (!rc && attr_read_str(f, "io_path", c->io_path, sizeof(c->io_path)) < 0)
         snprintf(c->io_path, sizeof(c->io_path), "unknown");
+    if (!rc && (attr_read(f, "commit_time_ns", H5T_NATIVE_INT64, &c->commit_ns) < 0 || c->commit_ns < 0))
+        c->commit_ns = 0; /* written before the attribute existed: ordered by label (ckpt_list) */
     c->world = world;
     c->version = version;
     if (!rc && links)
@@ -192,6 +194,17 @@ int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out)
     }
     *out = c;
     return 0;
+}
+
+int fmt_index_info(const char *stepdir, int64_t *step, int64_t *commit_ns)
+{
+    char path[4096];
+    fmt_ckpt c = {0};
+    snprintf(path, sizeof(path), "%s/" FMT_INDEX, stepdir);
+    int rc = read_index(&c, path, false);
+    *step = c.step;
+    *commit_ns = c.commit_ns;
+    return rc;
 }
 
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name)

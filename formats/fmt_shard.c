@@ -71,11 +71,13 @@ static int attr_write_str(hid_t obj, const char *name, const char *s)
     return rc;
 }
 
-int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path)
+int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path, int64_t commit_ns)
 {
     int32_t w = world, v = FMT_VERSION;
     if (attr_write(f, "step", H5T_STD_I64LE, &step) < 0 || attr_write(f, "world_size", H5T_STD_I32LE, &w) < 0 ||
         attr_write(f, "format_version", H5T_STD_I32LE, &v) < 0 || attr_write_str(f, "io_path", io_path) < 0)
+        return -1;
+    if (commit_ns > 0 && attr_write(f, "commit_time_ns", H5T_STD_I64LE, &commit_ns) < 0)
         return -1;
     return 0;
 }
@@ -152,7 +154,7 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
         goto out_plist;
     }
     snprintf(st->io_path, sizeof(st->io_path), "%s", vst.io_path[0] ? vst.io_path : "unknown");
-    if (fmt_h5_root_attrs(f, m->step, m->world, st->io_path) < 0) {
+    if (fmt_h5_root_attrs(f, m->step, m->world, st->io_path, 0) < 0) {
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, h5_errno_code(), "shard %s: root attributes", path);
         goto out_file;
     }

@@ -131,11 +131,16 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
    into the ring in place of a lost worker (then it returns 0 with the state and step of
    the others), or until the job ends without needing it (RK_E_SPARE_UNUSED: finalize and
    exit normally). Until then rk_rank() is -1.
-   Every rank agrees on the newest committed checkpoint whose checksums verify on every
-   rank (older ones are tried when one fails: logged), and every rank restores every
-   tensor, whatever the world size that wrote it. RK_E_MISMATCH if that checkpoint holds
-   other tensors (names, dtypes, shapes) than the registered ones: no buffer is touched.
-   After another failure the buffers may hold part of a checkpoint. */
+   Every rank agrees on the latest committed checkpoint whose checksums verify on every
+   rank, and every rank restores every tensor, whatever the world size that wrote it.
+   Latest: the current timeline first, newest commit first, then checkpoints of a timeline
+   an earlier run left behind (it resumed from an older step); one that fails is logged and
+   the next is tried (docs/FORMAT.md, "Order and retention"). The registered buffers are
+   written only once that checkpoint was read whole and verified on every rank: on any
+   error they are as before. Every rank returns the same. 0 with nothing restored only if
+   the directory holds no committed checkpoint; RK_E_CORRUPT if it holds some and none
+   verifies; -errno if a rank cannot list it (EACCES, an unmounted share); RK_E_MISMATCH
+   if the checkpoint holds other tensors (names, dtypes, shapes) than the registered ones. */
 int rk_resume(rk_ctx *ctx, int64_t *next_step);
 
 /* In place over the current ring (collective: every member passes the same count, dtype,

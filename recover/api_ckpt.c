@@ -179,41 +179,68 @@ static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
     return ring_call(ctx, v, 1, dtype, op);
 }
 
-/* Restores, on every member, the newest committed checkpoint below `below` that verifies
-   everywhere (older ones are tried in turn), and holds it in memory. *step = -1 when none
-   does. Collective over the ring. */
+/* Restores, on every member, the first checkpoint of ckpt_list's order (the current
+   timeline newest first, then the abandoned ones) labelled below `below` that verifies on
+   every member, and holds it in memory. Rank 0 proposes each candidate from its listing;
+   every member reads it into staging (ckpt_load), and the registered buffers are written
+   only once all of them read it whole. Every member returns the same: 0 with *step the
+   step restored, or -1 if the directory holds no checkpoint below `below` (buffers
+   untouched); RK_E_CORRUPT if it holds some but none verifies everywhere, -errno if a
+   member cannot list the directory, RK_E_MISMATCH (buffers untouched in each case).
+   Collective over the ring. */
 static int restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int64_t below, int64_t *step)
 {
-    int rc, skipped = 0;
+    ckpt_entry *l = NULL;
+    size_t n = 0, next = 0;
+    int skipped = 0;
     *step = -1;
-    for (;;) {
-        int64_t s = ckpt_newest_below(ctx->opt.ckpt_dir, below);
-        if ((rc = agree(ctx, &s, RK_I64, RK_MIN)) != 0)
-            return rc;
+    int my_list = ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
+    int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
+    if (!rc && list)
+        rc = my_list ? my_list
+                     : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s (%s)",
+                                ctx->opt.ckpt_dir, rk_strerror(list));
+    while (!rc) {
+        int64_t s = INT64_MIN;
+        if (ctx->rank == 0) {
+            while (next < n && l[next].step >= below)
+                next++;
+            s = next < n ? l[next++].step : -1;
+        }
+        if ((rc = agree(ctx, &s, RK_I64, RK_MAX)) != 0)
+            break;
         if (s < 0) {
             if (skipped)
-                RK_LOG_WARN(RK_SUB_CKPT, "no checkpoint in %s verifies (%d skipped)", ctx->opt.ckpt_dir, skipped);
-            return 0;
+                rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_CORRUPT,
+                              "none of the %d committed checkpoints in %s verifies on every member", skipped,
+                              ctx->opt.ckpt_dir);
+            break;
         }
-        int my = try_class(ckpt_restore_step(ctx->opt.ckpt_dir, s, t, ctx->ntensors)), worst = my;
+        int my = try_class(ckpt_load(ctx->ckpt, s, t, ctx->ntensors)), worst = my;
         if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
-            return rc;
-        if (worst == TRY_OK) {
+            break;
+        if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change */
             *step = s;
             ckpt_note_committed(ctx->ckpt, s);
-            return ckpt_hold(ctx->ckpt, s, t, ctx->ntensors);
+            rc = ckpt_restore_held(ctx->ckpt, t, ctx->ntensors);
+            break;
         }
-        if (worst == TRY_MISMATCH)
-            return my == TRY_MISMATCH ? RK_E_MISMATCH
-                                      : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
-                                                 "step %" PRId64 " does not match another rank's tensors", s);
-        if (worst == TRY_FATAL)
-            return my == TRY_FATAL ? -ENOMEM : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "another rank failed");
+        if (worst == TRY_MISMATCH) {
+            rc = my == TRY_MISMATCH ? RK_E_MISMATCH
+                                    : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
+                                               "step %" PRId64 " does not match another rank's tensors", s);
+            break;
+        }
+        if (worst == TRY_FATAL) {
+            rc = my == TRY_FATAL ? -ENOMEM : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "another rank failed");
+            break;
+        }
         RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 " skipped (%s on some rank), trying an older one", s,
                     my == TRY_OK ? "unreadable" : rk_last_error());
         skipped++;
-        below = s;
     }
+    free(l);
+    return rc;
 }
 
 int rk_resume(rk_ctx *ctx, int64_t *next_step)
@@ -282,15 +309,11 @@ void rec_ckpt_abandon(rk_ctx *ctx)
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
 {
     bool root = ctx->rank0 == dec->root;
-    /* The root offered its snapshot only if it matched (rec_ckpt_held_step); a tensor
-       registered since would leave nothing to copy from. */
-    if (root && (ckpt_held_step(ctx->ckpt) != dec->step || !ckpt_held_matches(ctx->ckpt, t, ctx->ntensors)))
-        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "rollback: the snapshot of step %" PRId64
-                        " held here does not cover the tensors registered now", dec->step);
+    bool have = root && ckpt_held_step(ctx->ckpt) == dec->step && ckpt_held_matches(ctx->ckpt, t, ctx->ntensors);
     for (size_t i = 0; i < ctx->ntensors; i++) {
         if (!t[i].nbytes)
             continue;
-        if (root)
+        if (have)
             memcpy(t[i].ptr, ckpt_held_tensor(ctx->ckpt, i), t[i].nbytes);
         else
             memset(t[i].ptr, 0, t[i].nbytes);
@@ -298,6 +321,9 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
         if (rc)
             return rc;
     }
+    if (root && !have) /* the ring calls above still ran: the others are not left waiting */
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
+                        "rollback: the snapshot of step %" PRId64 " is no longer held for these tensors", dec->step);
     return root ? 0 : ckpt_hold(ctx->ckpt, dec->step, t, ctx->ntensors);
 }
 

@@ -9,6 +9,9 @@
  *                                      prints "rank R resumed S" (exit 0); EXPECT -1: none
  *   prog_ckpt other                    registers a different set and calls rk_resume; prints
  *                                      the code's name
+ *   prog_ckpt untouched 0 SEED [big]   fills every buffer with 0x5A, rk_resume; prints
+ *                                      "rank R resume: CODE next N untouched 0|1" (exit 0),
+ *                                      untouched 1 when every buffer still holds only 0x5A
  * Exit: 0 ok, 3 rk_* failed, 4 wrong data.
  */
 #include <inttypes.h>
@@ -116,6 +119,17 @@ int main(int argc, char **argv)
         } else {
             printf("rank %d wrote\n", rk_rank(ctx));
         }
+    } else if (strcmp(mode, "untouched") == 0) {
+        int64_t next = -2;
+        bool same = true;
+        for (size_t t = 0; t < n; t++)
+            memset(buf[t], 0x5A, nbytes_of(&specs[t]));
+        rc = rk_resume(ctx, &next);
+        for (size_t t = 0; t < n; t++)
+            for (size_t i = 0; i < nbytes_of(&specs[t]); i++)
+                same &= buf[t][i] == 0x5A;
+        printf("rank %d resume: %d next %" PRId64 " untouched %d (%s)\n", rk_rank(ctx), rc, next, same,
+               rc ? rk_last_error() : "ok");
     } else if (strcmp(mode, "resume") == 0) {
         int64_t next = -2;
         for (size_t t = 0; t < n; t++)

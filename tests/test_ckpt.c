@@ -1,7 +1,7 @@
 /*
  * tests/test_ckpt.c - the checkpoint engine through the public API, with real processes
  * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant of ckpt/ckpt.c
- * it checks (I1..I7).
+ * it checks (I1..I13).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,11 @@
 #include "harness.h"
 
 #define S2 "step-000000000002"
+#define S3 "step-000000000003"
 #define S4 "step-000000000004"
+#define S6 "step-000000000006"
+
+#define SECRET "0000000000000000000000000000000000000000000000000000000000000001"
 
 static char *prog;
 
@@ -39,8 +43,7 @@ static const char *const *env_for(const char *dir, const char *extra1, const cha
     snprintf(envbuf[k], sizeof(envbuf[k]), "RK_CKPT_DIR=%s", dir);
     e[k] = envbuf[k];
     k++;
-    const char *fixed[] = {"RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=20000",
-                           "RK_JOB_SECRET=0000000000000000000000000000000000000000000000000000000000000001"};
+    const char *fixed[] = {"RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=20000", "RK_JOB_SECRET=" SECRET};
     for (size_t i = 0; i < RK_ARRAY_LEN(fixed); i++)
         e[k++] = fixed[i];
     if (extra1)
@@ -241,6 +244,160 @@ START_TEST(bad_directory)
 }
 END_TEST
 
+/* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
+   was; the output goes to *out. */
+static void resume_untouched(const char *dir, const char *extra, char **out)
+{
+    int rc = run_prog(1, dir, "untouched", "0", extra, NULL, out);
+    ck_assert_msg(rc == 0 && strstr(*out, "untouched 1"), "exit %d: %s", rc, *out);
+}
+
+/* Byte offset of tensor `name`'s data in shard-0.h5 of dir/stepname, from its manifest. */
+static long tensor_offset(const char *dir, const char *stepname, const char *name)
+{
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $NF==\"%s\" {print $(NF-2)}' '%s/%s/shard-0.ok'", name, dir,
+             stepname);
+    ck_assert_int_eq(th_sh(cmd, 10, &out), 0);
+    long off = out ? atol(out) : 0;
+    free(out);
+    ck_assert_int_gt(off, 0);
+    return off;
+}
+
+/* I11: the only checkpoint fails its checksum at a tensor read after others (k > 0):
+   rk_resume reports it and the caller's buffers are bitwise as before, never half
+   restored (the restore reads into staging, and copies out only once all of it verified). */
+START_TEST(corrupt_only_checkpoint_leaves_buffers)
+{
+    char *dir = th_tmpdir("only"), p[4300], *out = NULL;
+    RUN_OK(1, dir, "write", "3", NULL, NULL);
+    snprintf(p, sizeof(p), "%s/" S2 "/shard-0.h5", dir);
+    flip_byte(p, tensor_offset(dir, S2, "bytes") + 5); /* tensor 6 of 9 */
+    resume_untouched(dir, NULL, &out);
+    ck_assert_msg(strstr(out, "resume: -1008 ") || strstr(out, "next 0 "), "%s", out); /* RK_E_CORRUPT or fresh */
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I12: a checkpoint directory that cannot be listed (a fault in the "list" operation, as
+   EACCES or an unmounted share would) is an error of rk_resume, never a fresh start. */
+START_TEST(unlistable_directory_is_an_error)
+{
+    char *dir = th_tmpdir("nolist"), *out = NULL;
+    RUN_OK(1, dir, "write", "3", NULL, NULL);
+    resume_untouched(dir, "RK_FAULT=list@*=eio", &out);
+    ck_assert_msg(strstr(out, "resume: -5 ") && strstr(out, "cannot list"), "%s", out);
+    free(out);
+    RUN_OK(1, dir, "resume", "2", NULL, NULL); /* the fault was the only trouble */
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I6: retention keeps the newest checkpoint whose data verify. With RK_KEEP=1, the data of
+   checkpoint 4 is damaged between its shard's write and its commit (the writer held at
+   the commit's rename): after the commit, 2 (the newest that verifies) stays, and a
+   resume restores it. */
+START_TEST(retention_keeps_newest_verifying)
+{
+    char *dir = th_tmpdir("keepgood"), cmd[8192], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "D='%s'; touch \"$D.hold\"; "
+             "RK_CKPT_DIR=\"$D\" RK_CKPT_EVERY=2 RK_KEEP=1 RK_TIMEOUT_MS=20000 RK_FAULT=rename@0=hang RK_JOB_SECRET=" SECRET " "
+             "RK_FAULT_PATH=/" S4 " RK_FAULT_HOLD=\"$D.hold\" '%s' write 5 7 & pid=$!; "
+             "for i in $(seq 400); do ls \"$D\"/.tmp-step-000000000004-*/index.h5 >/dev/null 2>&1 && break; sleep 0.05; done; "
+             "f=$(ls \"$D\"/.tmp-step-000000000004-*/shard-0.h5); "
+             "%s -c \"import sys; f=open(sys.argv[1],'r+b'); f.seek(1048576+10); b=f.read(1); f.seek(1048576+10); "
+             "f.write(bytes([b[0]^16]))\" \"$f\"; "
+             "rm -f \"$D.hold\"; wait $pid",
+             dir, prog, getenv("RK_TEST_PYTHON") ? getenv("RK_TEST_PYTHON") : "/usr/bin/python3");
+    int rc = th_sh(cmd, 90, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "rank 0 wrote"), "exit %d: %s", rc, out);
+    free(out);
+    ck_assert_msg(exists(dir, S4) && exists(dir, S2), "retention removed the newest checkpoint that verifies");
+    RUN_OK(1, dir, "resume", "2", NULL, NULL);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I13: timelines. Checkpoints 2, 4, 6 of one run (seed 7); a later run (seed 8) commits 3:
+   4 and 6 are an abandoned timeline. rk_resume restores 3, the newest commit; with 3 and 2
+   damaged it still tries the abandoned 6 before a fresh start. Retention (keep 2) keeps
+   3 and 2, the current timeline, not 6 and 3. */
+START_TEST(timeline_order)
+{
+    for (int k = 0; k < 2; k++) {
+        char *dir = th_tmpdir("timeline"), p[4300];
+        RUN_OK(1, dir, "write", "7", "RK_KEEP=9", NULL);
+        ck_assert(exists(dir, S2) && exists(dir, S4) && exists(dir, S6));
+        char *argv[] = {prog, "write", "4", "8", NULL};
+        const char *const *env = env_for(dir, "RK_CKPT_EVERY=3", k == 0 ? "RK_KEEP=9" : "RK_KEEP=2");
+        char *out = NULL;
+        int rc = th_run(argv, env, 60, &out);
+        ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+        free(out);
+        if (k == 1) {
+            ck_assert_msg(exists(dir, S3) && exists(dir, S2) && !exists(dir, S4) && !exists(dir, S6),
+                          "retention kept the wrong checkpoints");
+        } else {
+            char *o = NULL, *argv1[] = {prog, "resume", "3", "8", NULL};
+            rc = th_run(argv1, env_for(dir, "RK_KEEP=9", NULL), 60, &o);
+            ck_assert_msg(rc == 0, "resume 3 (seed 8): exit %d: %s", rc, o);
+            free(o);
+            snprintf(p, sizeof(p), "%s/" S3 "/index.h5", dir);
+            ck_assert_int_eq(th_write_file(p, "damaged", 7), 0);
+            snprintf(p, sizeof(p), "%s/" S2 "/index.h5", dir);
+            ck_assert_int_eq(th_write_file(p, "damaged", 7), 0);
+            char *argv2[] = {prog, "resume", "6", "7", NULL};
+            rc = th_run(argv2, env_for(dir, "RK_KEEP=9", NULL), 60, &o);
+            ck_assert_msg(rc == 0, "resume 6 (seed 7): exit %d: %s", rc, o);
+            free(o);
+        }
+        th_rmrf(dir);
+        free(dir);
+    }
+}
+END_TEST
+
+/* I1/I6: re-committing a label (4, first committed by an earlier run) never leaves a moment
+   without step-…4: a crash injected at each operation on step-…4 in turn, from the
+   commit's exchange on, always leaves a whole step-…4 behind. */
+START_TEST(recommit_never_loses_label)
+{
+    char *base = th_tmpdir("recommit");
+    RUN_OK(1, base, "write", "5", NULL, NULL);
+    int n;
+    for (n = 0; n < 40; n++) {
+        char *dir = th_tmpdir("recommit-try"), cmd[8800], f[64], *out = NULL;
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s' && cp -a '%s' '%s'", dir, base, dir);
+        ck_assert_int_eq(th_sh(cmd, 30, NULL), 0);
+        snprintf(f, sizeof(f), "RK_FAULT=any@%d=crash", n);
+        char *argv[] = {prog, "write", "5", "8", NULL};
+        int rc = th_run(argv, env_for(dir, f, "RK_FAULT_PATH=/" S4), 60, &out);
+        ck_assert_msg(rc == 0 || rc == 128 + 9, "%s: exit %d: %s", f, rc, out);
+        free(out);
+        ck_assert_msg(exists(dir, S4 "/index.h5"), "%s: no whole " S4 " left", f);
+        if (rc == 0) {
+            char *argv2[] = {prog, "resume", "4", "8", NULL};
+            rc = th_run(argv2, env_for(dir, NULL, NULL), 60, &out);
+            ck_assert_msg(rc == 0, "resume 4 (seed 8): exit %d: %s", rc, out);
+            free(out);
+        }
+        th_rmrf(dir);
+        free(dir);
+        if (rc == 0)
+            break;
+    }
+    ck_assert_msg(n > 0 && n < 40, "%d runs", n);
+    th_rmrf(base);
+    free(base);
+}
+END_TEST
+
 /* I7: ENOSPC and EIO injected into checkpoint 4's files: rk_wait reports it, checkpoint 2
    stays intact and restorable, nothing named step-…4 exists. */
 START_TEST(faults_fail_cleanly)
@@ -349,6 +506,11 @@ int main(void)
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
+    tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
+    tcase_add_test(tc, unlistable_directory_is_an_error);
+    tcase_add_test(tc, retention_keeps_newest_verifying);
+    tcase_add_test(tc, timeline_order);
+    tcase_add_test(tc, recommit_never_loses_label);
     suite_add_tcase(s, tc);
     TCase *tcc = tcase_create("crash");
     tcase_add_checked_fixture(tcc, setup, teardown);

@@ -131,6 +131,22 @@ START_TEST(gc_keeps_newest_that_verifies)
 }
 END_TEST
 
+/* One order for the engine and the CLI (ckpt_list): ls names each checkpoint's timeline
+   and commit time; a directory that cannot be listed (a fault in the "list" operation) is
+   an environment error of ls, verify and gc, never "no checkpoint". */
+START_TEST(order_and_unlistable_directory)
+{
+    EXPECT("ls \"$D\" --json", 0, "\"timeline\": \"current\"");
+    EXPECT("ls \"$D\" --json | grep -c '\"commit_time_ns\": [1-9]'", 0, "3");
+    setenv("RK_FAULT", "list@*=eio", 1); /* this test's own process (CK_FORK) */
+    EXPECT("gc \"$D\" --keep 1", 2, "cannot list");
+    EXPECT("ls \"$D\"", 2, "cannot list");
+    EXPECT("verify \"$D\"", 2, "cannot list");
+    unsetenv("RK_FAULT");
+    EXPECT("ls \"$D\" | grep -c committed", 0, "3"); /* nothing was removed */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tools");
@@ -142,6 +158,7 @@ int main(void)
     tcase_add_test(tc, inspect_lists_tensors);
     tcase_add_test(tc, restore_self_contained);
     tcase_add_test(tc, gc_keeps_newest_that_verifies);
+    tcase_add_test(tc, order_and_unlistable_directory);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

@@ -4,7 +4,6 @@
  *   restore DIR [--step S] --out FILE.h5                          gc DIR --keep K
  * Exit status: 0 success, 1 the checked thing is bad, 2 usage or environment error.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -91,7 +90,8 @@ static void step_path(char *buf, size_t cap, const char *dir, int64_t step)
     snprintf(buf, cap, "%s/%s", dir, name);
 }
 
-/* The step to work on: --step S (must exist), else the newest committed. -1: reported. */
+/* The step to work on: --step S (must exist), else the newest committed (the one a job
+   would resume from first: ckpt_list's order). -1: reported. */
 static int64_t pick_step(const char *cmd, const struct args *a)
 {
     char p[4200];
@@ -104,8 +104,10 @@ static int64_t pick_step(const char *cmd, const struct args *a)
         }
         return a->step;
     }
-    int64_t s = ckpt_newest_below(a->dir, INT64_MAX);
-    if (s < 0)
+    int64_t s = -1;
+    if (ckpt_newest_below(a->dir, INT64_MAX, &s) != 0)
+        tool_error(TOOL_USAGE, "%s: %s", cmd, rk_last_error());
+    else if (s < 0)
         tool_error(TOOL_USAGE, "%s: no committed checkpoint in %s", cmd, a->dir);
     return s;
 }
@@ -120,71 +122,92 @@ static uint64_t total_bytes(const fmt_ckpt *c)
 
 /* ---- ls ------------------------------------------------------------------------------ */
 
+/* Names of the attempts in progress (or dead) of a directory. */
+struct names {
+    char **v;
+    size_t n;
+};
+
+static int add_tmp(void *arg, const char *name)
+{
+    struct names *l = arg;
+    if (!fmt_is_tmp_name(name))
+        return 0;
+    char **q = realloc(l->v, (l->n + 1) * sizeof(*q));
+    if (!q || !(q[l->n] = strdup(name))) {
+        if (q)
+            l->v = q;
+        return -ENOMEM;
+    }
+    l->v = q;
+    l->n++;
+    return 0;
+}
+
+/* One line of ls: a committed checkpoint (e != NULL) or an attempt (name). */
+static void ls_row(const struct args *a, const ckpt_entry *e, const char *name, bool *first)
+{
+    char p[4200], when[32] = "", step_name[64];
+    int64_t step = -1;
+    if (e) {
+        step = e->step;
+        fmt_step_name(step_name, sizeof(step_name), step);
+        name = step_name;
+    } else {
+        fmt_parse_tmp_name(name, &step, NULL);
+    }
+    snprintf(p, sizeof(p), "%s/%s", a->dir, name);
+    struct stat sb;
+    time_t t = e && e->commit_ns > 0 ? (time_t)(e->commit_ns / 1000000000) : stat(p, &sb) == 0 ? sb.st_mtime : 0;
+    if (t) {
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+    }
+    fmt_ckpt *c = NULL;
+    const char *state = !e ? "incomplete" : (fmt_ckpt_open(p, &c) == 0 ? "committed" : "corrupt");
+    const char *timeline = !e ? "-" : e->abandoned ? "abandoned" : "current";
+    int world = c ? c->world : 0;
+    size_t nt = c ? c->n : 0;
+    uint64_t bytes = c ? total_bytes(c) : 0;
+    if (a->json)
+        printf("%s\n {\"step\": %" PRId64 ", \"state\": \"%s\", \"world_size\": %d, \"tensors\": %zu, \"bytes\": %" PRIu64
+               ", \"time\": \"%s\", \"commit_time_ns\": %" PRId64 ", \"timeline\": \"%s\", \"path\": \"%s\"}",
+               *first ? "" : ",", step, state, world, nt, bytes, when, e ? e->commit_ns : 0, timeline, name);
+    else
+        printf("%-14" PRId64 " %-10s %6d %8zu %12" PRIu64 "  %-19s  %s\n", step, state, world, nt, bytes, when, timeline);
+    *first = false;
+    fmt_ckpt_close(&c);
+}
+
 int cmd_ls(int argc, char **argv)
 {
     PARSE("ls DIR [--json]", "--json")
-    DIR *d = opendir(a.dir);
-    if (!d)
-        return tool_error(TOOL_USAGE, "ls: %s: %s", a.dir, strerror(errno));
-    struct dirent *de;
+    ckpt_entry *l = NULL;
+    size_t n = 0;
+    struct names tmp = {0};
+    if (ckpt_list(a.dir, &l, &n) != 0 || fmt_list_dir(a.dir, add_tmp, &tmp) != 0) {
+        int status = tool_error(TOOL_USAGE, "ls: %s", rk_last_error());
+        free(l);
+        for (size_t i = 0; i < tmp.n; i++)
+            free(tmp.v[i]);
+        free(tmp.v);
+        return status;
+    }
     bool first = true;
     if (a.json)
         printf("[");
     else
-        printf("%-14s %-10s %6s %8s %12s  %s\n", "step", "state", "world", "tensors", "bytes", "time");
-    char **names = NULL;
-    size_t n = 0;
-    while ((de = readdir(d)) != NULL) {
-        if (!fmt_parse_step_name(de->d_name, NULL) && !fmt_is_tmp_name(de->d_name))
-            continue;
-        char **q = realloc(names, (n + 1) * sizeof(*names));
-        if (!q)
-            break;
-        names = q;
-        names[n++] = strdup(de->d_name);
+        printf("%-14s %-10s %6s %8s %12s  %-19s  %s\n", "step", "state", "world", "tensors", "bytes", "time", "timeline");
+    /* Attempts first, then the committed ones, the newest (resumed from first) last. */
+    for (size_t i = 0; i < tmp.n; i++) {
+        ls_row(&a, NULL, tmp.v[i], &first);
+        free(tmp.v[i]);
     }
-    closedir(d);
-    for (size_t i = 0; i < n; i++) /* by step label */
-        for (size_t j = i + 1; j < n; j++) {
-            const char *x = strchr(names[i], '-') + (names[i][0] == '.' ? 6 : 1);
-            const char *y = strchr(names[j], '-') + (names[j][0] == '.' ? 6 : 1);
-            if (strcmp(x, y) > 0) {
-                char *t = names[i];
-                names[i] = names[j];
-                names[j] = t;
-            }
-        }
-    for (size_t i = 0; i < n; i++) {
-        char p[4200], when[32] = "";
-        int64_t step = -1;
-        bool tmp = fmt_is_tmp_name(names[i]);
-        if (tmp)
-            fmt_parse_tmp_name(names[i], &step, NULL);
-        else
-            fmt_parse_step_name(names[i], &step);
-        snprintf(p, sizeof(p), "%s/%s", a.dir, names[i]);
-        struct stat sb;
-        if (stat(p, &sb) == 0) {
-            struct tm tm;
-            localtime_r(&sb.st_mtime, &tm);
-            strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-        }
-        fmt_ckpt *c = NULL;
-        const char *state = tmp ? "incomplete" : (fmt_ckpt_open(p, &c) == 0 ? "committed" : "corrupt");
-        int world = c ? c->world : 0;
-        size_t nt = c ? c->n : 0;
-        uint64_t bytes = c ? total_bytes(c) : 0;
-        if (a.json)
-            printf("%s\n {\"step\": %" PRId64 ", \"state\": \"%s\", \"world_size\": %d, \"tensors\": %zu, \"bytes\": %" PRIu64
-                   ", \"time\": \"%s\", \"path\": \"%s\"}",
-                   first ? "" : ",", step, state, world, nt, bytes, when, names[i]);
-        else
-            printf("%-14" PRId64 " %-10s %6d %8zu %12" PRIu64 "  %s\n", step, state, world, nt, bytes, when);
-        first = false;
-        fmt_ckpt_close(&c);
-        free(names[i]);
-    }
-    free(names);
+    for (size_t i = n; i-- > 0;)
+        ls_row(&a, &l[i], NULL, &first);
+    free(tmp.v);
+    free(l);
     if (a.json)
         printf("%s]\n", first ? "" : "\n");
     return TOOL_OK;
@@ -195,26 +218,28 @@ int cmd_ls(int argc, char **argv)
 int cmd_verify(int argc, char **argv)
 {
     PARSE("verify DIR [--step S | --all]", "--step --all")
-    int64_t *steps = NULL;
+    ckpt_entry *steps = NULL;
     size_t n = 0;
     if (a.all) {
-        if (fmt_list_steps(a.dir, &steps, &n) != 0 || n == 0) {
+        int rc = ckpt_list(a.dir, &steps, &n);
+        if (rc || n == 0) {
             free(steps);
-            return tool_error(TOOL_USAGE, "verify: no committed checkpoint in %s", a.dir);
+            return rc ? tool_error(TOOL_USAGE, "verify: %s", rk_last_error())
+                      : tool_error(TOOL_USAGE, "verify: no committed checkpoint in %s", a.dir);
         }
     } else {
         int64_t s = pick_step("verify", &a);
         if (s < 0)
             return TOOL_USAGE;
-        steps = malloc(sizeof(*steps));
+        steps = calloc(1, sizeof(*steps));
         if (!steps)
             return TOOL_USAGE;
-        steps[n++] = s;
+        steps[n++].step = s;
     }
     int status = TOOL_OK;
     for (size_t i = 0; i < n; i++) {
         char p[4200], bad[4096];
-        step_path(p, sizeof(p), a.dir, steps[i]);
+        step_path(p, sizeof(p), a.dir, steps[i].step);
         int rc = ckpt_verify_dir(p, bad, sizeof(bad));
         if (rc == 0) {
             printf("%s: ok\n", p);
@@ -310,7 +335,7 @@ int cmd_restore(int argc, char **argv)
         status = tool_error(TOOL_USAGE, "restore: cannot create %s", part);
         goto out;
     }
-    if (fmt_h5_root_attrs(f, c->step, c->world, c->io_path) < 0) {
+    if (fmt_h5_root_attrs(f, c->step, c->world, c->io_path, c->commit_ns) < 0) {
         status = tool_error(TOOL_USAGE, "restore: %s: cannot write attributes", part);
         goto out_file;
     }
@@ -350,40 +375,27 @@ out:
 
 /* ---- gc ------------------------------------------------------------------------------ */
 
+static void gc_note(void *arg, enum ckpt_retain_what what, const char *path, const char *why)
+{
+    int *status = arg;
+    if (what == CKPT_RETAIN_REMOVED) {
+        printf("removed %s\n", path);
+    } else if (what == CKPT_RETAIN_UNVERIFIED) {
+        printf("%s does not verify: %s\n", path, why);
+    } else {
+        *status = tool_error(TOOL_USAGE, "gc: %s", why);
+    }
+}
+
 int cmd_gc(int argc, char **argv)
 {
     PARSE("gc DIR --keep K", "--keep")
     if (a.keep < 1)
         return tool_error(TOOL_USAGE, "gc: --keep K (K >= 1) is required");
-    int64_t *steps = NULL;
-    size_t n = 0;
-    if (fmt_list_steps(a.dir, &steps, &n) != 0)
-        return tool_error(TOOL_USAGE, "gc: cannot list %s", a.dir);
-    /* The newest checkpoint that verifies is never removed. */
-    int64_t good = -1;
-    for (size_t i = n; i-- > 0 && good < 0;) {
-        char p[4200];
-        step_path(p, sizeof(p), a.dir, steps[i]);
-        if (ckpt_verify_dir(p, NULL, 0) == 0)
-            good = steps[i];
-        else
-            printf("%s does not verify\n", p);
-    }
+    /* The engine's retention: never the newest checkpoint that verifies. */
     int status = TOOL_OK;
-    for (size_t i = 0; i + (size_t)a.keep < n; i++) {
-        if (steps[i] == good)
-            continue;
-        char p[4200], trash[4300];
-        step_path(p, sizeof(p), a.dir, steps[i]);
-        snprintf(trash, sizeof(trash), "%s/.trash-gc-%012" PRId64, a.dir, steps[i]);
-        if (rename(p, trash) != 0 || fmt_remove_tree(trash) != 0) {
-            status = tool_error(TOOL_USAGE, "gc: cannot remove %s: %s", p, strerror(errno));
-            continue;
-        }
-        printf("removed %s\n", p);
-    }
-    if (good < 0 && n > 0)
-        printf("gc: no checkpoint in %s verifies\n", a.dir);
-    free(steps);
+    int rc = ckpt_retain(a.dir, (int)a.keep, gc_note, &status);
+    if (rc && status == TOOL_OK)
+        status = tool_error(TOOL_USAGE, "gc: %s", rk_last_error());
     return status;
 }

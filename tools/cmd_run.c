@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../formats/fmt.h"
 #include "tools.h"
 
 extern char **environ;
@@ -499,25 +500,6 @@ static int make_run_dir(char *out, size_t cap, bool *created)
     return 0;
 }
 
-static void remove_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        char path[PATH_MAX];
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (e->d_type == DT_DIR)
-            remove_tree(path);
-        else
-            unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 /* One launch: records into RUN_DIR/attempt-K. Returns 0 and fills *v, or the launcher's
    exit status when it cannot tell (mpirun did not start, or a stopping signal). */
 static int attempt(const char *mpirun, const char *self, const struct run_args *a, const char *run_dir, int k,
@@ -526,7 +508,7 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
     char rec_dir[PATH_MAX], nbuf[16], kbuf[16];
     if (snprintf(rec_dir, sizeof(rec_dir), "%s/attempt-%d", run_dir, k) >= (int)sizeof(rec_dir))
         return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s: path too long", run_dir);
-    remove_tree(rec_dir); /* records of an earlier run in a given RK_RUN_DIR */
+    fmt_remove_tree(rec_dir); /* records of an earlier run in a given RK_RUN_DIR */
     if (mkdir(rec_dir, 0700) != 0 && errno != EEXIST)
         return tool_error(TOOL_USAGE, "run: %s: %s", rec_dir, strerror(errno));
     snprintf(nbuf, sizeof(nbuf), "%d", a->n + a->spares);
@@ -616,7 +598,7 @@ int cmd_run(int argc, char **argv)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (created)
-        remove_tree(run_dir);
+        fmt_remove_tree(run_dir);
     free(mpirun);
     return status;
 }
