@@ -178,6 +178,9 @@ install: all
 	install -m 0644 include/rekindle.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed 's|^prefix=.*|prefix=$(PREFIX)|' $(BUILD)/rekindle.pc > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rekindle.pc
+	install -d $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/rekindle
+	install -m 0644 python/rekindle/*.py $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/rekindle/
+	@echo "Python package: PYTHONPATH=$(PREFIX)/lib/python3/dist-packages (Debian's python3 searches /usr/lib/python3/dist-packages and /usr/local/lib/python3/dist-packages already)"
 
 clean:
 	rm -rf build

@@ -10,6 +10,23 @@
 
 static _Thread_local char last_error[512];
 
+const char *rk_error_name(int code)
+{
+    switch (code) {
+    case RK_OK:
+        return "RK_OK";
+    case RK_RECOVERED:
+        return "RK_RECOVERED";
+#define RK_ERROR_NAME_(name, c, msg)                                                       \
+    case c:                                                                                \
+        return #name;
+        RK_ERROR_TABLE(RK_ERROR_NAME_)
+#undef RK_ERROR_NAME_
+    default:
+        return NULL;
+    }
+}
+
 const char *rk_strerror(int code)
 {
     switch (code) {

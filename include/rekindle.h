@@ -209,8 +209,43 @@ const char *rk_strerror(int code);
    valid until the thread's next failing call; "" if none failed yet. */
 const char *rk_last_error(void);
 
+/* The symbolic name of a Rekindle code ("RK_E_TIMEOUT", "RK_OK", "RK_RECOVERED"), NULL
+   for any other value (a -errno has none: see rk_strerror). Lets bindings build their
+   constants from the one table above. */
+const char *rk_error_name(int code);
+
 /* Library version, "MAJOR.MINOR.PATCH". */
 const char *rk_version(void);
+
+/* --- reading a checkpoint directory by hand (no rk_init, no MPI) ---------------------
+ * What `rekindle.load()` in Python is built on: open one committed checkpoint, list its
+ * tensors, read each one into a buffer of the caller's with its checksum verified. */
+typedef struct rk_reader rk_reader;
+typedef struct rk_tensor_info {
+    const char *name;   /* valid until rk_reader_close */
+    rk_dtype dtype;
+    int ndim;           /* 0..8 */
+    int64_t shape[8];
+    uint64_t nbytes;
+} rk_tensor_info;
+
+/* Opens committed checkpoint `step` of ckpt_dir, or the newest one if step < 0.
+   RK_E_NOCKPT if there is none (or not that step), -errno if ckpt_dir cannot be listed,
+   RK_E_FORMAT / RK_E_INCOMPLETE / RK_E_CORRUPT if it cannot be opened (rk_last_error()
+   names the file). *r is released with rk_reader_close. */
+int rk_reader_open(rk_reader **r, const char *ckpt_dir, int64_t step);
+/* The step of the opened checkpoint and its world size at the time it was written. */
+int64_t rk_reader_step(const rk_reader *r);
+int rk_reader_world(const rk_reader *r);
+/* Number of tensors, and tensor i (0..count-1, in registration order). */
+size_t rk_reader_count(const rk_reader *r);
+int rk_reader_info(const rk_reader *r, size_t i, rk_tensor_info *out);
+/* Index of the tensor named `name`, or -ENOENT if it has none. */
+long rk_reader_find(const rk_reader *r, const char *name);
+/* Reads tensor i into buf (exactly its nbytes: -EINVAL otherwise) and verifies its
+   checksum: RK_E_CORRUPT naming the tensor and file if it fails (buf then holds garbage). */
+int rk_reader_read(rk_reader *r, size_t i, void *buf, uint64_t nbytes);
+void rk_reader_close(rk_reader **r);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,388 @@
+"""rekindle: data-parallel training that survives lost workers, from Python.
+
+A pure-Python binding (ctypes) over librekindle.so: no extension to compile, any Python 3,
+any torch version (or none: numpy arrays work too). docs/PYTHON.md describes it; the
+C header include/rekindle.h is the reference for what each call does.
+
+    import rekindle
+    with rekindle.init(ckpt_dir="ckpt", ckpt_every=100) as rk:
+        rk.register_module("model", model)
+        rk.register_optimizer("optim", optimizer)
+        step = rk.resume()
+        while step < steps:
+            try:
+                loss = train_step(step)          # forward, backward
+                rk.allreduce_gradients(model)    # average over the ring
+                optimizer.step()
+                rk.step_done(step)
+                step += 1
+            except rekindle.Recovered as r:      # a worker was lost; state rolled back
+                step = r.next_step
+"""
+import atexit
+import ctypes
+import os
+import weakref
+
+from . import _lib, _tensor
+from ._lib import Error, Recovered
+
+__all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "SpareUnused",
+           "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK"]
+
+globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's table
+
+# Flags of register() (include/rekindle.h); this build accepts 0 only and says so.
+RK_DEVICE, RK_SHARDED, RK_PER_RANK = 1, 2, 4
+
+
+class SpareUnused(Error):
+    """From resume() on a spare worker (rekindle run --spares) that the job finished
+    without: finalize and exit normally."""
+
+
+def version():
+    return _lib.lib.rk_version().decode()
+
+
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _finalize_live():
+    for ctx in list(_live):
+        try:
+            ctx.finalize()
+        except Error:
+            pass
+
+
+def init(**options):
+    """rk_init with the RK_* environment, each keyword overriding its variable:
+    ckpt_dir, ckpt_every, keep, heartbeat_ms, min_world, timeout_ms, event_log,
+    det_iface, io, rollback. Returns a Context (also a context manager that finalizes)."""
+    o = _lib._Options()
+    _lib.lib.rk_options_init(ctypes.byref(o))
+    keep_alive = []
+    for key, value in options.items():
+        if key in _lib.STRING_OPTIONS:
+            b = None if value is None else os.fsencode(value) if key == "ckpt_dir" else str(value).encode()
+            keep_alive.append(b)
+            setattr(o, key, b)
+        elif key in _lib.INT_OPTIONS:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError("rekindle.init: %s=%r: want an int" % (key, value))
+            setattr(o, key, value)
+        else:
+            raise TypeError("rekindle.init: unknown option %r (known: %s)" % (
+                key, ", ".join(_lib.STRING_OPTIONS + _lib.INT_OPTIONS)))
+    handle = ctypes.c_void_p()
+    _lib.call("rk_init", _lib.lib.rk_init(ctypes.byref(handle), ctypes.byref(o)))
+    ctx = Context(handle, o.ckpt_dir is not None)
+    _live.add(ctx)
+    return ctx
+
+
+class _Entry:
+    __slots__ = ("name", "obj", "alias", "addr", "nbytes")
+
+
+class Context:
+    """One worker's view of the job (rk_ctx). Made by rekindle.init()."""
+
+    def __init__(self, handle, ckpt_on):
+        self._h = handle
+        self._ckpt_on = ckpt_on
+        self._reg = []           # registration order: the checkpoint's and the hash's
+        self._names = set()
+        self._pending = None     # a recovery seen inside a DDP hook, not yet raised
+        self._flat = {}          # allreduce_gradients' buffers, by dtype
+        self._order = {}         # a registered tensor's address -> its registration index
+        self._buckets = []       # DDP buckets of this backward pass, until the last one
+
+    # ---- life cycle -------------------------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self._h is None:
+            return False
+        try:
+            self.finalize()
+        except Error:
+            if exc_type is None:
+                raise
+        return False
+
+    def finalize(self):
+        """rk_finalize: waits for checkpoints in flight (at most RK_TIMEOUT_MS), stops the
+        detector, releases everything. Safe to call twice. An Error with name
+        "RK_E_TIMEOUT" means a checkpoint writer is stuck on a disk that stopped
+        answering: end the process with os._exit() after flushing output (HDF5's exit
+        handler would wait for that writer)."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        _live.discard(self)
+        self._reg.clear()
+        _lib.call("rk_finalize", _lib.lib.rk_finalize(ctypes.byref(h)))
+
+    def _handle(self):
+        if self._h is None:
+            raise Error(_lib.CODES["RK_E_STATE"], "this context was finalized", "rekindle")
+        return self._h
+
+    @property
+    def rank(self):
+        return _lib.lib.rk_rank(self._handle())
+
+    @property
+    def world(self):
+        return _lib.lib.rk_world(self._handle())
+
+    @property
+    def next_step(self):
+        return _lib.lib.rk_next_step(self._handle())
+
+    # ---- registration -----------------------------------------------------------------
+    def register(self, name, tensor, flags=0):
+        """Registers a contiguous CPU torch tensor or a C-contiguous numpy array under
+        `name` (its path in the checkpoint). Its memory is checkpointed and restored in
+        place: keep training on this very tensor (in-place updates, as optimizers do).
+        Rekindle keeps the memory alive; replacing the tensor's storage (`t.data = ...`,
+        `load_state_dict` into a new tensor) is reported as an Error at the next call."""
+        addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
+        c_shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        _lib.call("rk_register '%s'" % name,
+                  _lib.lib.rk_register(self._handle(), name.encode(), addr or None, dtype, len(shape),
+                                       c_shape, flags))
+        e = _Entry()
+        e.name, e.obj, e.addr, e.nbytes = name, tensor, addr, nbytes
+        # A second reference to the same memory keeps it alive even if the tensor object's
+        # storage is replaced later (the library may still write it during a recovery).
+        e.alias = tensor.detach() if _tensor.is_torch(tensor) else tensor
+        self._order.setdefault(addr, len(self._reg))
+        self._reg.append(e)
+        self._names.add(name)
+
+    def register_module(self, prefix, module):
+        """Registers every tensor of module.state_dict() (parameters and persistent
+        buffers) as "<prefix>/<key>", so that rekindle.load(dir, prefix=prefix) gives a
+        dict for module.load_state_dict()."""
+        seen = {}
+        for key, t in module.state_dict(keep_vars=True).items():
+            if t.data_ptr() in seen and t.numel():  # tied weights: the first name holds them
+                continue
+            seen[t.data_ptr()] = key
+            self.register("%s/%s" % (prefix, key), t)
+
+    def register_optimizer(self, prefix, optimizer):
+        """Registers the optimizer's state as "<prefix>/state/<i>/<key>" (i: the parameter's
+        index in optimizer.state_dict()). State an optimizer creates lazily (Adam's moments
+        and step) is created first, as it would be at its first step, then zeroed, so the
+        first real step computes what it would have. Also makes optimizer.step() raise
+        Recovered when a recovery happened inside a DDP communication hook (see
+        allreduce_hook), so a step never applies a gradient of the lost membership."""
+        _init_optimizer_state(optimizer)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for i, p in enumerate(params):
+            for key, value in optimizer.state.get(p, {}).items():
+                name = "%s/state/%d/%s" % (prefix, i, key)
+                if not _tensor.is_torch(value):
+                    raise Error(-22, "optimizer state '%s' is a %s, not a tensor: it cannot be "
+                                "restored in place" % (name, type(value).__name__), "register_optimizer")
+                self.register(name, value)
+        if hasattr(optimizer, "register_step_pre_hook"):
+            optimizer.register_step_pre_hook(lambda *_: self._raise_pending())
+        else:
+            step = optimizer.step
+
+            def guarded_step(*args, **kwargs):
+                self._raise_pending()
+                return step(*args, **kwargs)
+            optimizer.step = guarded_step
+
+    def _check_registered(self):
+        for e in self._reg:
+            addr = _tensor.address(e.obj)
+            if addr != e.addr:
+                raise Error(_lib.CODES["RK_E_STATE"],
+                            "tensor '%s' was replaced since it was registered (its storage moved "
+                            "from %#x to %#x): update registered tensors in place" % (e.name, e.addr, addr),
+                            "rekindle")
+
+    # ---- the training loop ------------------------------------------------------------
+    def resume(self):
+        """rk_resume: restores the latest consistent checkpoint into the registered
+        tensors and returns the step to run next (0 without one). A spare worker waits
+        here until a loss brings it in (or raises SpareUnused)."""
+        self._check_registered()
+        step = ctypes.c_int64(0)
+        rc = _lib.lib.rk_resume(self._handle(), ctypes.byref(step))
+        if rc == _lib.CODES["RK_E_SPARE_UNUSED"]:
+            raise SpareUnused(rc, _lib.last_error() or _lib.strerror(rc), "rk_resume")
+        _lib.call("rk_resume", rc)
+        return step.value
+
+    def _raise_pending(self):
+        if self._pending is not None:
+            step, self._pending = self._pending, None
+            raise Recovered(step)
+
+    def _outcome(self, what, rc):
+        if rc == _lib.RK_RECOVERED:
+            raise Recovered(self.next_step)
+        _lib.call(what, rc)
+
+    def allreduce(self, tensor, op="avg"):
+        """In place over the ring: op is "sum", "avg", "max" or "min". Raises Recovered
+        when a member was lost (the registered state was rolled back)."""
+        self._raise_pending()
+        if op not in _lib.OPS:
+            raise Error(_lib.CODES["RK_E_OP"], "op %r is not one of %s" % (op, ", ".join(_lib.OPS)), "allreduce")
+        addr, dtype, shape, nbytes = _tensor.describe("allreduce buffer", tensor)
+        count = _tensor.count(tensor)
+        self._outcome("rk_allreduce", _lib.lib.rk_allreduce(self._handle(), addr or None, count, dtype,
+                                                            _lib.OPS[op]))
+
+    def allreduce_gradients(self, model, op="avg"):
+        """Every gradient of model (parameters whose .grad is set; the same set on every
+        rank) flattened into one buffer per dtype in parameter order, one allreduce
+        each, copied back."""
+        self._reduce_flat([p.grad for p in model.parameters() if p.grad is not None], op)
+
+    def _reduce_flat(self, grads, op):
+        """grads (in the order that fixes the buffer's layout, so that every element is
+        summed in the same order on every run) reduced as one flat buffer per dtype."""
+        groups = {}
+        for g in grads:
+            groups.setdefault(g.dtype, []).append(g)
+        for dtype, group in groups.items():
+            total = sum(g.numel() for g in group)
+            flat = self._flat.get(dtype)
+            if flat is None or flat.numel() != total:
+                flat = self._flat[dtype] = _tensor.torch.empty(total, dtype=dtype)
+            views, off = [], 0
+            for g in group:
+                v = flat[off:off + g.numel()]
+                v.copy_(g.reshape(-1))
+                views.append(v)
+                off += g.numel()
+            self.allreduce(flat, op)
+            for g, v in zip(group, views):
+                g.copy_(v.view_as(g))
+
+    def step_done(self, step):
+        """rk_step_done: step `step` is finished; takes a checkpoint every ckpt_every
+        steps (training waits for the copy only). Raises Recovered after a loss."""
+        self._raise_pending()
+        self._check_registered()
+        self._outcome("rk_step_done", _lib.lib.rk_step_done(self._handle(), step))
+
+    def checkpoint(self):
+        """rk_checkpoint: a checkpoint of the current state now, labelled next_step."""
+        self._check_registered()
+        _lib.call("rk_checkpoint", _lib.lib.rk_checkpoint(self._handle()))
+
+    def wait(self):
+        """rk_wait: until every started checkpoint is committed or failed (at most
+        RK_TIMEOUT_MS); raises the first failure since the last wait."""
+        _lib.call("rk_wait", _lib.lib.rk_wait(self._handle()))
+
+    def state_hash(self):
+        """XXH64 (seed 0) of every registered tensor's bytes in registration order, as 16
+        lowercase hex digits: the contract's `hash=` of the example trainers."""
+        self._check_registered()
+        return "%016x" % _lib.xxh64((e.addr, e.nbytes) for e in self._reg)
+
+
+def _init_optimizer_state(optimizer):
+    """Creates an optimizer's lazily created state up front, as at its first step, without
+    changing the parameters or the state the first real step will see: a step with zero
+    gradients at learning rate 0, then every state tensor zeroed (Adam's step counter
+    included)."""
+    if any(optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"]):
+        return
+    torch = _tensor.torch
+    saved_grads, saved_lrs = [], []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            saved_grads.append(p.grad)
+            p.grad = torch.zeros_like(p) if p.requires_grad else None
+        saved_lrs.append(g.get("lr"))
+        if "lr" in g:
+            g["lr"] = 0.0
+    with torch.no_grad():
+        before = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+        optimizer.step()
+        i = 0
+        for g, lr in zip(optimizer.param_groups, saved_lrs):
+            if lr is not None:
+                g["lr"] = lr
+            for p in g["params"]:
+                p.copy_(before[i])  # weight decay at lr 0 changes nothing, but be exact
+                p.grad = saved_grads[i]
+                i += 1
+                for v in optimizer.state.get(p, {}).values():
+                    if _tensor.is_torch(v):
+                        v.zero_()
+
+
+def allreduce_hook(state, bucket):
+    """A DistributedDataParallel communication hook that averages the gradients over
+    Rekindle's ring: ddp.register_comm_hook(rk, rekindle.allreduce_hook), with DDP built
+    on a one-process gloo group and the module registered with rk.register_module.
+
+    DDP hands over buckets whose layout changes after its first pass (it re-buckets in
+    the order gradients became ready), and the ring's reduction order depends on an
+    element's place in the buffer. So the hook keeps the buckets of a backward pass
+    until the last one, then reduces every gradient at once in registration order, as
+    rk.allreduce_gradients does: the same bits whatever DDP's bucketing, before or after
+    a restart. A recovery inside the hook cannot be raised through backward() (DDP would
+    be left half-reduced): it is remembered, and the registered optimizer's next step()
+    (or the context's next call) raises Recovered."""
+    torch = _tensor.torch
+    fut = torch.futures.Future()
+    state._buckets.append((bucket, fut))
+    if not bucket.is_last():
+        return fut
+    buckets, state._buckets = state._buckets, []
+    pairs = [(p, g) for b, _ in buckets for p, g in zip(b.parameters(), b.gradients())]
+    unknown = len(state._order)
+    pairs.sort(key=lambda pg: state._order.get(pg[0].data_ptr(), unknown))
+    if state._pending is None:
+        try:
+            state._reduce_flat([g for _, g in pairs], "avg")
+        except Recovered as r:
+            state._pending = r.next_step
+    for b, f in buckets:
+        f.set_result(b.buffer() if hasattr(b, "buffer") else b.get_tensor())
+    return fut
+
+
+def load(ckpt_dir, step=None, prefix=None, as_numpy=False):
+    """Every tensor of a committed checkpoint (the newest, or `step`) as a dict name ->
+    torch.Tensor (numpy.ndarray with as_numpy=True or without torch; bf16 then comes as
+    its raw uint16 bits), each checksum verified. With prefix, only the names under
+    "<prefix>/", with the prefix removed (for module.load_state_dict). Needs no job."""
+    as_torch = _tensor.torch is not None and not as_numpy
+    r = ctypes.c_void_p()
+    _lib.call("load %s" % os.fspath(ckpt_dir),
+              _lib.lib.rk_reader_open(ctypes.byref(r), os.fsencode(ckpt_dir), -1 if step is None else step))
+    try:
+        out = {}
+        info = _lib._TensorInfo()
+        for i in range(_lib.lib.rk_reader_count(r)):
+            _lib.call("load", _lib.lib.rk_reader_info(r, i, ctypes.byref(info)))
+            name = info.name.decode()
+            if prefix is not None:
+                if not name.startswith(prefix + "/"):
+                    continue
+                name = name[len(prefix) + 1:]
+            t = _tensor.empty(info.dtype, tuple(info.shape[:info.ndim]), as_torch)
+            _lib.call("load '%s'" % name,
+                      _lib.lib.rk_reader_read(r, i, _tensor.address(t) or None, info.nbytes))
+            out[name] = t
+        return out
+    finally:
+        _lib.lib.rk_reader_close(ctypes.byref(r))

@@ -1,0 +1,140 @@
+"""tests/py/api_check.py - the Python binding's API, run by tests/test_python.c on one
+process and on 3 ranks under mpirun.
+
+    api_check.py DIR write   registers one tensor of every dtype (torch and numpy),
+                             checks allreduce, the errors for bad tensors and options,
+                             checkpoints the state as step 7
+    api_check.py DIR read    registers zeroed tensors of the same layout, resume() gives
+                             step 7 with every byte back; rekindle.load gives the same
+
+Exit 0 when every check passed; a failed check raises (traceback, exit 1).
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+import rekindle
+
+DIR, MODE = sys.argv[1], sys.argv[2]
+TORCH = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
+NUMPY = [np.float32, np.float64, np.float16, np.int32, np.int64, np.uint8]
+
+
+def state(fill):
+    """One tensor per dtype, odd sizes, a 0-dim one and an empty one."""
+    out = {}
+    for i, dt in enumerate(TORCH):
+        t = torch.zeros((3, 5 + i), dtype=dt)
+        if fill:
+            t.view(-1).copy_(torch.arange(t.numel()).to(dt) + i)
+        out["torch/%s" % str(dt).split(".")[1]] = t
+    for i, dt in enumerate(NUMPY):
+        a = np.zeros((7 + i,), dtype=dt)
+        if fill:
+            a[:] = np.arange(a.size) * 3 + i
+        out["numpy/%s" % np.dtype(dt).name] = a
+    out["scalar"] = torch.tensor(42.5 if fill else 0.0, dtype=torch.float64)
+    out["empty"] = torch.zeros((0, 4))
+    return out
+
+
+def same(a, b):
+    if isinstance(a, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return a.numel() == 0 or torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def expect_error(what, fn, name=None):
+    try:
+        fn()
+    except rekindle.Error as e:
+        assert name is None or e.name == name, "%s: got %s, want %s" % (what, e.name, name)
+        assert e.message, what
+        return
+    raise AssertionError("%s: no rekindle.Error" % what)
+
+
+def write():
+    rk = rekindle.init(ckpt_dir=DIR, ckpt_every=0)
+    W = rk.world
+    # Options: a bad keyword, a bad value (named by the library).
+    try:
+        rekindle.init(nonsense=1)
+        raise AssertionError("unknown option accepted")
+    except TypeError as e:
+        assert "nonsense" in str(e)
+    s = state(True)
+    for name, t in s.items():
+        rk.register(name, t)
+    # Bad tensors: each a clear error naming the tensor.
+    expect_error("non-contiguous", lambda: rk.register("bad/t", torch.zeros(4, 4).t()))
+    expect_error("bool dtype", lambda: rk.register("bad/b", torch.zeros(3, dtype=torch.bool)))
+    expect_error("complex numpy", lambda: rk.register("bad/c", np.zeros(3, dtype=np.complex64)))
+    ro = np.zeros(3)
+    ro.setflags(write=False)
+    expect_error("read-only array", lambda: rk.register("bad/r", ro))
+    expect_error("a list", lambda: rk.register("bad/l", [1.0, 2.0]))
+    expect_error("duplicate name", lambda: rk.register("scalar", torch.zeros(1)), "RK_E_DUPLICATE")
+    expect_error("bad name", lambda: rk.register("a//b", torch.zeros(1)), "RK_E_NAME")
+    expect_error("flags", lambda: rk.register("flagged", torch.zeros(1), flags=rekindle.RK_SHARDED))
+    assert rk.resume() == 0
+    # allreduce over the ring, each dtype.
+    for dt in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
+        t = torch.full((5,), rk.rank + 1, dtype=dt)
+        rk.allreduce(t, "sum")
+        assert torch.equal(t, torch.full((5,), W * (W + 1) // 2, dtype=dt)), (dt, t)
+    a = np.full(9, float(rk.rank), dtype=np.float32)
+    rk.allreduce(a, "max")
+    assert (a == W - 1).all()
+    expect_error("bad op", lambda: rk.allreduce(torch.zeros(2), "prod"), "RK_E_OP")
+    expect_error("avg of ints", lambda: rk.allreduce(torch.zeros(2, dtype=torch.int32), "avg"))
+    for k in range(7):
+        rk.step_done(k)
+    assert rk.next_step == 7
+    rk.checkpoint()
+    rk.wait()
+    h = rk.state_hash()
+    # A tensor whose storage is replaced: an error at the next call, naming it.
+    s["torch/float32"].data = torch.zeros(3, 5)
+    expect_error("replaced storage", lambda: rk.step_done(7), "RK_E_STATE")
+    rk.finalize()
+    rk.finalize()  # twice is fine
+    expect_error("after finalize", lambda: rk.rank, "RK_E_STATE")
+    with open(os.path.join(DIR, "hash-%d" % W), "w") as f:
+        f.write(h)
+
+
+def read():
+    with rekindle.init(ckpt_dir=DIR) as rk:
+        s = state(False)
+        for name, t in s.items():
+            rk.register(name, t)
+        assert rk.resume() == 7
+        want = state(True)
+        for name in s:
+            assert same(s[name], want[name]), name
+        with open(os.path.join(DIR, "hash-%d" % rk.world)) as f:
+            assert rk.state_hash() == f.read()
+        if rk.rank == 0:
+            got = rekindle.load(DIR)
+            assert sorted(got) == sorted(want), sorted(got)
+            for name, t in want.items():
+                g = got[name]
+                if isinstance(t, np.ndarray):
+                    g = g.numpy()
+                assert same(g, t), name
+            np_got = rekindle.load(DIR, step=7, as_numpy=True)
+            assert np_got["torch/bfloat16"].dtype == np.uint16
+            assert np_got["numpy/int32"].tobytes() == want["numpy/int32"].tobytes()
+            sub = rekindle.load(DIR, prefix="torch")
+            assert sorted(sub) == sorted(n[len("torch/"):] for n in want if n.startswith("torch/"))
+            expect_error("no such step", lambda: rekindle.load(DIR, step=8), "RK_E_NOCKPT")
+            expect_error("no such dir", lambda: rekindle.load(os.path.join(DIR, "absent")))
+
+
+write() if MODE == "write" else read()
+print("api_check %s: ok" % MODE)

@@ -1,0 +1,168 @@
+"""tests/py/job_check.py - examples/torch_train.py as a real job under `rekindle run`,
+judged as the C trainer is: run by tests/test_python.c.
+
+    job_check.py BUILD WORK kill [--ddp]
+        4 workers, one SIGKILLed once a checkpoint is committed. The job must finish on
+        the 3 survivors with one final hash, which must equal a fault-free replay: 4 workers
+        from scratch to the step the survivors resumed at (its checkpoint), then 3 workers
+        from that checkpoint to the end. Where the job committed that step itself, its
+        checkpoint must equal the replay's bitwise.
+    job_check.py BUILD WORK relaunch
+        2 workers to step 60, then the job launched again to step 90: it resumes from disk
+        (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
+        its last checkpoint equals the model's final state_dict() bitwise.
+
+Exit 0 when every check passed; otherwise a message saying which and why (exit 1).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+import rekindle
+
+BUILD, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+DDP = ["--ddp"] if "--ddp" in sys.argv[4:] else []
+SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+TRAIN = os.path.join(SRC, "examples", "torch_train.py")
+FINAL = re.compile(r"^final step=(\d+) world=(\d+) hash=([0-9a-f]{16})$", re.M)
+EVERY = 30
+
+
+def fail(msg, log=""):
+    print("job_check %s: FAILED: %s" % (MODE, msg))
+    if log:
+        print("---- log tail ----\n" + log[-4000:])
+    sys.exit(1)
+
+
+def env_for(ckpt, events=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
+    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(EVERY), "RK_TIMEOUT_MS": "5000",
+                "PYTHONPATH": os.path.join(SRC, "python")})
+    if events:
+        env["RK_EVENT_LOG"] = events
+    return env
+
+
+def launch(n, steps, ckpt, events=None, extra=()):
+    cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--", sys.executable, TRAIN,
+           "--steps", str(steps), "--seed", "5"] + DDP + list(extra)
+    return subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(p, timeout=300):
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        fail("the job did not end within %d s" % timeout, out)
+    return p.returncode, out
+
+
+def one_final(out, steps, world, what):
+    finals = FINAL.findall(out)
+    if len(finals) != world:
+        fail("%s: %d final lines, want %d" % (what, len(finals), world), out)
+    if {(int(s), int(w)) for s, w, _ in finals} != {(steps, world)} or len({h for _, _, h in finals}) != 1:
+        fail("%s: final lines disagree or are not step=%d world=%d: %s" % (what, steps, world, finals), out)
+    return finals[0][2]
+
+
+def run(n, steps, ckpt, what, extra=()):
+    rc, out = finish(launch(n, steps, ckpt, extra=extra))
+    if rc != 0:
+        fail("%s: exit %d" % (what, rc), out)
+    return one_final(out, steps, n, what), out
+
+
+def equal_state(a, b):
+    return sorted(a) == sorted(b) and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and
+        torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)) for k in a)
+
+
+def workers(pattern):
+    r = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def kill():
+    steps = 240
+    ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
+    os.makedirs(ckpt)
+    p = launch(4, steps, ckpt, events)
+    # Once a checkpoint is committed, SIGKILL the second worker found.
+    pattern = "^%s %s --steps %d --seed 5" % (re.escape(sys.executable), re.escape(TRAIN), steps)
+    victim, deadline = None, time.time() + 180
+    while victim is None and time.time() < deadline and p.poll() is None:
+        if glob.glob(os.path.join(ckpt, "step-*")):
+            pids = workers(pattern)
+            if len(pids) >= 2:
+                victim = sorted(pids)[1]
+                os.kill(victim, signal.SIGKILL)
+        time.sleep(0.05)
+    rc, out = finish(p)
+    if victim is None:
+        fail("no worker was killed (none found once a checkpoint was committed)", out)
+    if rc != 0:
+        fail("the job ended with exit %d after a worker was killed" % rc, out)
+    got = one_final(out, steps, 3, "the job")
+    resumed = []
+    for path in glob.glob(events + ".*"):
+        with open(path) as f:
+            resumed += [e for e in map(json.loads, f) if e.get("event") == "resumed"]
+    if not resumed:
+        fail("no 'resumed' event in %s.*" % events, out)
+    resumed.sort(key=lambda e: e["t_ns"])
+    step, source = resumed[-1]["step"], resumed[-1]["from"]
+    if len({(e["step"], e["from"]) for e in resumed if e["epoch"] == resumed[-1]["epoch"]}) != 1:
+        fail("the survivors resumed differently: %s" % resumed)
+    # The replay: 4 workers from scratch to `step` (commits it), then 3 from there.
+    replay = os.path.join(WORK, "replay")
+    os.makedirs(replay)
+    if step > 0:
+        run(4, step, replay, "replay to step %d on 4 workers" % step)
+        mine = os.path.join(ckpt, "step-%012d" % step)
+        if os.path.isdir(mine) and not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
+            fail("the job's checkpoint %d differs from the replay's" % step)
+    want, _ = run(3, steps, replay, "replay from step %d on 3 workers" % step)
+    if got != want:
+        fail("final hash %s, the replay from step %d (resumed from %s) gives %s" % (got, step, source, want), out)
+    print("job_check kill%s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
+        " --ddp" if DDP else "", step, source, got))
+
+
+def relaunch():
+    ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
+    straight, _ = run(2, 90, os.path.join(WORK, "straight"), "an uninterrupted run")
+    run(2, 60, ckpt, "the first launch")
+    saved = os.path.join(WORK, "state.pt")
+    rc, out = finish(launch(2, 90, ckpt, events, ["--save-state", saved]))
+    if rc != 0:
+        fail("the relaunch ended with exit %d" % rc, out)
+    got = one_final(out, 90, 2, "the relaunch")
+    with open(events + ".0") as f:
+        resumed = [e for e in map(json.loads, f) if e.get("event") == "resumed"]
+    if [(e["step"], e["from"]) for e in resumed] != [(60, "disk")]:
+        fail("the relaunch resumed %s, want step 60 from disk" % resumed, out)
+    if got != straight:
+        fail("the relaunch's hash %s differs from an uninterrupted run's %s" % (got, straight), out)
+    loaded, model = rekindle.load(ckpt, prefix="model"), torch.load(saved)
+    if not equal_state(loaded, model):
+        fail("rekindle.load(%s, prefix='model') differs from the model's state_dict()" % ckpt)
+    print("job_check relaunch: ok: resumed from step 60 on disk, hash %s, load equals state_dict" % got)
+
+
+shutil.rmtree(WORK, ignore_errors=True)
+os.makedirs(WORK)
+kill() if MODE == "kill" else relaunch()

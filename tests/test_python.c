@@ -1,0 +1,119 @@
+/*
+ * tests/test_python.c - the Python package (python/rekindle) and the PyTorch example
+ * (examples/torch_train.py), run as users run them: real interpreters, real MPI jobs
+ * under mpirun and `rekindle run`, real SIGKILLs. The checks themselves are Python
+ * (tests/py/): this suite runs each and shows its output when it fails.
+ *
+ * Skipped, with the reason, when RK_TEST_PYTHON cannot import torch and sklearn
+ * (Debian's python3-torch and python3-sklearn; scripts/install-deps installs them).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static char python[4096], pypath[4200], script_api[4200], script_job[4200];
+static const char *env_extra[] = {pypath, NULL};
+
+static void paths(void)
+{
+    const char *py = getenv("RK_TEST_PYTHON"), *src = getenv("RK_TEST_SRC");
+    snprintf(python, sizeof(python), "%s", py ? py : "/usr/bin/python3");
+    snprintf(pypath, sizeof(pypath), "PYTHONPATH=%s/python", src ? src : ".");
+    snprintf(script_api, sizeof(script_api), "%s/tests/py/api_check.py", src ? src : ".");
+    snprintf(script_job, sizeof(script_job), "%s/tests/py/job_check.py", src ? src : ".");
+}
+
+/* Runs argv; the test fails with its output unless it exits 0 and prints `want`. */
+static void expect_ok(char *const argv[], int ranks, const char *want, int timeout_s)
+{
+    char *out = NULL;
+    int rc = ranks ? th_mpirun(ranks, argv, env_extra, timeout_s, &out) : th_run(argv, env_extra, timeout_s, &out);
+    const char *o = out ? out : "";
+    size_t len = strlen(o);
+    ck_assert_msg(rc == 0 && strstr(o, want), "%s %s: exit %d, want \"%s\"; output:\n%s", argv[1],
+                  argv[2] ? argv[2] : "", rc, want, len > 6000 ? o + len - 6000 : o);
+    free(out);
+}
+
+static void api_on(int ranks)
+{
+    char *dir = th_tmpdir("py-api");
+    char *w[] = {python, script_api, dir, "write", NULL}, *r[] = {python, script_api, dir, "read", NULL};
+    expect_ok(w, ranks, "api_check write: ok", 120);
+    expect_ok(r, ranks, "api_check read: ok", 120);
+    free(dir);
+}
+
+/* Every dtype (torch and numpy) through register, allreduce, checkpoint, resume and
+   rekindle.load; the errors for bad tensors, options and names; on one process. */
+START_TEST(api_one_process)
+{
+    api_on(0);
+}
+END_TEST
+
+START_TEST(api_three_ranks)
+{
+    api_on(3);
+}
+END_TEST
+
+static void job(const char *mode, const char *flag, const char *want)
+{
+    char *work = th_tmpdir("py-job");
+    char *argv[] = {python, script_job, (char *)getenv("RK_TEST_BUILD"), work, (char *)mode, (char *)flag, NULL};
+    expect_ok(argv, 0, want, 540);
+    free(work);
+}
+
+/* One of 4 workers of torch_train.py SIGKILLed: the 3 survivors finish with the hash of a
+   fault-free replay from the step they resumed at. */
+START_TEST(killed_worker_replay)
+{
+    job("kill", NULL, "job_check kill: ok");
+}
+END_TEST
+
+/* The same with gradients averaged by rekindle.allreduce_hook inside DDP. */
+START_TEST(killed_worker_replay_ddp)
+{
+    job("kill", "--ddp", "job_check kill --ddp: ok");
+}
+END_TEST
+
+/* A job launched again resumes from disk; rekindle.load equals the model's state_dict. */
+START_TEST(relaunch_resumes_from_disk)
+{
+    job("relaunch", NULL, "job_check relaunch: ok");
+}
+END_TEST
+
+int main(void)
+{
+    paths();
+    char cmd[4400], *why = NULL;
+    snprintf(cmd, sizeof(cmd), "%s -c 'import torch, sklearn' 2>&1", python);
+    if (th_sh(cmd, 120, &why) != 0) {
+        char msg[4700];
+        snprintf(msg, sizeof(msg), "%s cannot import torch and sklearn (install python3-torch python3-sklearn: "
+                 "scripts/install-deps): %.400s", python, why ? why : "");
+        free(why);
+        th_skip_suite(msg);
+    }
+    free(why);
+    Suite *s = suite_create("python");
+    TCase *tc = tcase_create("api");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, api_one_process);
+    tcase_add_test(tc, api_three_ranks);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("job");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, killed_worker_replay);
+    tcase_add_test(tc, killed_worker_replay_ddp);
+    tcase_add_test(tc, relaunch_resumes_from_disk);
+    suite_add_tcase(s, tc);
+    return th_main(s);
+}
