@@ -112,7 +112,8 @@ void rk_options_init(rk_options *o);
 /* Collective over the job; calls MPI_Init_thread itself if MPI is not initialized (then
    it sets OMPI_MCA_async_mpi_finalize=1 unless already set, so that rk_finalize never
    waits in Open MPI's final barrier for a lost peer); works as a single process started
-   without mpirun. Validates every option and names the bad one (RK_E_OPTION). On success *ctx is a new context, owned by the caller and
+   without mpirun. Validates every option and names the bad one (RK_E_OPTION). Once per
+   process: after rk_finalize has finalized MPI, RK_E_STATE (MPI cannot start again). On success *ctx is a new context, owned by the caller and
    released with rk_finalize(). */
 int rk_init(rk_ctx **ctx, const rk_options *o);
 

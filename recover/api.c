@@ -28,6 +28,12 @@ int rk_init(rk_ctx **out, const rk_options *o)
     }
     if ((rc = rk__options_validate(o)) != 0)
         return rc;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE,
+                        "rk_init: MPI was already finalized (by an earlier rk_finalize or the program), and "
+                        "MPI can be initialized once per process: one rk_init per process");
     const char *spares = getenv("RK_SPARES");
     long nspares = 0;
     if (spares && *spares && rk__parse_int(spares, 0, 1 << 24, &nspares, NULL) != 0)

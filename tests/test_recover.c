@@ -318,6 +318,18 @@ START_TEST(rounds_R5_timeout_after_last_round_alike)
 }
 END_TEST
 
+/* MPI starts once per process: a second rk_init after rk_finalize is an error, never
+   an abort inside MPI. */
+START_TEST(init_after_finalize_is_an_error)
+{
+    th_assert_rc(rk_finalize(&ctx), 0);
+    rk_options o;
+    rk_options_init(&o);
+    th_assert_rc(rk_init(&ctx, &o), RK_E_STATE);
+    ck_assert_ptr_null(ctx);
+}
+END_TEST
+
 static Suite *recover_suite(void)
 {
     Suite *s = suite_create("recover");
@@ -328,6 +340,7 @@ static Suite *recover_suite(void)
     tcase_add_loop_test(tc, register_rejects_bad_names, 0, (int)RK_ARRAY_LEN(bad_names));
     tcase_add_test(tc, register_rejects_bad_arguments);
     tcase_add_test(tc, allreduce_checks_arguments);
+    tcase_add_test(tc, init_after_finalize_is_an_error);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("rollback");

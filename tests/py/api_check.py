@@ -104,6 +104,7 @@ def write():
     rk.finalize()
     rk.finalize()  # twice is fine
     expect_error("after finalize", lambda: rk.rank, "RK_E_STATE")
+    expect_error("a second init", lambda: rekindle.init(), "RK_E_STATE")  # MPI starts once
     with open(os.path.join(DIR, "hash-%d" % W), "w") as f:
         f.write(h)
 
