@@ -230,7 +230,8 @@ typedef struct rk_tensor_info {
     uint64_t nbytes;
 } rk_tensor_info;
 
-/* Opens committed checkpoint `step` of ckpt_dir, or the newest one if step < 0.
+/* Opens committed checkpoint `step` of ckpt_dir, or the newest one if step < 0 (the one
+   rk_resume would try first: the current timeline's newest, docs/FORMAT.md).
    RK_E_NOCKPT if there is none (or not that step), -errno if ckpt_dir cannot be listed,
    RK_E_FORMAT / RK_E_INCOMPLETE / RK_E_CORRUPT if it cannot be opened (rk_last_error()
    names the file). *r is released with rk_reader_close. */

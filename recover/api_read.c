@@ -3,7 +3,8 @@
  * (no rk_init, no MPI): the public face of formats/'s reader, for rekindle.load() in
  * Python and for programs that restore a model outside training.
  *
- * Every read goes through fmt_ckpt_read, which reads a tensor's bytes at the offset its
+ * The newest checkpoint is the first of ckpt_list's order, as for rk_resume. Every
+ * read goes through fmt_ckpt_read, which reads a tensor's bytes at the offset its
  * shard's manifest records and checks its checksum: no HDF5 metadata of the data files
  * is parsed on the way.
  */
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "../common/common.h"
+#include "../ckpt/ckpt.h"
 #include "../formats/fmt.h"
 #include "rekindle.h"
 
@@ -26,16 +28,18 @@ int rk_reader_open(rk_reader **out, const char *ckpt_dir, int64_t step)
     if (!out || !ckpt_dir)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_reader_open: %s is NULL", out ? "ckpt_dir" : "r");
     *out = NULL;
-    int64_t *steps = NULL, pick = -1;
+    /* The order rk_resume uses (ckpt_list): the newest is the current timeline's. */
+    ckpt_entry *list = NULL;
     size_t n = 0;
-    int rc = fmt_list_steps(ckpt_dir, &steps, &n);
+    int64_t pick = -1;
+    int rc = ckpt_list(ckpt_dir, &list, &n);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "cannot list checkpoint directory %s: %s", ckpt_dir,
                         rk_strerror(rc));
-    for (size_t i = 0; i < n; i++)
-        if (step < 0 ? steps[i] > pick : steps[i] == step)
-            pick = steps[i];
-    free(steps);
+    for (size_t i = 0; i < n && pick < 0; i++)
+        if (step < 0 || list[i].step == step)
+            pick = list[i].step;
+    free(list);
     if (pick < 0) {
         if (step < 0)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOCKPT, "no committed checkpoint in %s", ckpt_dir);

@@ -94,7 +94,6 @@ class Context:
         self._h = handle
         self._ckpt_on = ckpt_on
         self._reg = []           # registration order: the checkpoint's and the hash's
-        self._names = set()
         self._pending = None     # a recovery seen inside a DDP hook, not yet raised
         self._flat = {}          # allreduce_gradients' buffers, by dtype
         self._order = {}         # a registered tensor's address -> its registration index
@@ -163,7 +162,6 @@ class Context:
         e.alias = tensor.detach() if _tensor.is_torch(tensor) else tensor
         self._order.setdefault(addr, len(self._reg))
         self._reg.append(e)
-        self._names.add(name)
 
     def register_module(self, prefix, module):
         """Registers every tensor of module.state_dict() (parameters and persistent
