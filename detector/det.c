@@ -291,20 +291,20 @@ static void *det_thread(void *arg)
     return NULL;
 }
 
-int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES])
+int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES], const uint8_t salt[DET_KEY_BYTES])
 {
     int rc;
-    if (!d || !addrs || !key || d->started)
+    if (!d || !addrs || !key || !salt || d->started)
         return -EINVAL;
     for (int r = 0; r < d->cfg.world; r++) {
         d->addrs[r].sin_family = AF_INET;
         d->addrs[r].sin_addr.s_addr = addrs[r].ipv4;
         d->addrs[r].sin_port = addrs[r].port;
     }
-    if ((rc = detw_init(&d->wire, key, d->cfg.nslots, d->cfg.rank)) != 0)
+    if ((rc = detw_init(&d->wire, key, salt, d->cfg.nslots, d->cfg.rank)) != 0)
         return rc;
     uint64_t seed;
-    memcpy(&seed, key, sizeof(seed));
+    memcpy(&seed, salt, sizeof(seed));
     detp_cfg pc = {.self = d->cfg.rank, .world = d->cfg.world, .nslots = d->cfg.nslots,
                    .period_ns = (int64_t)d->cfg.heartbeat_ms * 1000000, .k = 3, .nhelpers = 2,
                    .seed = seed ^ (uint64_t)rk__mono_ns()};

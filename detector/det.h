@@ -88,8 +88,10 @@ int det_open(det **out, const det_cfg *cfg);
 /* The address to advertise. */
 void det_local_addr(const det *d, det_addr *out);
 /* Starts the thread. addrs[0..world-1] from every worker (index = rank at start); key: the
-   32-byte MAC key (det_key_from_secret). Returns 0 or a negative code. */
-int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES]);
+   job's 32-byte key (det_key_from_secret); salt: 32 random bytes of this launch attempt,
+   the same on every worker (rank 0 draws them at rk_init): the MAC key is derived from
+   both, so datagrams of an earlier attempt are rejected. Returns 0 or a negative code. */
+int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES], const uint8_t salt[DET_KEY_BYTES]);
 /* Tells the members this worker leaves (unless fenced), stops the thread, closes the
    socket, frees; *d = NULL. Never waits on a peer. NULL-safe. */
 void det_close(det **d);

@@ -98,7 +98,10 @@ typedef struct detw {
     uint64_t *rx_win;  /* per sender: bit i = seq rx_top - i seen */
 } detw;
 
-int detw_init(detw *w, const uint8_t key[DET_KEY_BYTES], int nslots, int self);
+/* key: the job's (from its secret): gives the job id; salt: the launch attempt's, drawn by
+   rank 0 at rk_init: with key, gives the MAC key. */
+int detw_init(detw *w, const uint8_t key[DET_KEY_BYTES], const uint8_t salt[DET_KEY_BYTES], int nslots,
+              int self);
 void detw_fini(detw *w);
 /* Encodes m with the next sequence number and its MAC; returns the length. */
 size_t detw_encode(detw *w, const detm *m, uint8_t *buf);

@@ -6,8 +6,10 @@
  *   16 src u32 | 20 dst u32 | 24 inc u32 | 28 subject i32 | 32 origin i32 | 36 epoch u64
  *   44 seq u64 | 52 nonce u64 | 60 ndecl x {rank u32, silence_ms u32} | MAC (32 bytes)
  * The MAC is libsodium crypto_auth (HMAC-SHA-512-256) over everything before it, with a
- * key derived from the job's secret; the job id (also derived from it) tells a stray
- * packet of another job from a forgery. A packet is acted on only if it is the right
+ * key derived from the job's secret and the launch attempt's salt (rank 0 draws a fresh
+ * one at every rk_init), so a datagram of an earlier attempt of the same job never
+ * authenticates in a later one; the job id (derived from the secret alone) tells a stray
+ * packet of another job from a forgery or an old attempt's packet. A packet is acted on only if it is the right
  * size, magic, version and job, authentic, addressed to this worker, from a slot of this
  * job, well formed, and not a replay (per-sender window of 64 sequence numbers, updated
  * only after the MAC checked). Anything else is dropped and counted, never acted on.
@@ -74,15 +76,17 @@ int det_key_random(uint8_t key[DET_KEY_BYTES])
     return 0;
 }
 
-int detw_init(detw *w, const uint8_t key[DET_KEY_BYTES], int nslots, int self)
+int detw_init(detw *w, const uint8_t key[DET_KEY_BYTES], const uint8_t salt[DET_KEY_BYTES], int nslots,
+              int self)
 {
     memset(w, 0, sizeof(*w));
     if (sodium_init() < 0)
         return rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_INTERNAL, "detector: libsodium failed to initialize");
-    static const char mac_ctx[] = "rekindle det v1 mac", job_ctx[] = "rekindle det v1 job";
-    uint8_t job[8];
-    crypto_generichash(w->mac_key, sizeof(w->mac_key), (const uint8_t *)mac_ctx, sizeof(mac_ctx) - 1,
-                       key, DET_KEY_BYTES);
+    static const char mac_ctx[] = "rekindle det v2 mac", job_ctx[] = "rekindle det v1 job";
+    uint8_t job[8], msg[sizeof(mac_ctx) - 1 + DET_KEY_BYTES];
+    memcpy(msg, mac_ctx, sizeof(mac_ctx) - 1);
+    memcpy(msg + sizeof(mac_ctx) - 1, salt, DET_KEY_BYTES);
+    crypto_generichash(w->mac_key, sizeof(w->mac_key), msg, sizeof(msg), key, DET_KEY_BYTES);
     crypto_generichash(job, sizeof(job), (const uint8_t *)job_ctx, sizeof(job_ctx) - 1, key, DET_KEY_BYTES);
     w->job = get64(job);
     w->nslots = nslots;

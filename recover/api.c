@@ -57,6 +57,14 @@ int rk_init(rk_ctx **out, const rk_options *o)
     ctx->opt.ckpt_dir = ctx->ckpt_dir;
     ctx->opt.event_log = ctx->event_log;
     ctx->opt.det_iface = ctx->det_iface;
+    /* The job's secret is read once and removed from the environment, so that no process
+       the program starts inherits it (docs/DETECTOR.md, "Threat model"). */
+    const char *secret = getenv("RK_JOB_SECRET");
+    if (secret && *secret && !(ctx->job_secret = strdup(secret))) {
+        rc = -ENOMEM;
+        goto out_free;
+    }
+    unsetenv("RK_JOB_SECRET");
     ctx->comm = MPI_COMM_NULL;
 
     MPI_Initialized(&flag);
@@ -126,6 +134,7 @@ out_mpi:
     if (ctx->mpi_owned)
         MPI_Finalize();
 out_free:
+    rec_det_forget_secret(ctx);
     free(ctx->ckpt_dir);
     free(ctx->event_log);
     free(ctx->det_iface);

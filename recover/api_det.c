@@ -6,9 +6,11 @@
  * rec_det_open runs on the thread that owns MPI: each worker binds its detector socket,
  * then one MPI_Allgather on ctx->comm exchanges {address, status, key}; the decision to go
  * on is taken from the gathered records, so every worker takes the same one (no worker
- * is left waiting in a collective another one skipped). The MAC key comes from
- * RK_JOB_SECRET (64 hex chars); without it rank 0 makes a random key that travels in the
- * same Allgather, and says so once.
+ * is left waiting in a collective another one skipped). The job's key comes from
+ * RK_JOB_SECRET (64 hex chars, read and removed from the environment by rk_init); without
+ * it rank 0 makes a random key that travels in the same Allgather, and says so once. Rank 0
+ * also draws the attempt's salt there: the MAC key depends on both, so datagrams of an
+ * earlier launch attempt of the job are rejected (docs/DETECTOR.md, "Threat model").
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -20,9 +22,18 @@
 struct det_rec {
     det_addr addr;
     int32_t status;
-    uint8_t has_key;
-    uint8_t key[DET_KEY_BYTES];
+    uint8_t key[DET_KEY_BYTES];  /* rank 0's: the job's key when there is no secret */
+    uint8_t salt[DET_KEY_BYTES]; /* rank 0's: this launch attempt's */
 };
+
+void rec_det_forget_secret(rk_ctx *ctx)
+{
+    if (ctx->job_secret) {
+        explicit_bzero(ctx->job_secret, strlen(ctx->job_secret));
+        free(ctx->job_secret);
+        ctx->job_secret = NULL;
+    }
+}
 
 static int worst(const struct det_rec *all, int n, int *who)
 {
@@ -42,21 +53,23 @@ int rec_det_open(rk_ctx *ctx)
     struct det_rec mine;
     memset(&mine, 0, sizeof(mine));
     uint8_t key[DET_KEY_BYTES];
-    const char *secret = getenv("RK_JOB_SECRET");
+    const char *secret = ctx->job_secret;
     det_cfg cfg = {.rank = ctx->rank0, .world = ctx->world0, .heartbeat_ms = ctx->opt.heartbeat_ms,
                    .iface = ctx->opt.det_iface, .ev = ctx->ev};
 
     mine.status = det_open(&ctx->det, &cfg);
     if (mine.status == 0)
         det_local_addr(ctx->det, &mine.addr);
-    if (secret && *secret) {
+    if (secret) {
         if (det_key_from_secret(secret, key) != 0 && mine.status == 0)
             mine.status = rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,
                                    "RK_JOB_SECRET: expected 64 hexadecimal characters (32 bytes)");
-    } else if (ctx->rank0 == 0) {
+    }
+    if (ctx->rank0 == 0 && (rc = det_key_random(mine.salt)) != 0 && mine.status == 0)
+        mine.status = rc;
+    if (!secret && ctx->rank0 == 0) {
         if ((rc = det_key_random(mine.key)) != 0 && mine.status == 0)
             mine.status = rc;
-        mine.has_key = 1;
         if (ctx->world0 == 1)
             RK_LOG_INFO(RK_SUB_DET, "RK_JOB_SECRET not set: detector datagrams carry a MAC with a key made for this job at start");
         else
@@ -97,13 +110,16 @@ int rec_det_open(rk_ctx *ctx)
                       "rk_init: a detector bound to loopback in a job spanning hosts: set RK_DET_IFACE to an "
                       "interface or address the other hosts can reach");
     } else {
-        rc = det_start(ctx->det, addrs, (secret && *secret) ? key : all[0].key);
+        rc = det_start(ctx->det, addrs, secret ? key : all[0].key, all[0].salt);
     }
     free(addrs);
 out_free:
+    explicit_bzero(all, n * sizeof(*all));
     free(all);
 out_close:
-    memset(key, 0, sizeof(key));
+    explicit_bzero(key, sizeof(key));
+    explicit_bzero(&mine, sizeof(mine));
+    rec_det_forget_secret(ctx);
     if (rc != 0)
         det_close(&ctx->det);
     return rc;

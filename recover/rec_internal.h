@@ -40,6 +40,8 @@ struct ring;
 struct rk_ctx {
     rk_options opt;       /* validated copy; its strings point into the owned copies below */
     char *ckpt_dir, *event_log, *det_iface;
+    char *job_secret;     /* RK_JOB_SECRET as read at rk_init (then removed from the
+                             environment); wiped and freed once the detector has its key */
     int rank0;            /* rank at start: event-log file name, log prefix */
     int world0;           /* world size at start */
     int rank, world;      /* current, renumbered densely after a shrink */
@@ -72,6 +74,8 @@ int rec_ckpt_close(rk_ctx *ctx);
 int rec_ckpt_step_done(rk_ctx *ctx, int64_t step);
 int rec_det_open(rk_ctx *ctx);
 void rec_det_close(rk_ctx *ctx);
+/* Wipes and frees ctx->job_secret (rec_det_open does once the detector has its key). */
+void rec_det_forget_secret(rk_ctx *ctx);
 /* 0 while this worker is a member; RK_E_FENCED once the others declared it dead (it must
    then stop: every API call returns this). Cheap: called at the top of rk_step_done and
    rk_allreduce. */

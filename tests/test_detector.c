@@ -486,13 +486,14 @@ END_TEST
 
 static const uint8_t key1[DET_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 static const uint8_t key2[DET_KEY_BYTES] = {9, 8, 7};
+static const uint8_t salt[DET_KEY_BYTES] = {4, 4, 4};
 
 START_TEST(wire_roundtrip_and_rejects)
 {
     detw tx, rx, other;
-    th_assert_rc(detw_init(&tx, key1, 8, 2), 0);
-    th_assert_rc(detw_init(&rx, key1, 8, 3), 0);
-    th_assert_rc(detw_init(&other, key2, 8, 2), 0);
+    th_assert_rc(detw_init(&tx, key1, salt, 8, 2), 0);
+    th_assert_rc(detw_init(&rx, key1, salt, 8, 3), 0);
+    th_assert_rc(detw_init(&other, key2, salt, 8, 2), 0);
     detm m = {.type = DETM_PING_REQ, .src = 2, .dst = 3, .inc = 7, .epoch = 9, .subject = 5, .origin = 2,
               .nonce = 0xabcdef, .ndecl = 2};
     m.decl[0] = (detm_decl){4, 321};
@@ -558,8 +559,8 @@ END_TEST
 START_TEST(wire_replay_window_reorder)
 {
     detw tx, rx;
-    th_assert_rc(detw_init(&tx, key1, 4, 0), 0);
-    th_assert_rc(detw_init(&rx, key1, 4, 1), 0);
+    th_assert_rc(detw_init(&tx, key1, salt, 4, 0), 0);
+    th_assert_rc(detw_init(&rx, key1, salt, 4, 1), 0);
     detm m = {.type = DETM_HB, .src = 0, .dst = 1, .subject = -1, .origin = -1};
     uint8_t b[100][DETW_MAX];
     size_t n[100];
@@ -574,6 +575,31 @@ START_TEST(wire_replay_window_reorder)
     th_assert_rc(detw_decode(&rx, b[55], n[55], &got), DETW_OK);
     th_assert_rc(detw_decode(&rx, b[99], n[99], &got), DETW_OK);
     th_assert_rc(detw_decode(&rx, b[20], n[20], &got), DETW_REPLAY); /* too old */
+    detw_fini(&tx);
+    detw_fini(&rx);
+}
+END_TEST
+
+/* A datagram of an earlier launch attempt of the same job (same secret, another salt)
+   never authenticates: it is another attempt's MAC, not a replay the window would see. */
+START_TEST(wire_earlier_attempt_rejected)
+{
+    static const uint8_t salt2[DET_KEY_BYTES] = {5, 5, 5};
+    detw old, tx, rx;
+    th_assert_rc(detw_init(&old, key1, salt, 4, 0), 0);
+    th_assert_rc(detw_init(&tx, key1, salt2, 4, 0), 0);
+    th_assert_rc(detw_init(&rx, key1, salt2, 4, 1), 0);
+    detm m = {.type = DETM_DECL, .src = 0, .dst = 1, .subject = -1, .origin = -1, .ndecl = 1};
+    m.decl[0] = (detm_decl){1, 5000}; /* "rank 1 is dead", as the earlier attempt said */
+    uint8_t b[DETW_MAX];
+    detm got;
+    for (int i = 0; i < 100; i++) /* its sequence numbers run ahead of the new attempt's */
+        detw_encode(&old, &m, b);
+    size_t n = detw_encode(&old, &m, b);
+    th_assert_rc(detw_decode(&rx, b, n, &got), DETW_BADMAC);
+    n = detw_encode(&tx, &m, b);
+    th_assert_rc(detw_decode(&rx, b, n, &got), DETW_OK);
+    detw_fini(&old);
     detw_fini(&tx);
     detw_fini(&rx);
 }
@@ -816,14 +842,14 @@ START_TEST(proc_forged_and_garbage_rejected)
     static const uint8_t wrong[DET_KEY_BYTES] = {0xde, 0xad};
     uint8_t k[DET_KEY_BYTES];
     th_assert_rc(det_key_from_secret(secret, k), 0);
-    th_assert_rc(detw_init(&forger, wrong, 4, 3), 0);
+    th_assert_rc(detw_init(&forger, wrong, salt, 4, 3), 0);
     detm m = {.type = DETM_DECL, .src = 1, .dst = 3, .subject = -1, .origin = -1, .ndecl = 1};
     m.decl[0] = (detm_decl){0, 999};
     uint8_t buf[2048];
     size_t n = detw_encode(&forger, &m, buf);
     /* a forgery under the right job id: copy it in, MAC stays wrong */
     detw right;
-    th_assert_rc(detw_init(&right, k, 4, 3), 0);
+    th_assert_rc(detw_init(&right, k, salt, 4, 3), 0);
     uint8_t job[8];
     for (int i = 0; i < 8; i++)
         job[i] = (uint8_t)(right.job >> (8 * i));
@@ -869,6 +895,24 @@ START_TEST(proc_single_process)
 }
 END_TEST
 
+/* rk_init reads the job's secret and removes it from the environment: a process the
+   program starts does not inherit it. */
+START_TEST(proc_secret_not_inherited)
+{
+    setenv("RK_JOB_SECRET", secret, 1);
+    rk_ctx *ctx = NULL;
+    th_assert_rc(rk_init(&ctx, NULL), 0);
+    ck_assert_msg(getenv("RK_JOB_SECRET") == NULL, "RK_JOB_SECRET is still in the environment after rk_init");
+    char *out = NULL;
+    int rc = th_sh("test -z \"$RK_JOB_SECRET\" && echo clean", 30, &out);
+    ck_assert_msg(rc == 0 && out && strstr(out, "clean"), "a child inherited RK_JOB_SECRET (rc %d): %s", rc,
+                  out ? out : "");
+    free(out);
+    th_assert_rc(rk_step_done(ctx, 0), 0);
+    th_assert_rc(rk_finalize(&ctx), 0);
+}
+END_TEST
+
 /* A malformed RK_JOB_SECRET is refused by rk_init, naming the variable. */
 START_TEST(proc_bad_secret_refused)
 {
@@ -907,11 +951,13 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, wire_roundtrip_and_rejects);
     tcase_add_test(tc, wire_replay_window_reorder);
     tcase_add_test(tc, wire_secret_parsing);
+    tcase_add_test(tc, wire_earlier_attempt_rejected);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("proc");
     tcase_set_timeout(tc, 200);
     tcase_add_test(tc, proc_single_process);
+    tcase_add_test(tc, proc_secret_not_inherited);
     tcase_add_test(tc, proc_bad_secret_refused);
     tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
     tcase_add_test(tc, proc_sigstop_then_fenced);

@@ -78,6 +78,9 @@ def init(**options):
                 key, ", ".join(_lib.STRING_OPTIONS + _lib.INT_OPTIONS)))
     handle = ctypes.c_void_p()
     _lib.call("rk_init", _lib.lib.rk_init(ctypes.byref(handle), ctypes.byref(o)))
+    # rk_init removed the job secret from the C environment; Python's copy goes too, so
+    # that subprocesses of this program do not inherit it.
+    os.environ.pop("RK_JOB_SECRET", None)
     ctx = Context(handle, o.ckpt_dir is not None)
     _live.add(ctx)
     return ctx

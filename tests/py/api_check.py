@@ -10,6 +10,7 @@ process and on 3 ranks under mpirun.
 Exit 0 when every check passed; a failed check raises (traceback, exit 1).
 """
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -59,8 +60,12 @@ def expect_error(what, fn, name=None):
 
 
 def write():
+    os.environ["RK_JOB_SECRET"] = "5a" * 32
     rk = rekindle.init(ckpt_dir=DIR, ckpt_every=0)
     W = rk.world
+    # The job secret is gone from both environments: children do not inherit it.
+    assert "RK_JOB_SECRET" not in os.environ
+    assert subprocess.run(["sh", "-c", 'test -z "$RK_JOB_SECRET"']).returncode == 0
     # Options: a bad keyword, a bad value (named by the library).
     try:
         rekindle.init(nonsense=1)
