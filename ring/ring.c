@@ -35,9 +35,11 @@
  *  7. After a failure no collective MPI call is made: every ring of every epoch is the
  *     parent communicator with neighbours re-mapped over the members' parent ranks, and
  *     a rebuild is a bounded point-to-point handshake followed by local work only.
- *  6. A send never reads a region of the buffer that a later receive of the same call
- *     rewrites before the send completed (allgather step k waits for the send of
- *     step k-N+1 of the same chunk).
+ *  6. A send reads only a ring-owned send slot: each chunk is copied there when its
+ *     send is posted, so the caller's buffer is never read after the call returns (an
+ *     aborted call's sends cannot be cancelled; the next calls drain them as stale,
+ *     inv. 5), and a later receive may rewrite the chunk at once. After an abort, slots
+ *     whose send or receive is still pending are retired with the receive slots.
  *
  * States of a ring and the function for each transition:
  *
@@ -147,10 +149,11 @@ static int post_sends(struct xfer *x)
     ring *r = x->r;
     while (x->sent < x->T && x->sent - x->sdone < (size_t)r->window &&
            (x->sent < x->nch || x->valid > x->sent - x->nch)) {
-        size_t len;
-        unsigned char *p = chunk_at(x, x->sent, true, &len);
-        int rc = MPI_Isend(p, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->parent,
-                           &r->sreq[x->sent % (size_t)r->window]);
+        size_t len, slot = x->sent % (size_t)r->window;
+        const unsigned char *p = chunk_at(x, x->sent, true, &len);
+        unsigned char *s = r->sstage + slot * r->chunk_bytes;
+        memcpy(s, p, len * x->esize); /* invariant 6 */
+        int rc = MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->parent, &r->sreq[slot]);
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
@@ -203,20 +206,6 @@ static int classify(const struct xfer *x, const MPI_Status *st, size_t want_byte
     return RK_E_COLL_MISMATCH;
 }
 
-/* Waits (bounded) until the send of chunk t has completed (invariant 6). */
-static int wait_send(struct xfer *x, size_t t)
-{
-    bool progress;
-    while (x->sdone <= t) {
-        int rc = reap_sends(x, &progress);
-        if (rc == 0 && x->sdone <= t)
-            rc = ring__poll_cancel(x->cancel, x->deadline);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
 /* Processes the receive that completed into `slot`. Returns 0, or an error. */
 static int consume(struct xfer *x, int slot)
 {
@@ -235,17 +224,15 @@ static int consume(struct xfer *x, int slot)
         int div = (x->op == RK_AVG && k == n1 - 1) ? r->size : 0;
         rc = ring_reduce(dst, src, dst, len, x->dtype, x->op, div);
     } else {
-        if (t >= n1 * x->nch && (rc = wait_send(x, t - n1 * x->nch)) != 0)
-            return rc;
         memcpy(dst, src, len * x->esize);
     }
     x->valid++;
     return rc;
 }
 
-/* Abort (invariants 2 and 4): receives already matched keep their slots until MPI
-   completes them (a slot still pending is retired, never reused); sends are released
-   (they only read); the right neighbour is told. */
+/* Abort (invariants 2, 4 and 6): receives already matched and sends already posted keep
+   their slots until MPI completes them (slots with a request still pending are retired,
+   never reused); the right neighbour is told. */
 static void abort_xfer(struct xfer *x, int why)
 {
     ring *r = x->r;
@@ -255,8 +242,11 @@ static void abort_xfer(struct xfer *x, int why)
         if (MPI_Test(&r->rreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
             pending++;
     }
-    for (size_t m = x->sdone; m < x->sent; m++)
-        MPI_Request_free(&r->sreq[m % (size_t)r->window]);
+    for (size_t m = x->sdone; m < x->sent; m++) {
+        int done = 0;
+        if (MPI_Test(&r->sreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+            pending++;
+    }
     if (pending > 0)
         ring__stage_bury(r, pending);
     enum ring_token tok = why == RK_E_TIMEOUT ? RING_TOK_TIMEOUT

@@ -33,8 +33,8 @@ enum ring_token {
 #define RING_DEFAULT_WINDOW 4
 #define RING_MAX_WINDOW 64
 
-/* Receive buffers (and their requests) that MPI may still write after an abort: kept
-   until MPI reports the requests complete, never reused (invariant 2). */
+/* Slots (and their requests) that MPI may still write or read after an abort: kept
+   until MPI reports the requests complete, never reused (invariants 2 and 6). */
 struct ring_grave {
     MPI_Request *reqs;
     int nreqs;
@@ -55,7 +55,8 @@ struct ring {
     unsigned seq;         /* calls of ring_allreduce in this epoch (tags carry its low bits) */
     size_t chunk_bytes;
     int window;
-    unsigned char *stage; /* window * chunk_bytes: the receive slots */
+    unsigned char *stage; /* 2 * window * chunk_bytes: the receive slots, then */
+    unsigned char *sstage; /* the send slots (inside stage; slot i <-> sreq[i]) */
     MPI_Request *rreq;    /* window receive requests, slot i <-> rreq[i] */
     MPI_Request *sreq;    /* window send requests (a FIFO) */
     struct ring_grave *grave;
@@ -77,8 +78,9 @@ static inline int ring__ctrl_tag(uint64_t epoch, int kind)
 
 /* ring_mpi.c. MPI errors are translated by rk__mpi_fail (common/) at debug level: the
    ring's caller reports the failure once, with its context. */
-/* Receive slots for the current chunking; the old ones go to the grave if any of
-   `reqs` (n of them) is still pending, else are freed. */
+/* Receive and send slots for the current chunking. ring__stage_bury: the old ones go
+   to the grave if any of their requests is still pending (else are freed), and the
+   ring gets fresh ones. */
 int ring__stage_alloc(ring *r);
 int ring__stage_bury(ring *r, int npending);
 /* Sends a zero-byte abort token to the right neighbour and forgets the request. */

@@ -39,7 +39,7 @@ void ring__send_token(ring *r, unsigned seq, enum ring_token tok)
 }
 
 /* Frees mem and reqs if every request is complete (after cancelling it); otherwise keeps
-   them in the grave until reap_graves finds them complete (invariant 2). */
+   them in the grave until reap_graves finds them complete (invariants 2 and 6). */
 static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
 {
     int pending = 0;
@@ -55,7 +55,7 @@ static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
     struct ring_grave *g = pending ? malloc(sizeof(*g)) : NULL;
     if (!g) {
         if (pending) /* cannot track them: leaking is the only safe choice */
-            RK_LOG_WARN(RK_SUB_RING, "out of memory tracking %d pending receives: leaking their buffer", pending);
+            RK_LOG_WARN(RK_SUB_RING, "out of memory tracking %d pending transfers: leaking their buffer", pending);
         else {
             free(mem);
             free(reqs);
@@ -64,12 +64,12 @@ static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
     }
     *g = (struct ring_grave){.reqs = reqs, .nreqs = n, .mem = mem, .next = r->grave};
     r->grave = g;
-    RK_LOG_DEBUG(RK_SUB_RING, "%d receives still pending after an abort: buffer retired", pending);
+    RK_LOG_DEBUG(RK_SUB_RING, "%d transfers still pending after an abort: buffer retired", pending);
 }
 
 /* Frees the graves whose requests MPI has completed. final (ring_destroy): the others'
    requests are released and their memory retained for good (rk__retain_forever), since a
-   dead peer's pending receive may still be written. */
+   dead peer's pending receive may still be written (or a send still read). */
 static void reap_graves(ring *r, bool final)
 {
     struct ring_grave **link = &r->grave;
@@ -89,7 +89,7 @@ static void reap_graves(ring *r, bool final)
                 if (g->reqs[i] != MPI_REQUEST_NULL)
                     MPI_Request_free(&g->reqs[i]);
             rk__retain_forever(g->mem); /* MPI may still write it */
-            RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: receives still pending: their buffer is retained");
+            RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: transfers still pending: their buffer is retained");
         }
         *link = g->next;
         free(g->reqs);
@@ -101,8 +101,9 @@ int ring__stage_alloc(ring *r)
 {
     size_t w = (size_t)r->window;
     void *mem = NULL;
-    if (posix_memalign(&mem, 64, w * r->chunk_bytes) != 0)
-        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -ENOMEM, "ring: %zu bytes of receive slots", w * r->chunk_bytes);
+    if (posix_memalign(&mem, 64, 2 * w * r->chunk_bytes) != 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -ENOMEM, "ring: %zu bytes of receive and send slots",
+                        2 * w * r->chunk_bytes);
     MPI_Request *rq = malloc(2 * w * sizeof(*rq));
     if (!rq) {
         free(mem);
@@ -113,6 +114,7 @@ int ring__stage_alloc(ring *r)
     free(r->stage);
     free(r->rreq); /* rreq and sreq share one allocation */
     r->stage = mem;
+    r->sstage = r->stage + w * r->chunk_bytes;
     r->rreq = rq;
     r->sreq = rq + w;
     return 0;
@@ -121,13 +123,13 @@ int ring__stage_alloc(ring *r)
 int ring__stage_bury(ring *r, int npending)
 {
     (void)npending;
-    /* The old slots stay with their receive requests (rreq is the base of the request
-       allocation; the sends were all released); the ring gets fresh ones. */
+    /* The old slots stay with their requests (rreq is the base of the request
+       allocation, receives then sends); the ring gets fresh ones. */
     MPI_Request *old_rq = r->rreq;
     void *old_mem = r->stage;
-    r->stage = NULL;
+    r->stage = r->sstage = NULL;
     r->rreq = r->sreq = NULL;
-    bury(r, old_rq, r->window, old_mem);
+    bury(r, old_rq, 2 * r->window, old_mem);
     return ring__stage_alloc(r);
 }
 
