@@ -8,12 +8,20 @@
 #   make chaos                run the chaos campaign (chaos/run)
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make clean
-# Variables: SANITIZE=1 (ASan + UBSan, builds into build/asan), USE_CUDA=auto|yes|no,
+#   make crash-sweep          the full crash-consistency sweep (tests/test_crash, every case)
+# Variables: SANITIZE=1 (ASan + UBSan, builds into build/asan), TSAN=1 (ThreadSanitizer,
+#            builds into build/tsan; make check runs the threaded suites), USE_CUDA=auto|yes|no,
 #            CUDA_HOME=/usr/local/cuda, BUILD=dir, V=1 (show commands).
 
 SANITIZE ?= 0
+TSAN     ?= 0
+ifeq ($(SANITIZE)$(TSAN),11)
+$(error SANITIZE=1 and TSAN=1 cannot be combined (ASan and TSan exclude each other))
+endif
 ifeq ($(SANITIZE),1)
 BUILD    ?= build/asan
+else ifeq ($(TSAN),1)
+BUILD    ?= build/tsan
 else
 BUILD    ?= build
 endif
@@ -70,6 +78,14 @@ SAN      := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fra
 ALL_CFLAGS += $(SAN)
 LDFLAGS  += $(SAN)
 endif
+ifeq ($(TSAN),1)
+SAN      := -fsanitize=thread -fno-omit-frame-pointer
+ALL_CFLAGS += $(SAN)
+LDFLAGS  += $(SAN)
+endif
+# The suites that run threads of the library (the checkpoint writer, the detector, the
+# recovery paths): what make check runs under TSAN=1.
+TSAN_SUITES := common vfd ckpt hang crash detector recover ring train_mpi
 
 # ---- sources --------------------------------------------------------------------------
 LIB_DIRS := common formats ckpt detector ring recover
@@ -94,13 +110,13 @@ LIB_A    := $(BUILD)/lib/librekindle.a
 LIB_SO   := $(BUILD)/lib/librekindle.so
 CLI      := $(BUILD)/bin/rekindle
 
-.PHONY: build-tests all check demo bench chaos install clean deps config help
+.PHONY: build-tests all check crash-sweep demo bench chaos install clean deps config help
 .DEFAULT_GOAL := all
 
 all: config $(LIB_A) $(LIB_SO) $(CLI) $(EX_BIN) $(BUILD)/rekindle.pc
 
 config:
-	@echo "rekindle $(VERSION): $(CUDA_DESC)$(if $(filter 1,$(SANITIZE)), [ASan+UBSan])"
+	@echo "rekindle $(VERSION): $(CUDA_DESC)$(if $(filter 1,$(SANITIZE)), [ASan+UBSan])$(if $(filter 1,$(TSAN)), [TSan])"
 
 deps:
 	@scripts/install-deps
@@ -152,10 +168,13 @@ build-tests: all $(TEST_BIN) $(PROG_BIN) $(BENCH_BIN)
 
 check: deps
 	@$(MAKE) --no-print-directory build-tests
-	@RK_TEST_SANITIZE=$(SANITIZE) tests/run $(BUILD)
+	@RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) $(if $(filter 1,$(TSAN)),$(TSAN_SUITES))
 
 check-%: all $(PROG_BIN) $(BUILD)/tests/test_%
-	@RK_TEST_SANITIZE=$(SANITIZE) tests/run $(BUILD) $*
+	@RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) $*
+
+crash-sweep: all $(PROG_BIN) $(BUILD)/tests/test_crash
+	@RK_CRASH_STRIDE=1 RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) crash
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -115,9 +115,10 @@ static int remove_step(const char *dir, const char *name)
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     snprintf(trash, sizeof(trash), "%s/.trash-%s", dir, name);
     fmt_remove_tree(trash); /* left by an earlier removal that stopped half-way */
-    if (rename(path, trash) != 0)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, -errno, "retention: cannot remove %s: %s", path, strerror(errno));
-    int rc = fmt_remove_tree(trash);
+    int rc = fmt_io_rename(path, trash);
+    if (rc)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "retention: cannot remove %s: %s", path, strerror(-rc));
+    rc = fmt_remove_tree(trash);
     if (!rc)
         RK_LOG_INFO(RK_SUB_CKPT, "retention: removed %s", path);
     return rc;
@@ -185,7 +186,7 @@ static int clean_one(void *arg, const char *name)
     RK_LOG_INFO(RK_SUB_CKPT, "removing %s (a dead attempt)", path);
     if (tmp) {
         snprintf(trash, sizeof(trash), "%s/.trash-%s", c->dir, name + 1);
-        if (rename(path, trash) != 0)
+        if (fmt_io_rename(path, trash) != 0)
             return 0; /* gone already, or committed meanwhile */
         snprintf(path, sizeof(path), "%s", trash);
     }

@@ -217,13 +217,13 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
     char tmpdir[PATH_CAP], path[SUB_CAP];
     const char *tmpname = j->tmpname; /* this attempt's own (I9) */
     snprintf(tmpdir, sizeof(tmpdir), "%s/%s", e->dir, tmpname);
-    if (mkdir(tmpdir, 0755) != 0 && errno != EEXIST)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir,
-                        strerror(errno));
+    int rc = fmt_io_mkdir(tmpdir);
+    if (rc && rc != -EEXIST)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir, strerror(-rc));
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);
     unlink(path); /* this attempt's own, from an earlier try at the same step */
     fmt_write_stats st;
-    int rc = fmt_shard_write(path, &j->m, e->io, &st);
+    rc = fmt_shard_write(path, &j->m, e->io, &st);
     if (!rc && ckpt__abandoned(j))
         rc = abandoned(j);
     if (!rc) {

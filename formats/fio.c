@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -35,7 +36,7 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_SYNC] = "sync",         [FMT_OP_TRUNCATE] = "truncate", [FMT_OP_RENAME] = "rename",
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
     [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FMT_OP_LIST] = "list",
-    [FMT_OP_SWAP] = "swap",         [FIO_ANY] = "any",
+    [FMT_OP_SWAP] = "swap",         [FMT_OP_MKDIR] = "mkdir",     [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -44,7 +45,7 @@ static const struct {
 } kinds[] = {
     {"eio", -EIO},     {"enospc", -ENOSPC},         {"einval", -EINVAL},
     {"eperm", -EPERM}, {"short", FMT_FAULT_SHORT}, {"crash", FMT_FAULT_CRASH},
-    {"hang", FMT_FAULT_HANG},
+    {"hang", FMT_FAULT_HANG}, {"powerloss", FMT_FAULT_POWER},
 };
 
 static pthread_mutex_t fio_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -210,8 +211,10 @@ int fmt_fault(enum fmt_op op, const char *path)
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
     bool file_op = op != FMT_OP_REBUILD;
-    if (file_op)
+    if (file_op) {
+        fio_power_check();
         note_activity(op, path);
+    }
     ensure_loaded();
     if (fio_path_filter[0] && (!path || !strstr(path, fio_path_filter)))
         return 0;
@@ -235,7 +238,9 @@ int fmt_fault(enum fmt_op op, const char *path)
 
 int fmt_fault_apply(int fault)
 {
-    if (fault == FMT_FAULT_CRASH) {
+    if (fault == FMT_FAULT_CRASH || fault == FMT_FAULT_POWER) {
+        if (fault == FMT_FAULT_POWER)
+            fio_power_cut();
         raise(SIGKILL);
         return -EINTR; /* not reached */
     }
@@ -307,7 +312,10 @@ int fmt_io_fsync(int fd, const char *path)
     do
         rc = fdatasync(fd);
     while (rc < 0 && errno == EINTR);
-    return rc < 0 ? -errno : 0;
+    if (rc < 0)
+        return -errno;
+    fio_power_synced(fd, path);
+    return 0;
 }
 
 int fmt_io_ftruncate(int fd, off_t len, const char *path)
@@ -327,7 +335,16 @@ int fmt_io_rename(const char *from, const char *to)
     int f = fmt_fault(FMT_OP_RENAME, to);
     if (f)
         return fmt_fault_apply(f);
+    fio_power_removing(to); /* the inode it replaces, if any, goes */
     return rename(from, to) < 0 ? -errno : 0;
+}
+
+int fmt_io_mkdir(const char *path)
+{
+    int f = fmt_fault(FMT_OP_MKDIR, path);
+    if (f)
+        return fmt_fault_apply(f);
+    return mkdir(path, 0755) < 0 ? -errno : 0;
 }
 
 int fmt_io_fsync_dir(const char *dir)
@@ -344,6 +361,8 @@ int fmt_io_fsync_dir(const char *dir)
     while (rc < 0 && errno == EINTR);
     rc = rc < 0 ? -errno : 0;
     close(fd);
+    if (rc == 0)
+        fio_power_synced_dir(dir);
     return rc;
 }
 
@@ -352,7 +371,17 @@ int fmt_io_unlink(const char *path)
     int f = fmt_fault(FMT_OP_UNLINK, path);
     if (f)
         return fmt_fault_apply(f);
+    fio_power_removing(path);
     return unlink(path) < 0 ? -errno : 0;
+}
+
+int fmt_io_rmdir(const char *path)
+{
+    int f = fmt_fault(FMT_OP_UNLINK, path);
+    if (f)
+        return fmt_fault_apply(f);
+    fio_power_removing(path);
+    return rmdir(path) < 0 ? -errno : 0;
 }
 
 int fmt_io_exchange(const char *a, const char *b)

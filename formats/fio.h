@@ -5,18 +5,20 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|odirect|uring|list|swap|any|rebuild
- *           (odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild
+ *           (unlink: removing a file or an empty directory; mkdir: creating a directory;
+ *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
  *            list: reading a directory's entries; swap: exchanging two directories'
  *            names in one step; any: every file operation, N counted over all of them;
  *            rebuild: not a file operation but the ring's rebuild, between its handshake
  *            and its end, a point reached through fmt_fault_point (fmt.h) where only
  *            crash applies)
  *     N     the 0-based index of that operation in this process, or * for every one
- *     KIND  eio|enospc|einval|eperm|short|crash|hang
+ *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
  *                             faulted (operations without a path never are, then).
  *   RK_FAULT_HOLD=FILE        hang lasts while FILE exists (see below).
+ *   RK_FAULT_POWER=DIR        record what is durable, for the power-loss model below.
  * A bad RK_FAULT is logged once (RK_LOG_ERROR) and injects nothing; it never crashes.
  * The environment is read at first use; fmt_fault_reset() reads it again.
  *
@@ -30,6 +32,20 @@
  *                       until the process ends, or, with RK_FAULT_HOLD=FILE, until FILE
  *                       no longer exists; then the operation goes ahead. Tests of every
  *                       bound on a waiting disk use it.
+ *   FMT_FAULT_POWER     the machine loses power before the operation: with
+ *                       RK_FAULT_POWER=DIR, "power lost" is noted in DIR (every other
+ *                       process sharing DIR SIGKILLs itself at its next operation) and the
+ *                       process SIGKILLs itself; without it, the same as crash.
+ *
+ * The power-loss model (fio_power.c; docs/DESIGN.md "Crash model"). With RK_FAULT_POWER=DIR
+ * every process appends to DIR/journal what it made durable: a file's bytes at each
+ * fsync/fdatasync (a copy of the file, keyed by inode), a directory's entries at each fsync
+ * of the directory (name -> inode), and each inode it removes (unlink, rmdir: the inode
+ * number may come back for a new file). After the job is dead, fmt_power_rebuild builds the
+ * tree a disk would hold after the power loss: from the root's last durable entries down,
+ * each file with its last durable bytes (empty if it never had any); everything else is
+ * lost. fmt_power_drop_data keeps every name (as if all metadata had reached the journal)
+ * but drops every byte not fsync'd: the model of a file system that orders metadata only.
  */
 #ifndef RK_FMT_FIO_H
 #define RK_FMT_FIO_H
@@ -53,12 +69,14 @@ enum fmt_op {
     FMT_OP_REBUILD, /* "rebuild": the ring's rebuild (fmt_fault_point); not counted by "any" */
     FMT_OP_LIST,   /* "list": opening and reading a directory (EACCES, an unmounted share) */
     FMT_OP_SWAP,   /* "swap": renameat2 RENAME_EXCHANGE of two directories */
+    FMT_OP_MKDIR,  /* "mkdir": creating a directory */
     FMT_OP_COUNT
 };
 
 #define FMT_FAULT_SHORT (-100000) /* inject a short write/read (half the length) */
 #define FMT_FAULT_CRASH (-100001) /* the caller must raise(SIGKILL) on itself now */
 #define FMT_FAULT_HANG (-100002)  /* the operation never returns (a disk that stopped) */
+#define FMT_FAULT_POWER (-100003) /* the machine loses power now (RK_FAULT_POWER) */
 
 /* 0: go ahead; otherwise the fault to inject for this operation: -EIO, -ENOSPC, ...,
    FMT_FAULT_SHORT or FMT_FAULT_CRASH. Counts operations per process (thread-safe). */
@@ -78,15 +96,33 @@ int fmt_io_pwrite_all(int fd, const void *buf, size_t len, off_t off, const char
 int fmt_io_pread_all(int fd, void *buf, size_t len, off_t off, const char *path); /* -EIO on EOF */
 int fmt_io_fsync(int fd, const char *path);          /* fdatasync */
 int fmt_io_ftruncate(int fd, off_t len, const char *path);
-int fmt_io_rename(const char *from, const char *to); /* FMT_FAULT_CRASH -> raise(SIGKILL) */
 int fmt_io_fsync_dir(const char *dir);
 int fmt_io_unlink(const char *path);
+int fmt_io_rmdir(const char *path);                  /* counted as "unlink" */
+/* fmt_io_rename and fmt_io_mkdir are in fmt.h (ckpt/ renames and creates directories). */
 /* Exchanges the names of a and b (both exist) atomically: renameat2 RENAME_EXCHANGE.
    -EINVAL / -ENOSYS where the file system or kernel cannot; FMT_FAULT_CRASH -> SIGKILL. */
 int fmt_io_exchange(const char *a, const char *b);
 
-/* Applies an injected fault code for an operation that cannot be short: CRASH kills the
-   process, HANG never returns, SHORT becomes -EIO, anything else is returned as is. */
+/* Applies an injected fault code for an operation that cannot be short: CRASH and POWER
+   kill the process, HANG never returns, SHORT becomes -EIO, anything else is returned as is. */
 int fmt_fault_apply(int fault);
+
+/* ---- the power-loss model (fio_power.c), active only with RK_FAULT_POWER=DIR ---------- */
+/* The hooks of the wrappers: fd (path) was fsync'd; dir was fsync'd; path is about to be
+   removed; before every operation (SIGKILLs the process if power was lost); the cut. */
+void fio_power_synced(int fd, const char *path);
+void fio_power_synced_dir(const char *dir);
+void fio_power_removing(const char *path);
+void fio_power_check(void);
+void fio_power_cut(void);
+/* For tests, after every process that used DIR (logdir) is dead. Everything under root now
+   counts as durable (recorded in logdir), as on a disk at rest: */
+int fmt_power_baseline(const char *root, const char *logdir);
+/* The durable image of root per logdir, built in the new directory out: */
+int fmt_power_rebuild(const char *root, const char *logdir, const char *out);
+/* In place: every file under root keeps its name, its bytes go back to the last durable
+   ones (empty if none): */
+int fmt_power_drop_data(const char *root, const char *logdir);
 
 #endif

@@ -133,6 +133,10 @@ int fmt_commit_dir(const char *parent, const char *tmp, const char *final);
 int fmt_remove_tree(const char *path);
 /* fsync a file or directory by path. */
 int fmt_fsync_path(const char *path, bool dir);
+/* rename(2) and mkdir(2) (mode 0755) through the fault-injectable operations of fio.h
+   ("rename", "mkdir"): 0 or -errno; mkdir of an existing name is -EEXIST. */
+int fmt_io_rename(const char *from, const char *to);
+int fmt_io_mkdir(const char *path);
 
 /* ---- reading a checkpoint (fmt_read.c) ----------------------------------------------- */
 typedef struct fmt_ckpt {

@@ -115,8 +115,11 @@ int fmt_commit_dir(const char *parent, const char *tmp, const char *final)
 
 static int rm_one(const char *path, const struct stat *sb, int type, struct FTW *ftw)
 {
-    (void)sb, (void)type, (void)ftw;
-    return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+    (void)sb, (void)ftw;
+    int rc = type == FTW_DP || type == FTW_DNR ? fmt_io_rmdir(path) : fmt_io_unlink(path);
+    if (rc && rc != -ENOENT)
+        errno = -rc;
+    return rc == 0 || rc == -ENOENT ? 0 : -1;
 }
 
 int fmt_remove_tree(const char *path)

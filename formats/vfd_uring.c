@@ -448,6 +448,8 @@ static int sync_file(vfd *f)
             rc = cqe->res < 0 ? cqe->res : 0;
             io_uring_cqe_seen(&f->ring, cqe);
         }
+        if (rc == 0)
+            fio_power_synced(f->fd, f->path); /* what fmt_io_fsync does after its fdatasync */
     }
     if (rc < 0)
         return set_error(f, rc, "fdatasync", 0);

@@ -1,4 +1,5 @@
 /* tests/harness.c - see harness.h. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +33,26 @@ void th_skip_suite(const char *why)
     printf("SKIP: %s\n", why);
     fflush(stdout);
     exit(77);
+}
+
+bool th_exists(const char *dir, const char *name)
+{
+    char p[8200];
+    struct stat sb;
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    return stat(p, &sb) == 0;
+}
+
+int th_dot_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] == '.' && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
 }
 
 char *th_bin(const char *name)

@@ -28,6 +28,10 @@ char *th_bin(const char *name);
 char *th_tmpdir(const char *tag);
 /* rm -rf path; 0 or -errno. */
 int th_rmrf(const char *path);
+/* Whether dir/name exists. */
+bool th_exists(const char *dir, const char *name);
+/* How many entries of dir have a name beginning with '.' (-1 if it cannot be listed). */
+int th_dot_entries(const char *dir);
 /* Whole file into a NUL-terminated malloc'd buffer; NULL if unreadable. */
 char *th_read_file(const char *path, size_t *len);
 int th_write_file(const char *path, const void *data, size_t len);

@@ -5,6 +5,9 @@
  *   prog_ckpt write STEPS SEED [big]   runs STEPS steps (checkpoints per RK_CKPT_*), scribbles
  *                                      over every buffer right after each rk_step_done,
  *                                      rk_wait; prints "rank R wrote" (exit 0) or the error
+ *   prog_ckpt continue STEPS SEED      rk_resume, then as write from the step it resumed at
+ *                                      up to STEPS; also prints "rank R ops OP=N ..." (the
+ *                                      file operations counted by RK_FAULT, formats/fio.h)
  *   prog_ckpt resume EXPECT SEED [big] rk_resume; checks next_step == EXPECT and every byte;
  *                                      prints "rank R resumed S" (exit 0); EXPECT -1: none
  *   prog_ckpt other                    registers a different set and calls rk_resume; prints
@@ -20,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../formats/fio.h"
 #include "common.h"
 #include "rekindle.h"
 
@@ -104,8 +108,12 @@ int main(int argc, char **argv)
         if ((rc = rk_register(ctx, specs[t].name, buf[t], specs[t].dtype, specs[t].ndim, specs[t].shape, 0)) != 0)
             return fail("rk_register", rc);
     }
-    if (strcmp(mode, "write") == 0) {
-        for (int64_t s = 0; s < arg; s++) {
+    bool cont = strcmp(mode, "continue") == 0;
+    if (strcmp(mode, "write") == 0 || cont) {
+        int64_t from = 0;
+        if (cont && (rc = rk_resume(ctx, &from)) != 0)
+            return fail("rk_resume", rc);
+        for (int64_t s = from; s < arg; s++) {
             for (size_t t = 0; t < n; t++)
                 fill(buf[t], nbytes_of(&specs[t]), t, s + 1, seed);
             if ((rc = rk_step_done(ctx, s)) < 0)
@@ -119,6 +127,7 @@ int main(int argc, char **argv)
         } else {
             printf("rank %d wrote\n", rk_rank(ctx));
         }
+
     } else if (strcmp(mode, "untouched") == 0) {
         int64_t next = -2;
         bool same = true;
@@ -150,7 +159,14 @@ int main(int argc, char **argv)
         if (!status)
             printf("rank %d resumed %" PRId64 "\n", rk_rank(ctx), next);
     }
+    int me = rk_rank(ctx);
     rc = rk_finalize(&ctx);
+    if (cont) { /* rk_finalize's file operations count too */
+        printf("rank %d ops", me);
+        for (int op = 0; op < FMT_OP_COUNT; op++)
+            printf(" %s=%" PRIu64, fmt_op_name((enum fmt_op)op), fmt_fault_count((enum fmt_op)op));
+        printf("\n");
+    }
     for (size_t t = 0; t < n; t++)
         free(buf[t]);
     if (rc && !status)

@@ -66,24 +66,6 @@ static int run_prog(int np, const char *dir, const char *mode, const char *arg, 
     return th_mpirun(np, argv, env, 90, out);
 }
 
-static bool exists(const char *dir, const char *name)
-{
-    char p[4200];
-    struct stat sb;
-    snprintf(p, sizeof(p), "%s/%s", dir, name);
-    return stat(p, &sb) == 0;
-}
-
-static int count_dot_dirs(const char *dir)
-{
-    char cmd[4300], *out = NULL;
-    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.' || true", dir);
-    th_sh(cmd, 10, &out);
-    int n = out ? atoi(out) : -1;
-    free(out);
-    return n;
-}
-
 #define RUN_OK(np, dir, mode, arg, e1, e2)                                                  \
     do {                                                                                   \
         char *o_ = NULL;                                                                   \
@@ -98,11 +80,11 @@ START_TEST(roundtrip_single_rank)
 {
     char *dir = th_tmpdir("rt");
     RUN_OK(0, dir, "write", "5", "RK_EVENT_LOG=/dev/null", NULL);
-    ck_assert(exists(dir, S2) && exists(dir, S4));
-    ck_assert_int_eq(count_dot_dirs(dir), 0);
+    ck_assert(th_exists(dir, S2) && th_exists(dir, S4));
+    ck_assert_int_eq(th_dot_entries(dir), 0);
     RUN_OK(0, dir, "resume", "4", NULL, NULL);
     RUN_OK(0, dir, "write", "7", NULL, NULL); /* 2, 4, 6: keep 2 */
-    ck_assert(!exists(dir, S2) && exists(dir, S4) && exists(dir, "step-000000000006"));
+    ck_assert(!th_exists(dir, S2) && th_exists(dir, S4) && th_exists(dir, "step-000000000006"));
     th_rmrf(dir);
     free(dir);
 }
@@ -133,7 +115,7 @@ START_TEST(two_ranks_resume_three_and_one)
 {
     char *dir = th_tmpdir("mpi");
     RUN_OK(2, dir, "write", "5", NULL, NULL);
-    ck_assert(exists(dir, S4 "/shard-0.h5") && exists(dir, S4 "/shard-1.h5") && exists(dir, S4 "/index.h5"));
+    ck_assert(th_exists(dir, S4 "/shard-0.h5") && th_exists(dir, S4 "/shard-1.h5") && th_exists(dir, S4 "/index.h5"));
     char *out = NULL;
     int rc = run_prog(3, dir, "resume", "4", NULL, NULL, &out);
     ck_assert_msg(rc == 0 && strstr(out, "rank 2 resumed 4"), "exit %d: %s", rc, out);
@@ -317,7 +299,7 @@ START_TEST(retention_keeps_newest_verifying)
     int rc = th_sh(cmd, 90, &out);
     ck_assert_msg(rc == 0 && strstr(out, "rank 0 wrote"), "exit %d: %s", rc, out);
     free(out);
-    ck_assert_msg(exists(dir, S4) && exists(dir, S2), "retention removed the newest checkpoint that verifies");
+    ck_assert_msg(th_exists(dir, S4) && th_exists(dir, S2), "retention removed the newest checkpoint that verifies");
     RUN_OK(1, dir, "resume", "2", NULL, NULL);
     th_rmrf(dir);
     free(dir);
@@ -333,7 +315,7 @@ START_TEST(timeline_order)
     for (int k = 0; k < 2; k++) {
         char *dir = th_tmpdir("timeline"), p[4300];
         RUN_OK(1, dir, "write", "7", "RK_KEEP=9", NULL);
-        ck_assert(exists(dir, S2) && exists(dir, S4) && exists(dir, S6));
+        ck_assert(th_exists(dir, S2) && th_exists(dir, S4) && th_exists(dir, S6));
         char *argv[] = {prog, "write", "4", "8", NULL};
         const char *const *env = env_for(dir, "RK_CKPT_EVERY=3", k == 0 ? "RK_KEEP=9" : "RK_KEEP=2");
         char *out = NULL;
@@ -341,7 +323,7 @@ START_TEST(timeline_order)
         ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
         free(out);
         if (k == 1) {
-            ck_assert_msg(exists(dir, S3) && exists(dir, S2) && !exists(dir, S4) && !exists(dir, S6),
+            ck_assert_msg(th_exists(dir, S3) && th_exists(dir, S2) && !th_exists(dir, S4) && !th_exists(dir, S6),
                           "retention kept the wrong checkpoints");
         } else {
             char *o = NULL, *argv1[] = {prog, "resume", "3", "8", NULL};
@@ -380,7 +362,7 @@ START_TEST(recommit_never_loses_label)
         int rc = th_run(argv, env_for(dir, f, "RK_FAULT_PATH=/" S4), 60, &out);
         ck_assert_msg(rc == 0 || rc == 128 + 9, "%s: exit %d: %s", f, rc, out);
         free(out);
-        ck_assert_msg(exists(dir, S4 "/index.h5"), "%s: no whole " S4 " left", f);
+        ck_assert_msg(th_exists(dir, S4 "/index.h5"), "%s: no whole " S4 " left", f);
         if (rc == 0) {
             char *argv2[] = {prog, "resume", "4", "8", NULL};
             rc = th_run(argv2, env_for(dir, NULL, NULL), 60, &out);
@@ -409,7 +391,7 @@ START_TEST(faults_fail_cleanly)
         int rc = run_prog(1, dir, "write", "5", faults[k], "RK_FAULT_PATH=000000000004", &out);
         ck_assert_msg(rc == 3 && strstr(out, "rk_wait"), "%s: exit %d: %s", faults[k], rc, out);
         free(out);
-        ck_assert_msg(!exists(dir, S4), "%s: a failed checkpoint was committed", faults[k]);
+        ck_assert_msg(!th_exists(dir, S4), "%s: a failed checkpoint was committed", faults[k]);
         RUN_OK(1, dir, "resume", "2", NULL, NULL);
         th_rmrf(dir);
         free(dir);
@@ -430,13 +412,13 @@ START_TEST(crash_at_every_operation)
         bool done = rc == 0;
         ck_assert_msg(rc == 0 || rc == 128 + 9, "%s: exit %d", f, rc);
         crashed += !done;
-        if (exists(dir, S2)) {
+        if (th_exists(dir, S2)) {
             committed++;
             RUN_OK(1, dir, "resume", "2", NULL, NULL);
         } else {
             RUN_OK(1, dir, "resume", "-1", NULL, NULL);
         }
-        ck_assert_int_eq(count_dot_dirs(dir), 0); /* cleaned at start by the resume run */
+        ck_assert_int_eq(th_dot_entries(dir), 0); /* cleaned at start by the resume run */
         th_rmrf(dir);
         free(dir);
         if (done)

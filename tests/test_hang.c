@@ -52,14 +52,6 @@ static void set_fault(const char *spec, const char *path, const char *hold)
     ck_assert_int_eq(fmt_fault_reset(), 0);
 }
 
-static bool exists(const char *dir, const char *name)
-{
-    char p[9000];
-    struct stat sb;
-    snprintf(p, sizeof(p), "%s/%s", dir, name);
-    return stat(p, &sb) == 0;
-}
-
 /* Whether any directory directly under dir holds a file named name. */
 static bool any_subdir_has(const char *dir, const char *name)
 {
@@ -69,7 +61,7 @@ static bool any_subdir_has(const char *dir, const char *name)
     while (d && !found && (de = readdir(d)) != NULL) {
         char p[4400];
         snprintf(p, sizeof(p), "%s/%s", de->d_name, name);
-        found = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 && exists(dir, p);
+        found = strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0 && th_exists(dir, p);
     }
     if (d)
         closedir(d);
@@ -111,7 +103,7 @@ START_TEST(wait_and_destroy_bounded_on_hung_disk)
     ck_assert_msg(rc == RK_E_TIMEOUT, "ckpt_destroy: %s", rk_strerror(rc));
     ck_assert_msg(ms < 3000, "ckpt_destroy took %.0f ms past a 300 ms deadline", ms);
     ck_assert_ptr_null(e);
-    ck_assert(!exists(dir, "step-000000000001"));
+    ck_assert(!th_exists(dir, "step-000000000001"));
     free(dir);
 }
 END_TEST
@@ -135,7 +127,7 @@ START_TEST(abandoned_never_commits)
     ck_assert_msg(ms_since(t0) < 2000, "ckpt_wait waited %.0f ms for an abandoned writer", ms_since(t0));
     unlink(hold); /* the disk answers again */
     ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(20000)), 0); /* reported once, above */
-    ck_assert(!exists(dir, "step-000000000003"));
+    ck_assert(!th_exists(dir, "step-000000000003"));
 
     /* The commit claimed first: hang at the commit's rename; abandoning is refused. */
     char final[4200];
@@ -150,7 +142,7 @@ START_TEST(abandoned_never_commits)
     ck_assert(!ckpt_abandon(e));
     unlink(hold);
     ck_assert_int_eq(ckpt_wait(e, rk__deadline_ns(20000)), 0);
-    ck_assert(exists(dir, "step-000000000004"));
+    ck_assert(th_exists(dir, "step-000000000004"));
     ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(20000)), 0);
     th_rmrf(dir);
     free(dir);
@@ -179,8 +171,8 @@ START_TEST(stale_attempt_never_mixes)
     tb[1].name = "v";
     ck_assert_int_eq(ckpt_start(e, 5, tb, 2), 0);
     ck_assert_msg(ckpt_wait(e, rk__deadline_ns(20000)) == 0, "%s", rk_last_error());
-    ck_assert(exists(dir, "step-000000000005/shard-0.h5"));
-    ck_assert_msg(!exists(dir, "step-000000000005/shard-1.h5") && !exists(dir, "step-000000000005/shard-1.ok"),
+    ck_assert(th_exists(dir, "step-000000000005/shard-0.h5"));
+    ck_assert_msg(!th_exists(dir, "step-000000000005/shard-1.h5") && !th_exists(dir, "step-000000000005/shard-1.ok"),
                   "the committed checkpoint holds the stale attempt's shard");
     fmt_ckpt *c = NULL;
     char step[4200];
@@ -221,7 +213,7 @@ START_TEST(skip_tells_rank0_at_once)
     double ms = ms_since(t0);
     ck_assert_msg(rc == RK_E_ABORTED, "rank 0: %s (%s)", rk_strerror(rc), rk_last_error());
     ck_assert_msg(ms < 10000, "rank 0 waited %.0f ms for a shard rank 1 had skipped (timeout 30000)", ms);
-    ck_assert(!exists(dir, "step-000000000004"));
+    ck_assert(!th_exists(dir, "step-000000000004"));
     unlink(hold);
     ck_assert(ckpt_abandon(r1));
     ckpt_destroy(&r1, rk__deadline_ns(10000));
@@ -255,7 +247,7 @@ START_TEST(api_wait_finalize_bounded)
     ck_assert_msg(ms < 30000, "the job took %.0f ms (RK_TIMEOUT_MS 1500)", ms);
     char sub[4300];
     snprintf(sub, sizeof(sub), "%s/ck", dir);
-    ck_assert(!exists(sub, "step-000000000002"));
+    ck_assert(!th_exists(sub, "step-000000000002"));
     free(out);
     free(prog);
     th_rmrf(dir);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../formats/fio.h"
+#include "../formats/fmt.h"
 #include "../formats/vfd_uring.h"
 #include "common.h"
 #include "harness.h"
