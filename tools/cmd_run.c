@@ -396,7 +396,8 @@ struct verdict {
     char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
 };
 
-static void judge(const char *dir, int nproc, struct verdict *v)
+/* with_host: name each lost worker's host (a job started with --hostfile). */
+static void judge(const char *dir, int nproc, bool with_host, struct verdict *v)
 {
     memset(v, 0, sizeof(*v));
     size_t len = 0;
@@ -417,7 +418,7 @@ static void judge(const char *dir, int nproc, struct verdict *v)
             v->ok++;
             continue;
         }
-        if (host[0])
+        if (host[0] && with_host)
             snprintf(on, sizeof(on), " (%s)", host);
         if (strcmp(kind, "exit") == 0) {
             snprintf(what, sizeof(what), "exit %d", code);
@@ -483,7 +484,7 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         }
         if (!done && !ended && *stop_sig == 0) {
             struct verdict v;
-            judge(rec_dir, nproc, &v);
+            judge(rec_dir, nproc, false, &v);
             int64_t at = v.recorded == nproc ? rk__deadline_ns(DONE_GRACE_MS)
                          : v.ok > 0          ? rk__deadline_ns(LATE_GRACE_MS)
                                              : INT64_MAX;
@@ -548,7 +549,7 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
     free_argv(argv);
     if (status < 0)
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
-    judge(rec_dir, a->n + a->spares, v);
+    judge(rec_dir, a->n + a->spares, a->hostfile != NULL, v);
     if (*stop_sig)
         return 128 + *stop_sig;
     if (v->recorded == 0) {
