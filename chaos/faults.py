@@ -28,6 +28,16 @@ Kinds (KINDS below; `--faults` picks among them):
                     worker may be declared dead for it
   min_world         RK_MIN_WORLD = the world size and a worker killed: the job must stop
                     with the clear error, not hang and not continue
+Kinds between hosts (chaos/run --hosts K: the job runs on K hosts made by scripts/hosts,
+network namespaces joined by a bridge, over TCP):
+  host_loss         every process of one host (Open MPI's daemon, the launcher's wrappers,
+                    the trainers) SIGKILLed at once: the others go on in place
+  partition         iptables in one host's namespace drops everything it sends or receives
+                    for a few seconds, then the link heals: the majority goes on in place;
+                    the host's workers fence or stop, never exit 0, and commit nothing
+  link_loss         iptables drops x% (2, 5 or 10) of what one host sends and receives, at
+                    random, for a few seconds (no netem in every kernel): slower, but no
+                    worker may be declared dead for it
 Moments: 'step' (a random step), 'snapshot' (the step whose rk_step_done takes a
 snapshot), 'persist' (a few ms after it: the write is in flight), 'commit' (as soon as a
 ckpt_committed event is seen), 'dead' (as soon as a peer_dead event is seen: recovery).
@@ -38,13 +48,16 @@ import shutil
 import signal
 import subprocess
 
-from job import now_ns
+from job import marked_processes, now_ns
 
 KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "kill_in_rebuild", "stop_cont",
-         "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world"]
+         "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world",
+         "host_loss", "partition", "link_loss"]
+# Kinds that need the job on several hosts (chaos/run --hosts K).
+NEED_HOSTS = {"host_loss", "partition", "link_loss"}
 # Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
 IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "kill_in_rebuild", "stop_cont", "io_fault",
-            "disk_hang", "hb_jitter"}
+            "disk_hang", "hb_jitter", "host_loss", "partition", "link_loss"}
 # A writer stuck on a dead disk keeps its attempt's temporary directory (removed at the
 # next start): these kinds may end with one.
 LEAVES_TEMP = {"disk_hang"}
@@ -61,7 +74,7 @@ def majority_left(world, killed, lowest):
     return 2 * left > world or (2 * left == world and lowest not in killed)
 
 
-def draw(rng, kinds, workers, steps, every):
+def draw(rng, kinds, workers, steps, every, hosts=0):
     """The run's plan: {'kind', 'faults': [fault dicts], 'env', 'max_restarts', 'netns',
     'expect'}. expect: 'finish' (completes, in place if the kind is in IN_PLACE) or
     'stop' (ends with the min_world error)."""
@@ -136,6 +149,13 @@ def draw(rng, kinds, workers, steps, every):
         plan["expect"] = "stop"
         plan["in_place"] = False
         fault("kill", pick="random_not_lowest", n=1)
+    elif kind == "host_loss":
+        fault("host_loss", pick="host", n=0, host=rng.randrange(hosts))
+    elif kind == "partition":
+        fault("partition", pick="host", n=0, host=rng.randrange(hosts), hold_ms=rng.randint(3000, 5000))
+    elif kind == "link_loss":
+        fault("link_loss", pick="host", n=0, host=rng.randrange(hosts), hold_ms=rng.randint(2000, 4000),
+              loss=rng.choice([2, 5, 10]))
     if kind in ("kill_two",):
         plan["in_place"] = None  # decided when the victims are known (majority rule)
     return plan
@@ -241,12 +261,56 @@ def inject(f, job, rng, world_start):
         else:  # relaunch, corrupt: the whole run, launcher included
             job.kill_everything()
         return None
+    if k in NEED_HOSTS:
+        host = job.hosts.names[f["host"]]
+        f["host"] = host
+        on = {r: pid for r, pid in live.items() if job.host_of(pid) == host}
+        f["victims"] = sorted(on) if k != "link_loss" else []
+        if k == "host_loss":
+            procs = [pid for pid in marked_processes(job.mark) if job.host_of(pid) == host]
+            if not procs:
+                f["fired"] = False
+                return "no process of the run on " + host
+            _signal(procs, signal.SIGKILL)
+            f["processes"] = len(procs)
+            return None
+        f["end_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
+        if k == "partition":
+            f["rules"] = [["INPUT", "-i", "eth0", "-j", "DROP"], ["OUTPUT", "-o", "eth0", "-j", "DROP"]]
+        else:
+            p = "%.2f" % (f["loss"] / 100.0)
+            f["rules"] = [[chain, io, "eth0", "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"]
+                          for chain, io in (("INPUT", "-i"), ("OUTPUT", "-o"))]
+            f["scope"] = "iptables: %d%% of %s's packets dropped each way" % (f["loss"], host)
+        for rule in f["rules"]:
+            err = _host_sh(job, host, ["iptables", "-I"] + rule)
+            if err:
+                heal(job, f)
+                return err
+        return None
     if k == "netem":
         f["victims"] = []
         err = netem(job, True, f)
         f["end_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
         return err
     return "unknown fault kind " + k
+
+
+def _host_sh(job, host, cmd):
+    if not shutil.which(cmd[0]):
+        return "%s is not installed (scripts/install-deps installs it)" % cmd[0]
+    try:
+        r = subprocess.run(job.hosts.ns(host) + cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if r.returncode == 0 else "%s on %s: %s" % (" ".join(cmd), host, r.stderr.strip())
+
+
+def heal(job, f):
+    """Ends a partition or link loss: removes its iptables rules. Returns None or why not."""
+    errs = [e for e in (_host_sh(job, f["host"], ["iptables", "-D"] + rule) for rule in f.get("rules", [])) if e]
+    f["healed_ns"] = now_ns()
+    return "; ".join(errs) or None
 
 
 def corrupt_newest(ckpt, rng, how):

@@ -59,6 +59,52 @@ def marked_processes(mark, exact=True):
     return found
 
 
+class Hosts:
+    """K hosts made by scripts/hosts (network namespaces on a bridge) for a campaign:
+    up() makes them and a hostfile, down() removes them (idempotent); env is what a job
+    needs to run on them (rsh agent, TCP transport on the bridge's subnet, the
+    detector's subnet)."""
+
+    def __init__(self, src, k, slots, workdir, prefix="rkc", net="10.78.0"):
+        self.script = os.path.join(src, "scripts", "hosts")
+        self.k, self.slots = k, slots
+        self.names = ["%s%d" % (prefix, i) for i in range(1, k + 1)]
+        self.net = net
+        self.hostfile = os.path.join(workdir, "hostfile")
+        self.senv = dict(os.environ, RK_HOSTS_PREFIX=prefix, RK_HOSTS_NET=net)
+        subnet = net + ".0/24"
+        self.env = {"OMPI_MCA_plm_rsh_agent": self.script + " agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
+                    "OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": subnet,
+                    "OMPI_MCA_oob_tcp_if_include": subnet, "RK_DET_IFACE": subnet,
+                    "RK_HOSTS_PREFIX": prefix, "RK_HOSTS_NET": net}
+        self._ino = {}
+
+    def check(self):
+        r = subprocess.run([self.script, "check"], env=self.senv, capture_output=True, text=True)
+        return None if r.returncode == 0 else (r.stdout + r.stderr).strip() or "scripts/hosts check failed"
+
+    def up(self):
+        r = subprocess.run([self.script, "up", str(self.k), self.hostfile, str(self.slots)], env=self.senv,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            return (r.stdout + r.stderr).strip()
+        self._ino = {os.stat("/run/netns/" + h).st_ino: h for h in self.names}
+        return None
+
+    def down(self):
+        subprocess.run([self.script, "down"], env=self.senv, capture_output=True, timeout=60)
+
+    def host_of(self, pid):
+        try:
+            return self._ino.get(os.stat("/proc/%d/ns/net" % pid).st_ino)
+        except OSError:
+            return None
+
+    def ns(self, host):
+        """The command prefix that runs a command inside host's network namespace."""
+        return ["ip", "netns", "exec", host]
+
+
 def kill_marked(mark, exact=True, sig=signal.SIGKILL):
     """Signals every process of the mark (SIGCONT after SIGKILL is not needed: a stopped
     process dies of SIGKILL). Returns the pids signalled."""
@@ -72,7 +118,7 @@ def kill_marked(mark, exact=True, sig=signal.SIGKILL):
 
 
 class Job:
-    def __init__(self, run_dir, build, src, workers, train_args, env, mark, max_restarts=0, netns=False):
+    def __init__(self, run_dir, build, src, workers, train_args, env, mark, max_restarts=0, netns=False, hosts=None):
         self.dir = run_dir
         self.build, self.src = build, src
         self.workers = workers
@@ -81,6 +127,7 @@ class Job:
         self.mark = mark
         self.max_restarts = max_restarts
         self.netns = netns
+        self.hosts = hosts        # Hosts (scripts/hosts) to run on, or None: this host
         self.ckpt = os.path.join(run_dir, "ckpt")
         self.evbase = os.path.join(run_dir, "ev")
         self.launch_dir = os.path.join(run_dir, "launch")
@@ -102,6 +149,8 @@ class Job:
     # ---- launching -----------------------------------------------------------------
     def command(self):
         cmd = [os.path.join(self.build, "bin", "rekindle"), "run", "-n", str(self.workers)]
+        if self.hosts:
+            cmd += ["--hostfile", self.hosts.hostfile]
         if self.max_restarts:
             cmd += ["--max-restarts", str(self.max_restarts)]
         cmd += ["--", os.path.join(self.src, "chaos", "worker.sh"),
@@ -122,6 +171,8 @@ class Job:
             "RK_RUN_DIR": os.path.join(self.launch_dir, "phase-%d" % self.phase),
         })
         env.update(MPI_ENV)
+        if self.hosts:
+            env.update(self.hosts.env)
         os.makedirs(env["RK_RUN_DIR"], exist_ok=True)
         self._out_off, self._out_part = 0, ""
         self.out_path = os.path.join(self.dir, "stdout.%d" % self.phase)
@@ -226,6 +277,10 @@ class Job:
         if not by_attempt:
             return {}
         return by_attempt[max(by_attempt)]
+
+    def host_of(self, pid):
+        """The host (scripts/hosts) process pid runs on, or None."""
+        return self.hosts.host_of(pid) if self.hosts else None
 
     def kill_everything(self):
         """SIGKILL every process of the run, the launcher included; waits until they are

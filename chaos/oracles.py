@@ -14,7 +14,9 @@ after a run that had to stop; the reason is in the detail and in the report).
                worker did not finish and committed nothing after it was continued: it
                fenced itself (event 'fenced'), or, when the others were already gone
                and nobody could tell it, it refused to go on as a minority
-               (RK_E_NO_MAJORITY on its stderr)
+               (RK_E_NO_MAJORITY on its stderr); a partitioned host's workers (the
+               minority) did not finish (no 'exit 0' record) and committed nothing
+               after the partition began
   verify       `rekindle verify` passes every committed checkpoint (--all), and fails
                each one the harness damaged
   h5           every committed checkpoint opens with h5py: root attributes step (equal
@@ -96,7 +98,7 @@ def killed_after_end(job, plan):
     """Victims no survivor ever declared dead: killed after the job's last collective (a
     late fault on a short job), so they belong to the final world but print no final line."""
     declared = {e.get("peer") for e in job.events_named("peer_dead")}
-    return {v for f in plan["faults"] if f.get("fired") and f["kind"] == "kill"
+    return {v for f in plan["faults"] if f.get("fired") and f["kind"] in ("kill", "host_loss")
             for v in f["victims"] if v not in declared}
 
 
@@ -107,7 +109,7 @@ def check_in_place(job, plan, workers):
         return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
     lost = set()
     for f in plan["faults"]:
-        if f.get("fired") and f["kind"] in ("kill", "stop"):
+        if f.get("fired") and f["kind"] in ("kill", "stop", "host_loss", "partition"):
             lost |= set(f["victims"])
         if f.get("fired") and f["kind"] == "io" and f["spec"].endswith("=crash") and crashed(job, f["rank"]):
             lost.add(f["rank"])
@@ -116,14 +118,16 @@ def check_in_place(job, plan, workers):
     if finals and finals[0][2] != workers - len(lost):
         return _bad("in_place", "final world %d, want %d - %d lost" % (finals[0][2], workers, len(lost)))
     for f in plan["faults"]:
-        if f.get("fired") and f["kind"] == "stop":
+        if f.get("fired") and f["kind"] in ("stop", "partition"):
             for r in f["victims"]:
                 fenced = [e for e in job.events if e["_file_rank"] == r and e["event"] == "fenced"]
                 refused = re.search(r"\[rekindle r%d [^]]*\] recovery stopped: survivors are not a majority" % r,
                                     job.stderr_text())
-                if not fenced and not refused:
-                    return _bad("in_place", "rank %d was stopped and continued, but neither fenced itself nor "
-                                "refused to go on as a minority" % r)
+                # Cut off, a minority's stderr may never reach mpirun: its record says it stopped.
+                stopped = f["kind"] == "partition" and (worker_record(job, r) or "exit 0") != "exit 0"
+                if not fenced and not refused and not stopped:
+                    return _bad("in_place", "rank %d was %s, but neither fenced itself nor refused to go on as "
+                                "a minority" % (r, "stopped and continued" if f["kind"] == "stop" else "cut off"))
                 if worker_record(job, r) == "exit 0":
                     return _bad("in_place", "rank %d was declared dead yet finished (exit 0)" % r)
                 # A follower's ckpt_committed says it learned of rank 0's commit; one for a
@@ -132,14 +136,17 @@ def check_in_place(job, plan, workers):
                 late = [e for e in job.events if e["_file_rank"] == r and e["event"] == "ckpt_committed"
                         and e["t_ns"] > f["t_ns"] and e["step"] not in others]
                 if late:
-                    return _bad("in_place", "rank %d committed step %d after it was stopped" % (r, late[0]["step"]))
+                    return _bad("in_place", "rank %d committed step %d after it was %s" % (
+                        r, late[0]["step"], "stopped" if f["kind"] == "stop" else "cut off"))
     return _ok("in_place", "final world %d" % (workers - len(lost)))
 
 
 def worker_record(job, rank, phase=0, attempt=0):
+    """How the launcher's wrapper recorded rank's end: 'exit C' or 'signal S' (the host
+    and pid that follow are left out), or None."""
     try:
         with open(os.path.join(job.launch_dir, "phase-%d" % phase, "attempt-%d" % attempt, "rank-%d" % rank)) as f:
-            return f.read().strip()
+            return " ".join(f.read().split()[:2])
     except OSError:
         return None
 
@@ -321,9 +328,9 @@ def check_no_false_dead(job, plan):
     for f in plan["faults"]:
         if not f.get("fired"):
             continue
-        if f["kind"] == "stop":
+        if f["kind"] in ("stop", "partition"):
             stopped |= set(f["victims"])
-        if f["kind"] in ("kill", "stop"):
+        if f["kind"] in ("kill", "stop", "host_loss", "partition"):
             hit |= set(f["victims"])
             whole |= f["pick"] == "all"
         elif f["kind"] in ("relaunch", "corrupt"):
@@ -351,7 +358,7 @@ def latencies(job, plan):
     (rank 0's steps done at the kill minus the step resumed)."""
     out = []
     for f in plan["faults"]:
-        if not f.get("fired") or f["kind"] not in ("kill", "stop") or f["pick"] == "all":
+        if not f.get("fired") or f["kind"] not in ("kill", "stop", "host_loss", "partition") or f["pick"] == "all":
             continue
         t = f["t_ns"]
         dead = [e["t_ns"] for e in job.events_named("peer_dead", t) if e.get("peer") in f["victims"]]

@@ -64,8 +64,28 @@ static uint64_t host_hash(void)
     return h;
 }
 
-/* The address to bind and advertise: iface as an address or an interface name, else the
-   first non-loopback IPv4 of an UP interface, else loopback (*loop = true). */
+/* Parses "a.b.c.d/n" into a network and mask (host order); false if s is not one. */
+static bool parse_subnet(const char *s, uint32_t *net, uint32_t *mask)
+{
+    char buf[INET_ADDRSTRLEN + 4], *end = NULL;
+    const char *slash = strchr(s, '/');
+    if (!slash || (size_t)(slash - s) >= INET_ADDRSTRLEN)
+        return false;
+    memcpy(buf, s, (size_t)(slash - s));
+    buf[slash - s] = '\0';
+    struct in_addr a;
+    long bits = strtol(slash + 1, &end, 10);
+    if (inet_pton(AF_INET, buf, &a) != 1 || !slash[1] || *end || bits < 0 || bits > 32)
+        return false;
+    *mask = bits == 0 ? 0 : 0xffffffffu << (32 - bits);
+    *net = ntohl(a.s_addr) & *mask;
+    return true;
+}
+
+/* The address to bind and advertise: iface as an address, a subnet ("10.1.0.0/16": the
+   first address of an UP interface inside it; the same setting then fits every host of a
+   cluster) or an interface name, else the first non-loopback IPv4 of an UP interface,
+   else loopback (*loop = true). */
 static int pick_addr(const char *iface, struct in_addr *out, bool *loop)
 {
     *loop = false;
@@ -73,6 +93,8 @@ static int pick_addr(const char *iface, struct in_addr *out, bool *loop)
         *loop = (ntohl(out->s_addr) >> 24) == 127;
         return 0;
     }
+    uint32_t net = 0, mask = 0;
+    bool subnet = iface && parse_subnet(iface, &net, &mask);
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
         return rk__fail(RK_SUB_DET, RK_LOG_ERROR, -errno, "detector: getifaddrs: %s", strerror(errno));
@@ -80,9 +102,11 @@ static int pick_addr(const char *iface, struct in_addr *out, bool *loop)
     for (struct ifaddrs *i = ifs; i && !found; i = i->ifa_next) {
         if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP))
             continue;
-        if (iface ? strcmp(i->ifa_name, iface) != 0 : (i->ifa_flags & IFF_LOOPBACK) != 0)
+        struct in_addr a = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        if (subnet ? (ntohl(a.s_addr) & mask) != net
+                   : iface ? strcmp(i->ifa_name, iface) != 0 : (i->ifa_flags & IFF_LOOPBACK) != 0)
             continue;
-        *out = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+        *out = a;
         *loop = (i->ifa_flags & IFF_LOOPBACK) != 0;
         found = true;
     }
@@ -91,7 +115,8 @@ static int pick_addr(const char *iface, struct in_addr *out, bool *loop)
         return 0;
     if (iface)
         return rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,
-                        "RK_DET_IFACE='%s': neither an IPv4 address nor an UP interface with one", iface);
+                        "RK_DET_IFACE='%s': neither an IPv4 address, nor a subnet holding an address of an UP "
+                        "interface, nor an UP interface with one", iface);
     out->s_addr = htonl(INADDR_LOOPBACK);
     *loop = true;
     RK_LOG_INFO(RK_SUB_DET, "no UP non-loopback IPv4 interface: the detector uses 127.0.0.1 (single-host jobs only)");

@@ -40,7 +40,7 @@ typedef struct det_cfg {
     int world;                      /* members at start: ranks 0 .. world-1 */
     int nslots;                     /* world + spares (<= DET_MAX_SLOTS); 0: world */
     int heartbeat_ms;               /* period */
-    const char *iface;              /* interface name or IPv4 address; NULL: outward */
+    const char *iface;              /* interface name, IPv4 address or subnet a.b.c.d/n; NULL: outward */
     rk__evlog *ev;                  /* event log (may be NULL); not owned */
 } det_cfg;
 

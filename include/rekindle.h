@@ -94,8 +94,9 @@ typedef struct rk_options {
     /* --- fields added by Rekindle after the contract's (defaults in parentheses) --- */
     int timeout_ms;       /* RK_TIMEOUT_MS   ; bound on any wait for peers (30000)      */
     const char *event_log; /* RK_EVENT_LOG   ; JSON-lines event log prefix, NULL: off   */
-    const char *det_iface; /* RK_DET_IFACE   ; interface or address the detector binds
-                              and advertises; NULL: the host's outward address          */
+    const char *det_iface; /* RK_DET_IFACE   ; interface, address or subnet (a.b.c.d/n)
+                              the detector binds and advertises; NULL: the host's
+                              outward address                                           */
     const char *io;       /* RK_IO           ; checkpoint I/O: "auto", "uring", "buffered" */
     const char *rollback; /* RK_ROLLBACK     ; after a loss: "auto" (from the survivors'
                              memory when they hold the step, else disk) or "disk" (always

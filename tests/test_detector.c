@@ -928,6 +928,32 @@ START_TEST(proc_bad_secret_refused)
 }
 END_TEST
 
+/* RK_DET_IFACE as a subnet ("127.0.0.0/8"): one setting for every host of a job, each
+   binding its own address inside it; a subnet no interface is in is refused. */
+START_TEST(proc_iface_subnet)
+{
+    det *d = NULL;
+    det_cfg cfg = {.rank = 0, .world = 1, .heartbeat_ms = 100, .iface = "127.0.0.0/8"};
+    th_assert_rc(det_open(&d, &cfg), 0);
+    det_addr a;
+    det_local_addr(d, &a);
+    ck_assert_uint_eq(ntohl(a.ipv4) >> 24, 127);
+    det_close(&d);
+    int saved = dup(STDERR_FILENO), null = open("/dev/null", 1);
+    dup2(null, STDERR_FILENO);
+    cfg.iface = "198.51.100.0/24"; /* TEST-NET-2: on no interface here */
+    int rc = det_open(&d, &cfg);
+    cfg.iface = "127.0.0.0/33";
+    int rc2 = det_open(&d, &cfg);
+    dup2(saved, STDERR_FILENO);
+    close(null);
+    close(saved);
+    th_assert_rc(rc, RK_E_OPTION);
+    th_assert_rc(rc2, RK_E_OPTION);
+    ck_assert_ptr_null(d);
+}
+END_TEST
+
 static Suite *detector_suite(void)
 {
     Suite *s = suite_create("detector");
@@ -959,6 +985,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, proc_single_process);
     tcase_add_test(tc, proc_secret_not_inherited);
     tcase_add_test(tc, proc_bad_secret_refused);
+    tcase_add_test(tc, proc_iface_subnet);
     tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
     tcase_add_test(tc, proc_sigstop_then_fenced);
     tcase_add_test(tc, proc_forged_and_garbage_rejected);

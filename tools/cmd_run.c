@@ -12,14 +12,17 @@
  *      the secret never appears on a command line).
  *   2. mpirun runs N+S copies of `rekindle run --rk-worker DIR -- PROGRAM ARGS`: a small
  *      wrapper that runs PROGRAM as its child, passes signals on, and when PROGRAM ends
- *      records how ("exit C" or "signal S") in DIR/rank-<R>, then ends the same way.
+ *      records how ("exit C" or "signal S", then "host H pid P": hosts may share a PID
+ *      space) in DIR/rank-<R>, then ends the same way.
  *   3. Completion: with `--enable-recovery --mca orte_abort_on_non_zero_status 0`,
  *      mpirun (Open MPI 4.1) exits 0 whatever its processes did, even when every one of
  *      them failed. So the launcher judges by the records: the job completed if at least
  *      one worker's PROGRAM exited 0 (workers that were lost along the way are reported
  *      on stderr). Otherwise the job died; with restarts left it is relaunched (and
  *      resumes from its latest checkpoint), else the launcher exits with the job's status:
- *      the exit code of the lowest failing rank, or 128+signal.
+ *      the exit code of the lowest failing rank, or 128+signal. mpirun itself may never
+ *      exit after a process on another host died: once the records say the job is over,
+ *      the launcher stops it (run_mpirun).
  *   4. Processes: mpirun runs in its own session (setsid); Open MPI gives each worker its
  *      own process group, but all stay in that session. The launcher is a child
  *      subreaper, so orphans come back to it. When mpirun is gone, whatever is left in
@@ -50,6 +53,8 @@ extern char **environ;
 
 enum {
     RUN_GRACE_MS = 5000,  /* after a forwarded signal, before SIGKILL of the session */
+    DONE_GRACE_MS = 2000, /* every worker recorded its end: mpirun's time to notice */
+    LATE_GRACE_MS = 5000, /* a worker completed the job: the others' time to record theirs */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
     SECRET_BYTES = 32,
     MAX_WORKERS = 1 << 16,
@@ -196,11 +201,10 @@ static int worker_main(const char *dir, char **prog)
             kill(child, sig);
         }
     }
-    char text[64];
-    if (WIFSIGNALED(status))
-        snprintf(text, sizeof(text), "signal %d\n", WTERMSIG(status));
-    else
-        snprintf(text, sizeof(text), "exit %d\n", WEXITSTATUS(status));
+    char text[384], host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(text, sizeof(text), "%s %d host %s pid %ld\n", WIFSIGNALED(status) ? "signal" : "exit",
+             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), host, (long)child);
     int rc = write_record(dir, rank, text);
     if (rc != 0)
         fprintf(stderr, "rekindle: run: rank %s: cannot record its end in %s: %s\n", rank, dir, strerror(-rc));
@@ -384,9 +388,66 @@ static void session_sweep(pid_t sid)
     }
 }
 
+/* How the workers of one attempt ended, from their records. */
+struct verdict {
+    int recorded;  /* workers that recorded how they ended */
+    int ok;        /* workers whose PROGRAM exited 0 */
+    int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
+    char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
+};
+
+/* with_host: name each lost worker's host (a job started with --hostfile). */
+static void judge(const char *dir, int nproc, bool with_host, struct verdict *v)
+{
+    memset(v, 0, sizeof(*v));
+    size_t len = 0;
+    int listed = 0;
+    for (int r = 0; r < nproc; r++) {
+        char path[PATH_MAX], what[64] = "", on[80] = "";
+        bool fits = snprintf(path, sizeof(path), "%s/rank-%d", dir, r) < (int)sizeof(path);
+        FILE *f = fits ? fopen(path, "r") : NULL;
+        int code = -1, status;
+        char kind[16] = "", host[64] = "";
+        if (f) {
+            if (fscanf(f, "%15s %d host %63s", kind, &code, host) < 2)
+                kind[0] = '\0';
+            fclose(f);
+        }
+        v->recorded += kind[0] != '\0';
+        if (strcmp(kind, "exit") == 0 && code == 0) {
+            v->ok++;
+            continue;
+        }
+        if (host[0] && with_host)
+            snprintf(on, sizeof(on), " (%s)", host);
+        if (strcmp(kind, "exit") == 0) {
+            snprintf(what, sizeof(what), "exit %d", code);
+            status = code;
+        } else if (strcmp(kind, "signal") == 0) {
+            snprintf(what, sizeof(what), "killed by signal %d (%s)", code, strsignal(code));
+            status = 128 + code;
+        } else {
+            snprintf(what, sizeof(what), "ended without a record");
+            status = 1;
+        }
+        if (v->job_status == 0)
+            v->job_status = status;
+        if (listed++ < 8 && len < sizeof(v->lost))
+            len += (size_t)snprintf(v->lost + len, sizeof(v->lost) - len, "%srank %d%s: %s", len ? "; " : "", r, on,
+                                    what);
+    }
+    if (listed > 8 && len < sizeof(v->lost))
+        snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
+}
+
 /* Runs mpirun to its end. Returns its wait status; *stop_sig is the first stopping
-   signal received (0: none). Signals in `watch` are blocked by the caller. */
-static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig)
+   signal received (0: none). Signals in `watch` are blocked by the caller.
+   mpirun (Open MPI 4.1 with --enable-recovery) never exits once a process on another
+   host has died, even after every other one ended: so when the records of rec_dir say
+   the job is over (every one of nproc workers recorded its end: DONE_GRACE_MS; or one
+   completed it and LATE_GRACE_MS passed), mpirun is stopped as on SIGTERM. */
+static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
+                      const char *rec_dir, int nproc)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -399,8 +460,8 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         _exit(127);
     }
     int status = 0;
-    int64_t kill_at = INT64_MAX;
-    bool done = false, killed = false;
+    int64_t kill_at = INT64_MAX, end_at = INT64_MAX;
+    bool done = false, killed = false, ended = false;
     while (!done) {
         struct timespec tick = {0, 100 * 1000 * 1000};
         siginfo_t si;
@@ -421,6 +482,21 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
                 done = true;
             }
         }
+        if (!done && !ended && *stop_sig == 0) {
+            struct verdict v;
+            judge(rec_dir, nproc, false, &v);
+            int64_t at = v.recorded == nproc ? rk__deadline_ns(DONE_GRACE_MS)
+                         : v.ok > 0          ? rk__deadline_ns(LATE_GRACE_MS)
+                                             : INT64_MAX;
+            end_at = at < end_at ? at : end_at;
+            if (rk__mono_ns() >= end_at) {
+                fprintf(stderr, "rekindle: run: %s, but mpirun is still running: stopping it\n",
+                        v.recorded == nproc ? "every worker has ended" : "the job completed");
+                kill(pid, SIGTERM);
+                kill_at = rk__deadline_ns(RUN_GRACE_MS);
+                ended = true;
+            }
+        }
         if (!done && !killed && rk__mono_ns() >= kill_at) {
             fprintf(stderr, "rekindle: run: workers still running %d ms after the signal: killing them\n",
                     RUN_GRACE_MS);
@@ -431,54 +507,6 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
     }
     session_sweep(pid);
     return status;
-}
-
-/* How the workers of one attempt ended, from their records. */
-struct verdict {
-    int recorded;  /* workers that recorded how they ended */
-    int ok;        /* workers whose PROGRAM exited 0 */
-    int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
-    char lost[512]; /* "rank 1: killed by signal 9; rank 2: no record" */
-};
-
-static void judge(const char *dir, int nproc, struct verdict *v)
-{
-    memset(v, 0, sizeof(*v));
-    size_t len = 0;
-    int listed = 0;
-    for (int r = 0; r < nproc; r++) {
-        char path[PATH_MAX], what[64] = "";
-        bool fits = snprintf(path, sizeof(path), "%s/rank-%d", dir, r) < (int)sizeof(path);
-        FILE *f = fits ? fopen(path, "r") : NULL;
-        int code = -1, status;
-        char kind[16] = "";
-        if (f) {
-            if (fscanf(f, "%15s %d", kind, &code) != 2)
-                kind[0] = '\0';
-            fclose(f);
-        }
-        v->recorded += kind[0] != '\0';
-        if (strcmp(kind, "exit") == 0 && code == 0) {
-            v->ok++;
-            continue;
-        }
-        if (strcmp(kind, "exit") == 0) {
-            snprintf(what, sizeof(what), "exit %d", code);
-            status = code;
-        } else if (strcmp(kind, "signal") == 0) {
-            snprintf(what, sizeof(what), "killed by signal %d (%s)", code, strsignal(code));
-            status = 128 + code;
-        } else {
-            snprintf(what, sizeof(what), "ended without a record");
-            status = 1;
-        }
-        if (v->job_status == 0)
-            v->job_status = status;
-        if (listed++ < 8 && len < sizeof(v->lost))
-            len += (size_t)snprintf(v->lost + len, sizeof(v->lost) - len, "%srank %d: %s", len ? "; " : "", r, what);
-    }
-    if (listed > 8 && len < sizeof(v->lost))
-        snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
 }
 
 static int make_run_dir(char *out, size_t cap, bool *created)
@@ -517,11 +545,11 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
     char **argv = mpirun_argv(mpirun, self, a, rec_dir, nbuf);
     if (!argv)
         return tool_error(TOOL_USAGE, "run: out of memory");
-    int status = run_mpirun(argv, watch, old, stop_sig);
+    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares);
     free_argv(argv);
     if (status < 0)
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
-    judge(rec_dir, a->n + a->spares, v);
+    judge(rec_dir, a->n + a->spares, a->hostfile != NULL, v);
     if (*stop_sig)
         return 128 + *stop_sig;
     if (v->recorded == 0) {

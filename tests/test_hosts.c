@@ -1,0 +1,106 @@
+/*
+ * tests/test_hosts.c - real jobs across hosts: 3 hosts made by scripts/hosts (network
+ * namespaces joined by a bridge; Open MPI's TCP transport between them, the detector on
+ * their addresses, checkpoints on a directory every host sees), 2 workers per host,
+ * judged by the chaos harness's oracles, the bitwise replay among them (chaos/run
+ * --hosts 3). One job loses a whole host (every process of it SIGKILLed at once), one has
+ * a host cut off by iptables for a few seconds: the majority goes on in place, the cut-off
+ * workers stop and commit nothing.
+ *
+ * The suite is skipped (exit 77, with the reason) where network namespaces cannot be made
+ * (not root, no CAP_SYS_ADMIN) or iptables is missing. chaos/run removes its hosts
+ * whatever happens to the run (and on SIGINT/SIGTERM); each case removes them again
+ * before it ends, in case the harness itself was killed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "harness.h"
+
+enum { CAMPAIGN_TIMEOUT_S = 100 };
+
+static const char *src_dir(void)
+{
+    const char *s = getenv("RK_TEST_SRC");
+    return s ? s : ".";
+}
+
+/* Skips the suite where scripts/hosts cannot make hosts or the faults cannot be made. */
+static void need_hosts(void)
+{
+    char cmd[1024], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "RK_HOSTS_PREFIX=rkt RK_HOSTS_NET=10.79.0 %s/scripts/hosts check", src_dir());
+    if (th_sh(cmd, 30, &out) != 0) {
+        char why[512];
+        snprintf(why, sizeof(why), "network namespaces cannot be made here: %s", out ? out : "");
+        why[strcspn(why, "\n")] = '\0';
+        th_skip_suite(why);
+    }
+    free(out);
+    out = NULL;
+    if (th_sh("command -v iptables && /usr/bin/python3 -c 'import h5py'", 30, &out) != 0)
+        th_skip_suite("iptables or Debian's python3-h5py is missing (scripts/install-deps installs them)");
+    free(out);
+}
+
+/* Runs one chaos campaign of `kind` on 3 hosts; it must end with 1 run, 1 fault and no
+   violation, and its output must contain `want`. */
+static void hosts_campaign(const char *kind, int seed, const char *want)
+{
+    need_hosts();
+    const char *build = getenv("RK_TEST_BUILD");
+    char *dir = th_tmpdir("hosts");
+    char cmd[2048], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "RK_HOSTS_PREFIX=rkt RK_HOSTS_NET=10.79.0 %s/chaos/run --build %s --out %s --workers 6 --hosts 3 "
+             "--steps 200 --hidden 128 --ckpt-every 20 --run-timeout 45 --no-install --runs 1 --seed %d "
+             "--faults %s",
+             src_dir(), build ? build : "build", dir, seed, kind);
+    int rc = th_sh(cmd, CAMPAIGN_TIMEOUT_S, &out);
+    char down[1024], *dout = NULL;
+    snprintf(down, sizeof(down), "RK_HOSTS_PREFIX=rkt RK_HOSTS_NET=10.79.0 %s/scripts/hosts down", src_dir());
+    th_sh(down, 60, &dout);
+    free(dout);
+    int r = -1, f = -1, v = -1;
+    const char *p = out ? strstr(out, "chaos: ") : NULL, *last = NULL;
+    for (; p; p = strstr(p + 7, "chaos: "))
+        if (sscanf(p, "chaos: %d runs, %d faults injected, %d violations", &r, &f, &v) == 3)
+            last = p;
+    ck_assert_msg(last && rc == 0 && r == 1 && f == 1 && v == 0, "exit %d, runs %d faults %d violations %d:\n%.4000s",
+                  rc, r, f, v, out ? out : "");
+    ck_assert_msg(strstr(out, want), "no '%s' in the campaign's output:\n%.3000s", want, out);
+    free(out);
+    free(dir);
+}
+
+/* Every process of one host SIGKILLed at once (Open MPI's daemon included): the other two
+   hosts' workers finish in place on a world of 4 with the replay's hash, and
+   `rekindle run` ends (mpirun alone would wait for the lost host for ever). */
+START_TEST(host_loss_survived)
+{
+    hosts_campaign("host_loss", 1, "host_loss rkt");
+}
+END_TEST
+
+/* One host cut off from the others for seconds: the majority goes on in place with the
+   replay's hash; the cut-off workers stop (never exit 0) and commit nothing after it. */
+START_TEST(partition_majority_goes_on)
+{
+    hosts_campaign("partition", 1, "partition rkt");
+}
+END_TEST
+
+static Suite *hosts_suite(void)
+{
+    Suite *s = suite_create("hosts");
+    TCase *tc = tcase_create("jobs");
+    tcase_set_timeout(tc, CAMPAIGN_TIMEOUT_S + 30);
+    tcase_add_test(tc, host_loss_survived);
+    tcase_add_test(tc, partition_majority_goes_on);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return th_main(hosts_suite()); }
