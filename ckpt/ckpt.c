@@ -515,7 +515,11 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     fmt_tmp_name(j->tmpname, sizeof(j->tmpname), step, j->m.nonce);
     for (size_t i = 0; i < n; i++) {
         j->n_all += t[i].flags ? (size_t)e->world : 1; /* entries in all the manifests */
-        j->bytes_all += t[i].nbytes;
+        /* bytes of the whole checkpoint: a sharded tensor's global rows; per-rank state
+           counted as this rank's times the world (other ranks' sizes are not known here) */
+        j->bytes_all += (t[i].flags & RK_SHARDED) && t[i].shape[0] > 0
+                            ? t[i].nbytes / (uint64_t)t[i].shape[0] * (uint64_t)t[i].rows
+                            : (t[i].flags & RK_PER_RANK) ? t[i].nbytes * (uint64_t)e->world : t[i].nbytes;
         if (!t[i].flags && e->plan[i] != e->rank)
             continue;
         fmt_tensor *f = &e->mine[j->m.n++];
