@@ -17,7 +17,8 @@
  *      timeout_ms / 4 (logged, event ckpt_delayed), then is skipped (logged, event
  *      ckpt_skipped, RK_E_BUSY): never a queue, and never long enough for the other
  *      ranks' collectives (bounded by timeout_ms) to give up on this one.
- *  I4  Every replicated tensor is written by exactly one rank (fmt_assign), so the
+ *  I4  Every replicated tensor is written by exactly one rank (fmt_assign), every
+ *      sharded tensor's slice and every per-rank tensor by the rank that holds it, so the
  *      shards of one checkpoint are disjoint and together hold every tensor.
  *  I5  The background thread never calls MPI; every wait it does has a deadline
  *      (timeout_ms for other ranks' shards on rank 0, twice that for learning of the
@@ -31,8 +32,10 @@
  *      the log and the event ckpt_failed with its reason. Earlier checkpoints stay intact.
  *  I8  Staging holds a complete snapshot of every registered tensor (the held snapshot,
  *      one copy of the registered bytes), of which this rank writes only its share: after
- *      a failure any survivor can give the whole state of that step back (recovery from
- *      memory). The held step is -1 while a copy is under way.
+ *      a failure any survivor can give the whole replicated state of that step back
+ *      (recovery from memory). Sharded and per-rank tensors are this rank's only: a job
+ *      that has them rolls back from disk (recover/api_ckpt.c). The held step is -1 while
+ *      a copy is under way.
  *  I9  A job carries the membership (rank, world, nonce) it was started under and writes
  *      in its own temporary directory '.tmp-step-<S>-<nonce>': a change of membership
  *      abandons the commit in flight, and the nonce of the new membership differs, so
@@ -293,7 +296,10 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     unmap_retired(e);
     if (e->staging)
         munmap(e->staging, e->staging_cap);
+    for (size_t i = 0; i < e->job.m.n; i++)
+        free(e->mine[i].blocks);
     free(e->mine);
+    free(e->held_have);
     free(e->held_off);
     free(e->held_len);
     free(e->plan);
@@ -371,7 +377,8 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     if (n > e->held_cap) {
         if (!grow((void **)&e->held_off, n, sizeof(*e->held_off)) ||
-            !grow((void **)&e->held_len, n, sizeof(*e->held_len)))
+            !grow((void **)&e->held_len, n, sizeof(*e->held_len)) ||
+            !grow((void **)&e->held_have, n, sizeof(*e->held_have)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint staging for %zu tensors", n);
         e->held_cap = n;
     }
@@ -411,8 +418,8 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
         e->plan_cap = e->mine_cap = n;
     }
-    for (size_t i = 0; i < n; i++)
-        e->sizes[i] = t[i].nbytes;
+    for (size_t i = 0; i < n; i++) /* only replicated tensors are assigned (I4) */
+        e->sizes[i] = t[i].flags ? 0 : t[i].nbytes;
     int rc = fmt_assign(e->sizes, n, e->world, e->plan);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "checkpoint plan for %zu tensors", n);
@@ -427,6 +434,7 @@ static void hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     for (size_t i = 0; i < n; i++) {
         e->held_off[i] = off;
         e->held_len[i] = t[i].nbytes;
+        e->held_have[i] = true;
         off += ALIGN_UP(t[i].nbytes);
     }
     e->held_n = n;
@@ -494,6 +502,8 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         return not_started(e, step, rc);
     hold_copy(e, step, t, n);
     struct ckpt_job *j = &e->job;
+    for (size_t i = 0; i < j->m.n; i++) /* the previous job's block checksums */
+        free(e->mine[i].blocks);
     memset(j, 0, sizeof(*j));
     atomic_init(&j->fate, JOB_OPEN);
     j->step = step;
@@ -504,9 +514,13 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->m.t = e->mine;
     fmt_tmp_name(j->tmpname, sizeof(j->tmpname), step, j->m.nonce);
     for (size_t i = 0; i < n; i++) {
-        j->n_all++;
-        j->bytes_all += t[i].nbytes;
-        if (e->plan[i] != e->rank)
+        j->n_all += t[i].flags ? (size_t)e->world : 1; /* entries in all the manifests */
+        /* bytes of the whole checkpoint: a sharded tensor's global rows; per-rank state
+           counted as this rank's times the world (other ranks' sizes are not known here) */
+        j->bytes_all += (t[i].flags & RK_SHARDED) && t[i].shape[0] > 0
+                            ? t[i].nbytes / (uint64_t)t[i].shape[0] * (uint64_t)t[i].rows
+                            : (t[i].flags & RK_PER_RANK) ? t[i].nbytes * (uint64_t)e->world : t[i].nbytes;
+        if (!t[i].flags && e->plan[i] != e->rank)
             continue;
         fmt_tensor *f = &e->mine[j->m.n++];
         memset(f, 0, sizeof(*f));
@@ -519,6 +533,9 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         f->order = (uint32_t)i;
         f->rank = e->rank;
         f->data = e->staging + e->held_off[i];
+        f->kind = t[i].flags & RK_SHARDED ? FMT_SHARDED : t[i].flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
+        f->rows = t[i].rows;
+        f->row0 = t[i].row0;
     }
     j->stall_ms = rk__ms_since(t0);
     j->dispatch_ns = rk__mono_ns();
@@ -578,7 +595,7 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     if (!ckpt_held_matches(e, t, n))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
     for (size_t i = 0; i < n; i++)
-        if (t[i].nbytes)
+        if (t[i].nbytes && e->held_have[i] && !t[i].defer)
             memcpy(t[i].ptr, e->staging + e->held_off[i], t[i].nbytes);
     return 0;
 }

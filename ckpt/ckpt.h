@@ -33,11 +33,14 @@ typedef struct ckpt_config {
 /* A tensor as the engine sees it (the registry's, pointers stay the caller's). */
 typedef struct ckpt_tensor {
     const char *name;
-    void *ptr;
+    void *ptr;            /* NULL with defer: restored into the held snapshot only */
     rk_dtype dtype;
     int ndim;
-    const int64_t *shape;
+    const int64_t *shape; /* RK_SHARDED: this rank's slice */
     size_t nbytes;
+    unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK (include/rekindle.h) */
+    int64_t row0, rows;   /* RK_SHARDED: the slice's first row, the global tensor's rows */
+    bool defer;           /* ckpt_restore_held leaves it (rk_rebind copies it later) */
 } ckpt_tensor;
 
 /* Checks that cfg->dir exists (creating it) and is writable, starts the engine's thread.
@@ -156,7 +159,13 @@ int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg);
    tensors (names, dtypes, shapes; RK_E_MISMATCH naming the first difference), then reads
    every tensor and verifies its checksum (RK_E_CORRUPT, RK_E_INCOMPLETE, RK_E_FORMAT). On
    success the held step is `step`; on failure no snapshot is held (-1). A checkpoint in
-   flight is abandoned first (never waited for). */
+   flight is abandoned first (never waited for).
+   Whatever world size wrote it: a sharded tensor must have the same global rows (its
+   shape[0] there; RK_E_MISMATCH otherwise) and this rank reads only the blocks holding
+   its rows [row0, row0 + shape[0]); a per-rank tensor is this rank's ranks/<rank>/<name>.
+   Per-rank state of ranks >= the engine's world is reported (warning, event
+   per_rank_orphaned on rank 0) and stays in the checkpoint; a rank with none there (it
+   did not exist) is reported (event per_rank_missing) and that buffer is left as it is. */
 int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Verifies every tensor of committed checkpoint `stepdir` by re-reading it. On failure
    `bad` (if not NULL) gets what was bad. */

@@ -60,6 +60,8 @@ struct ckpt_engine {
     size_t held_n;
     size_t *held_off;    /* offset of each tensor in staging, registry order */
     uint64_t *held_len;
+    bool *held_have;     /* the held snapshot has tensor i (not: per-rank state of a rank
+                            the checkpoint it was read from did not have) */
     size_t held_cap;
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;

@@ -23,37 +23,114 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + len, cap - len, ")");
 }
 
-static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, const char *where)
+static int kind_of(unsigned flags)
 {
-    char a[160], b[160];
-    for (size_t i = 0; i < n; i++) {
-        long k = fmt_ckpt_find(c, t[i].name);
-        if (k < 0)
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s has no tensor '%s' (registered)", where,
-                            t[i].name);
-        const fmt_tensor *f = &c->t[k];
-        bool same = f->dtype == t[i].dtype && f->ndim == t[i].ndim;
-        for (int d = 0; same && d < f->ndim; d++)
-            same = f->shape[d] == t[i].shape[d];
-        if (!same) {
-            shape_str(a, sizeof(a), f->ndim, f->shape);
-            shape_str(b, sizeof(b), t[i].ndim, t[i].shape);
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
-                            "%s: tensor '%s' is %s %s there but registered as %s %s", where, t[i].name,
-                            rk__dtype_name(f->dtype), a, rk__dtype_name(t[i].dtype), b);
-        }
+    return flags & RK_SHARDED ? FMT_SHARDED : flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
+}
+
+static const char *kind_name(int kind)
+{
+    return kind == FMT_SHARDED ? "sharded" : kind == FMT_PER_RANK ? "per-rank" : "replicated";
+}
+
+/* Where registered tensor t lies in checkpoint c for this rank: *k its entry (-1: a
+   per-rank tensor of a rank the checkpoint did not have). RK_E_MISMATCH if it is not
+   there, or of another kind, dtype or shape (a sharded one: other global rows). */
+static int find_match(const fmt_ckpt *c, const ckpt_tensor *t, int rank, const char *where, long *k)
+{
+    char a[160], b[160], name[FMT_MAX_NAME + 32];
+    int kind = kind_of(t->flags);
+    *k = fmt_ckpt_find(c, t->name);
+    if (kind == FMT_PER_RANK) {
+        *k = fmt_per_rank_name(name, sizeof(name), rank, t->name) ? fmt_ckpt_find(c, name) : -1;
+        if (*k < 0 && rank >= c->world && fmt_per_rank_name(name, sizeof(name), 0, t->name) &&
+            fmt_ckpt_find(c, name) >= 0)
+            return 0; /* the tensor is there, for the ranks that existed */
     }
-    if (c->n != n) {
-        for (size_t k = 0; k < c->n; k++) {
-            bool found = false;
-            for (size_t i = 0; i < n && !found; i++)
-                found = strcmp(c->t[k].name, t[i].name) == 0;
-            if (!found)
-                return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds tensor '%s', which is not registered",
-                                where, c->t[k].name);
+    if (*k < 0)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s has no %s tensor '%s' (registered)", where,
+                        kind_name(kind), t->name);
+    const fmt_tensor *f = &c->t[*k];
+    if (f->kind != kind)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s: tensor '%s' is %s there but registered %s",
+                        where, t->name, kind_name(f->kind), kind_name(kind));
+    bool same = f->dtype == t->dtype && f->ndim == t->ndim;
+    for (int d = 0; same && d < f->ndim; d++)
+        same = f->shape[d] == (kind == FMT_SHARDED && d == 0 ? t->rows : t->shape[d]);
+    if (!same) {
+        int64_t shape[FMT_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        if (kind == FMT_SHARDED)
+            shape[0] = t->rows;
+        shape_str(a, sizeof(a), f->ndim, f->shape);
+        shape_str(b, sizeof(b), t->ndim, shape);
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
+                        "%s: tensor '%s' is %s %s there but registered as %s %s%s", where, t->name,
+                        rk__dtype_name(f->dtype), a, rk__dtype_name(t->dtype), b,
+                        kind == FMT_SHARDED ? " (global shape)" : "");
+    }
+    return 0;
+}
+
+/* Whether checkpoint entry f is a tensor of t[0..n) (a per-rank entry: of its base name). */
+static bool registered(const fmt_tensor *f, const ckpt_tensor *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(f->stored, t[i].name) == 0 && kind_of(t[i].flags) == f->kind)
+            return true;
+    return false;
+}
+
+/* Every registered tensor is in c (k[i] its entry), and c holds nothing else but per-rank
+   state of ranks >= world, which is counted in *orphans (and its ranks in orphan_ranks). */
+static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, int rank, int world, const char *where,
+                       long *k, size_t *orphans, char *orphan_ranks, size_t cap)
+{
+    int rc;
+    for (size_t i = 0; i < n; i++)
+        if ((rc = find_match(c, &t[i], rank, where, &k[i])) != 0)
+            return rc;
+    size_t len = 0;
+    int last = -1;
+    *orphans = 0;
+    orphan_ranks[0] = '\0';
+    for (size_t j = 0; j < c->n; j++) {
+        const fmt_tensor *f = &c->t[j];
+        if (!registered(f, t, n))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds %s tensor '%s', which is not registered",
+                            where, kind_name(f->kind), f->name);
+        if (f->kind == FMT_PER_RANK && f->rank >= world) {
+            (*orphans)++;
+            if (f->rank > last && len < cap) /* entries of one tensor come by rank */
+                len += (size_t)snprintf(orphan_ranks + len, cap - len, "%s%d", len ? "," : "", f->rank);
+            last = f->rank > last ? f->rank : last;
         }
     }
     return 0;
+}
+
+/* Per-rank state the new membership does not restore, said in the log and the event log:
+   that of ranks >= the world now (rank 0 says it once; it stays in the checkpoint, at
+   ranks/<r>/), and this rank's when the checkpoint has none for it (its buffer is left). */
+static void report_per_rank(ckpt_engine *e, const fmt_ckpt *c, const ckpt_tensor *t, size_t n, const long *k,
+                            size_t orphans, const char *orphan_ranks)
+{
+    if (orphans && e->rank == 0) {
+        RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 ": per-rank state of rank(s) %s (%zu tensors) belongs to no rank of "
+                    "this world of %d: it stays readable in %s at ranks/<r>/", c->step, orphan_ranks, orphans,
+                    e->world, c->dir);
+        RK_EVENT(e->ev, "per_rank_orphaned", RK_EV_I("step", c->step), RK_EV_S("ranks", orphan_ranks),
+                 RK_EV_I("tensors", orphans), RK_EV_I("world", e->world));
+    }
+    size_t missing = 0;
+    for (size_t i = 0; i < n; i++)
+        missing += k[i] < 0;
+    if (missing) {
+        RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 ": the checkpoint (world %d) has no per-rank state of rank %d: %zu "
+                    "per-rank tensors keep their values", c->step, c->world, e->rank, missing);
+        RK_EVENT(e->ev, "per_rank_missing", RK_EV_I("step", c->step), RK_EV_I("tensors", missing),
+                 RK_EV_I("ckpt_world", c->world));
+    }
 }
 
 int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
@@ -62,6 +139,7 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     fmt_step_name(name, sizeof(name), step);
     snprintf(path, sizeof(path), "%s/%s", e->dir, name);
     fmt_ckpt *c = NULL;
+    long *k = NULL;
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
@@ -69,17 +147,33 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "%s skipped: its index says step %" PRId64, path, c->step);
         goto out;
     }
-    if ((rc = check_match(c, t, n, path)) != 0 || (rc = ckpt__hold_space(e, t, n)) != 0)
+    k = calloc(n ? n : 1, sizeof(*k));
+    char orphan_ranks[256];
+    size_t orphans = 0;
+    if (!k) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    if ((rc = check_match(c, t, n, e->rank, e->world, path, k, &orphans, orphan_ranks, sizeof(orphan_ranks))) != 0 ||
+        (rc = ckpt__hold_space(e, t, n)) != 0)
         goto out;
     for (size_t i = 0; i < n; i++) {
-        long k = fmt_ckpt_find(c, t[i].name);
-        if ((rc = fmt_ckpt_read(c, (size_t)k, e->staging + e->held_off[i])) != 0) {
+        char *dst = e->staging + e->held_off[i];
+        if (k[i] < 0) {
+            e->held_have[i] = false;
+            continue;
+        }
+        rc = t[i].flags & RK_SHARDED ? fmt_ckpt_read_rows(c, (size_t)k[i], t[i].row0, t[i].shape[0], dst)
+                                     : fmt_ckpt_read(c, (size_t)k[i], dst);
+        if (rc) {
             rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
             goto out; /* staging holds part of it: no snapshot is held (-1) */
         }
     }
     e->held_step = step;
+    report_per_rank(e, c, t, n, k, orphans, orphan_ranks);
 out:
+    free(k);
     fmt_ckpt_close(&c);
     return rc;
 }

@@ -8,8 +8,15 @@
  *                  name with an attribute xxh3_64 (XXH3-64 of its bytes)
  *   shard-<r>.ok   the shard's manifest: one line per tensor, written and fsync'd after the
  *                  shard itself, closed by a checksum of the manifest's own text
- *   index.h5       an external link per tensor (relative file name) and the root
- *                  attributes step, world_size, format_version, io_path, commit_time_ns
+ *   index.h5       an external link per replicated tensor (relative file name), a
+ *                  virtual dataset of the global shape per sharded tensor (over the
+ *                  ranks' pieces, relative file names), an external link per per-rank
+ *                  tensor at ranks/<r>/<name>, and the root attributes step, world_size,
+ *                  format_version, io_path, commit_time_ns
+ * Tensor kinds (docs/SHARDING.md): a replicated tensor is in one shard (fmt_assign); a
+ * sharded tensor has one piece (its rows [row0, row0 + shape[0]) of the global rows) in
+ * every shard, with an XXH3-64 per block of block_rows rows so that a reader of some rows
+ * checks what it reads; a per-rank tensor of rank r is in shard r.
  * Every file read here is untrusted: sizes and names are checked, failures are
  * RK_E_FORMAT / RK_E_CORRUPT / RK_E_INCOMPLETE, never a crash or a hang.
  */
@@ -24,25 +31,43 @@
 
 #include "../common/common.h"
 
-#define FMT_VERSION 1
+#define FMT_VERSION 2     /* written; version 1 (replicated tensors only) is still read */
+#define FMT_VERSION_MIN 1
 #define FMT_MAX_DIMS 8
 #define FMT_MAX_NAME 255
 #define FMT_IO_PATH_LEN 48
 #define FMT_INDEX "index.h5"
 
+enum fmt_kind { FMT_REPLICATED = 0, FMT_SHARDED = 1, FMT_PER_RANK = 2 };
+#define FMT_BLOCK_BYTES (1u << 20) /* a sharded piece's checksummed block: at most this, or one row */
+
 /* One tensor of a checkpoint. For writing, data points at its bytes (stable until the
-   write returns); after reading a manifest, data is NULL and name is owned by it. */
+   write returns); after reading a manifest, data is NULL and name is owned by it.
+   In a manifest an entry is what one shard holds: a sharded tensor's piece has the
+   local shape. In fmt_ckpt.t an entry is what a reader sees (a sharded tensor with the
+   global shape, a per-rank one named ranks/<r>/<name>). */
 typedef struct fmt_tensor {
     char *name;
     rk_dtype dtype;
     int ndim;
     int64_t shape[FMT_MAX_DIMS];
     uint64_t nbytes;
-    uint64_t xxh3;    /* XXH3-64 of the bytes */
+    uint64_t xxh3;    /* XXH3-64 of the bytes (fmt_ckpt's sharded entry: 0, see blocks) */
     uint64_t offset;  /* where the bytes start in the shard file (contiguous dataset) */
     uint32_t order;   /* position in registration order (the index lists tensors by it) */
-    int rank;         /* the shard holding it */
+    int rank;         /* the shard holding it (fmt_ckpt's sharded entry: -1) */
     const void *data;
+    /* --- kinds other than replicated (format version 2) --- */
+    int kind;              /* enum fmt_kind */
+    int64_t rows;          /* FMT_SHARDED: rows of the global tensor */
+    int64_t row0;          /* FMT_SHARDED piece: its first row in the global tensor */
+    uint64_t block_rows;   /* FMT_SHARDED piece: rows per checksummed block (>= 1) */
+    uint64_t nblocks;      /* FMT_SHARDED piece: ceil(shape[0] / block_rows) */
+    uint64_t *blocks;      /* FMT_SHARDED piece: XXH3-64 of each block (owned: malloc'd by
+                              fmt_shard_write or the manifest reader, freed with the
+                              manifest; fmt_ckpt_close / the writer's owner free it) */
+    const char *stored;    /* fmt_ckpt's entries: the dataset's name in its shard file */
+    size_t piece0, npieces; /* fmt_ckpt's sharded entry: its pieces, c->pieces[piece0..] */
 } fmt_tensor;
 
 /* What a shard's manifest (shard-<r>.ok) says. */
@@ -102,6 +127,9 @@ typedef struct fmt_write_stats {
    durable (fsync). io_mode is the RK_IO string ("auto" ...). */
 int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
                     fmt_write_stats *st);
+/* The block checksums of a sharded piece t (t->data, t->shape[0] rows of t->nbytes):
+   block_rows, nblocks, blocks (malloc'd, the previous array freed). 0 or -ENOMEM. */
+int fmt_piece_blocks(fmt_tensor *t);
 /* Root attributes step, world_size, format_version, io_path, and commit_time_ns if
    commit_ns > 0, on an open file (or -1). */
 int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path, int64_t commit_ns);
@@ -113,8 +141,10 @@ int fmt_manifest_read(const char *path, fmt_manifest **m);
 void fmt_manifest_free(fmt_manifest **m);
 
 /* ---- index and commit (fmt_index.c) -------------------------------------------------- */
-/* Writes <dir>/index.h5: an external link per tensor of every manifest, to
-   "shard-<r>.h5", at its name; root attributes (commit_time_ns: commit_ns, CLOCK_REALTIME
+/* Writes <dir>/index.h5: an external link per replicated tensor of every manifest, to
+   "shard-<r>.h5", at its name; a virtual dataset of the global shape per sharded tensor
+   over its pieces (source files "shard-<r>.h5", relative: the directory can move); an
+   external link per per-rank tensor at ranks/<r>/<name>; root attributes (commit_time_ns: commit_ns, CLOCK_REALTIME
    of the commit, which orders checkpoints into timelines: ckpt_list); fsync. */
 int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards,
                     const char *io_path, int64_t commit_ns);
@@ -147,7 +177,11 @@ typedef struct fmt_ckpt {
     char io_path[FMT_IO_PATH_LEN];
     char *dir;        /* the step directory */
     size_t n;
-    fmt_tensor *t;    /* every tensor, in registration order */
+    fmt_tensor *t;    /* every tensor as a reader sees it, in registration order (the
+                         per-rank entries of one tensor by rank); names of per-rank
+                         entries owned, others the manifests' */
+    const fmt_tensor **pieces; /* the sharded tensors' pieces, in the manifests */
+    size_t npieces;   /* used of pieces */
     fmt_manifest **shards; /* world of them */
     int *fds;         /* shard file descriptors, opened on first use (-1) */
     struct fmt_direct *direct; /* the O_DIRECT reader of large tensors (fmt_readdirect.c) */
@@ -161,8 +195,15 @@ void fmt_ckpt_close(fmt_ckpt **c);
    metadata is parsed: a damaged file cannot crash the reader) and checks its checksum
    (RK_E_CORRUPT naming the tensor and file). */
 int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
-/* Index of the tensor named name, or -1. */
+/* Reads rows [first, first + nrows) of sharded tensor i (global rows) into buf: only the
+   blocks of the pieces that hold them, each checked against its checksum (RK_E_CORRUPT
+   naming the tensor, file and block). -EINVAL if i is not sharded or the rows are out of
+   range. */
+int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf);
+/* Index of the tensor named name (a per-rank one as ranks/<r>/<name>), or -1. */
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
+/* "ranks/<r>/<name>" into buf; false if it does not fit. */
+bool fmt_per_rank_name(char *buf, size_t cap, int rank, const char *name);
 
 /* ---- what a thread is doing in the file system (fio.c) --------------------------------
  * A thread that registers a record with fmt_io_watch has each file operation it starts

@@ -1,6 +1,7 @@
 /*
- * formats/fmt_index.c - index.h5 (an external link per tensor to its shard, by a relative
- * file name, and the root attributes) and the durable commit of a checkpoint directory:
+ * formats/fmt_index.c - index.h5 (an external link per replicated tensor to its shard, by
+ * a relative file name; a virtual dataset of the global shape per sharded tensor over its
+ * pieces; an external link per per-rank tensor at ranks/<r>/<name>; the root attributes) and the durable commit of a checkpoint directory:
  * fsync the temporary directory, rename it to its final name (or, if that name exists,
  * exchange the two atomically, so the name never goes missing), fsync the parent.
  */
@@ -20,7 +21,64 @@
 static int cmp_order(const void *a, const void *b)
 {
     const fmt_tensor *x = *(const fmt_tensor *const *)a, *y = *(const fmt_tensor *const *)b;
-    return (x->order > y->order) - (x->order < y->order);
+    if (x->order != y->order)
+        return (x->order > y->order) - (x->order < y->order);
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+bool fmt_per_rank_name(char *buf, size_t cap, int rank, const char *name)
+{
+    int n = snprintf(buf, cap, "ranks/%d/%s", rank, name);
+    return n > 0 && (size_t)n < cap;
+}
+
+/* The virtual dataset of sharded tensor p[0] (its pieces p[0..n), by rank) at its name:
+   the global shape, each piece's rows mapped from "shard-<r>.h5" (a relative name: HDF5
+   looks for it beside index.h5). A tensor of no rows is an empty plain dataset. */
+static int write_virtual(hid_t f, hid_t lcpl, const fmt_tensor *const *p, size_t n)
+{
+    const fmt_tensor *t = p[0];
+    hsize_t dims[FMT_MAX_DIMS], start[FMT_MAX_DIMS] = {0}, count[FMT_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++)
+        dims[d] = count[d] = (hsize_t)t->shape[d];
+    dims[0] = (hsize_t)t->rows;
+    hid_t sp = H5Screate_simple(t->ndim, dims, NULL), ty = fmt_h5_type(t->dtype), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t ds = -1;
+    int rc = -1;
+    if (sp < 0 || ty < 0 || dcpl < 0)
+        goto out;
+    for (size_t k = 0; k < n && t->rows > 0; k++) {
+        char file[32];
+        if (p[k]->shape[0] == 0)
+            continue;
+        hsize_t sdims[FMT_MAX_DIMS];
+        for (int d = 0; d < t->ndim; d++)
+            sdims[d] = (hsize_t)p[k]->shape[d];
+        hid_t src = H5Screate_simple(t->ndim, sdims, NULL);
+        start[0] = (hsize_t)p[k]->row0;
+        count[0] = (hsize_t)p[k]->shape[0];
+        snprintf(file, sizeof(file), "shard-%d.h5", p[k]->rank);
+        herr_t hr = src < 0 ? -1 : H5Sselect_hyperslab(sp, H5S_SELECT_SET, start, NULL, count, NULL);
+        if (hr >= 0)
+            hr = H5Pset_virtual(dcpl, sp, file, p[k]->name, src);
+        if (src >= 0)
+            H5Sclose(src);
+        if (hr < 0)
+            goto out;
+    }
+    H5Sselect_all(sp);
+    ds = H5Dcreate2(f, t->name, ty, sp, lcpl, dcpl, H5P_DEFAULT);
+    rc = ds >= 0 ? 0 : -1;
+out:
+    if (ds >= 0)
+        H5Dclose(ds);
+    if (dcpl >= 0)
+        H5Pclose(dcpl);
+    if (ty >= 0)
+        H5Tclose(ty);
+    if (sp >= 0)
+        H5Sclose(sp);
+    return rc;
 }
 
 int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards, const char *io_path,
@@ -55,11 +113,25 @@ int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *cons
         goto out_file;
     }
     for (size_t i = 0; i < total; i++) {
+        if (all[i]->kind == FMT_SHARDED) {
+            size_t n = 1;
+            while (i + n < total && all[i + n]->order == all[i]->order)
+                n++;
+            if (write_virtual(f, lcpl, all + i, n) < 0) {
+                rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_HDF5, "index %s: virtual dataset '%s'", path, all[i]->name);
+                goto out_file;
+            }
+            i += n - 1;
+            continue;
+        }
+        char at[FMT_MAX_NAME + 32], target[FMT_MAX_NAME + 2];
         snprintf(file, sizeof(file), "shard-%d.h5", all[i]->rank);
-        char target[FMT_MAX_NAME + 2];
         snprintf(target, sizeof(target), "/%s", all[i]->name);
-        if (H5Lcreate_external(file, target, f, all[i]->name, lcpl, H5P_DEFAULT) < 0) {
-            rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_HDF5, "index %s: link '%s' -> %s", path, all[i]->name, file);
+        snprintf(at, sizeof(at), "%s", all[i]->name);
+        if (all[i]->kind == FMT_PER_RANK)
+            fmt_per_rank_name(at, sizeof(at), all[i]->rank, all[i]->name);
+        if (H5Lcreate_external(file, target, f, at, lcpl, H5P_DEFAULT) < 0) {
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_HDF5, "index %s: link '%s' -> %s", path, at, file);
             goto out_file;
         }
     }

@@ -66,6 +66,10 @@ void fmt_ckpt_close(fmt_ckpt **pc)
             close(c->fds[r]);
     }
     fmt_direct_free(&c->direct);
+    for (size_t i = 0; c->t && i < c->n; i++)
+        if (c->t[i].kind == FMT_PER_RANK)
+            free(c->t[i].name);
+    free(c->pieces);
     free(c->shards);
     free(c->fds);
     free(c->t);
@@ -76,8 +80,10 @@ void fmt_ckpt_close(fmt_ckpt **pc)
 
 static int cmp_order(const void *a, const void *b)
 {
-    const fmt_tensor *x = a, *y = b;
-    return (x->order > y->order) - (x->order < y->order);
+    const fmt_tensor *x = *(const fmt_tensor *const *)a, *y = *(const fmt_tensor *const *)b;
+    if (x->order != y->order)
+        return (x->order > y->order) - (x->order < y->order);
+    return (x->rank > y->rank) - (x->rank < y->rank);
 }
 
 static int check_links(fmt_ckpt *c, hid_t f, const char *path)
@@ -89,12 +95,19 @@ static int check_links(fmt_ckpt *c, hid_t f, const char *path)
         char val[FMT_MAX_NAME + 64];
         const char *lfile = NULL, *lobj = NULL;
         unsigned flags;
+        if (t->kind == FMT_SHARDED) { /* a virtual dataset in index.h5 itself */
+            if (H5Lexists(f, t->name, H5P_DEFAULT) <= 0 || H5Lget_info(f, t->name, &li, H5P_DEFAULT) < 0 ||
+                li.type != H5L_TYPE_HARD)
+                return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: the dataset of tensor '%s' is missing",
+                                path, t->name);
+            continue;
+        }
         snprintf(file, sizeof(file), "shard-%d.h5", t->rank);
         if (H5Lexists(f, t->name, H5P_DEFAULT) <= 0 || H5Lget_info(f, t->name, &li, H5P_DEFAULT) < 0 ||
             li.type != H5L_TYPE_EXTERNAL || li.u.val_size > sizeof(val) ||
             H5Lget_val(f, t->name, val, sizeof(val), H5P_DEFAULT) < 0 ||
             H5Lunpack_elink_val(val, li.u.val_size, &flags, &lfile, &lobj) < 0 || !lfile || !lobj ||
-            strcmp(lfile, file) != 0 || lobj[0] != '/' || strcmp(lobj + 1, t->name) != 0)
+            strcmp(lfile, file) != 0 || lobj[0] != '/' || strcmp(lobj + 1, t->stored) != 0)
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: the link of tensor '%s' is missing or wrong",
                             path, t->name);
     }
@@ -114,9 +127,9 @@ static int read_index(fmt_ckpt *c, const char *path, bool links)
         attr_read(f, "format_version", H5T_NATIVE_INT32, &version) < 0)
         rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: root attributes step/world_size/format_version missing",
                       path);
-    else if (version != FMT_VERSION)
-        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: format_version %d (this build reads %d)", path,
-                      version, FMT_VERSION);
+    else if (version < FMT_VERSION_MIN || version > FMT_VERSION)
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: format_version %d (this build reads %d to %d)", path,
+                      version, FMT_VERSION_MIN, FMT_VERSION);
     else if (world < 1 || world > (1 << 24) || c->step < 0)
         rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: world_size %d or step %" PRId64 " out of range",
                       path, world, c->step);
@@ -130,6 +143,70 @@ static int read_index(fmt_ckpt *c, const char *path, bool links)
         rc = check_links(c, f, path);
     H5Fclose(f);
     return rc;
+}
+
+/* The reader's entries of one registered tensor, from its n manifest entries p[0..n)
+   (by rank): a replicated tensor is one entry; a per-rank tensor one per rank, named
+   ranks/<r>/<name>; a sharded tensor one of the global shape over its pieces, which must
+   be one per rank, alike, and tile the global rows in rank order. RK_E_CORRUPT if not. */
+static int add_entries(fmt_ckpt *c, const fmt_tensor **p, size_t n)
+{
+    int kind = p[0]->kind;
+    for (size_t k = 0; k < n; k++)
+        if (p[k]->kind != kind || strcmp(p[k]->name, p[0]->name) != 0)
+            return RK_E_CORRUPT;
+    if (kind == FMT_REPLICATED) {
+        if (n != 1)
+            return RK_E_CORRUPT;
+        c->t[c->n] = *p[0];
+        c->t[c->n++].stored = p[0]->name;
+        return 0;
+    }
+    if (n != (size_t)c->world)
+        return RK_E_CORRUPT;
+    if (kind == FMT_PER_RANK) {
+        for (size_t k = 0; k < n; k++) {
+            char name[FMT_MAX_NAME + 32];
+            fmt_tensor *t = &c->t[c->n];
+            *t = *p[k];
+            t->stored = p[k]->name;
+            if (!fmt_per_rank_name(name, sizeof(name), p[k]->rank, p[k]->name) || !(t->name = strdup(name)))
+                return -ENOMEM;
+            c->n++;
+        }
+        return 0;
+    }
+    /* sharded: pieces alike but for their rows, tiling [0, rows) in rank order */
+    int64_t row = 0;
+    for (size_t k = 0; k < n; k++) {
+        const fmt_tensor *q = p[k];
+        bool same = q->dtype == p[0]->dtype && q->ndim == p[0]->ndim && q->rows == p[0]->rows && q->row0 == row;
+        for (int d = 1; same && d < q->ndim; d++)
+            same = q->shape[d] == p[0]->shape[d];
+        if (!same)
+            return RK_E_CORRUPT;
+        row += q->shape[0];
+        c->pieces[c->npieces + k] = q;
+    }
+    if (row != p[0]->rows)
+        return RK_E_CORRUPT;
+    fmt_tensor *t = &c->t[c->n++];
+    *t = *p[0];
+    t->shape[0] = p[0]->rows;
+    t->row0 = 0;
+    t->nbytes = 0;
+    for (size_t k = 0; k < n; k++)
+        t->nbytes += p[k]->nbytes;
+    t->xxh3 = 0;
+    t->offset = 0;
+    t->rank = -1;
+    t->blocks = NULL;
+    t->nblocks = 0;
+    t->stored = p[0]->name;
+    t->piece0 = c->npieces;
+    t->npieces = n;
+    c->npieces += n;
+    return 0;
 }
 
 static int load_manifests(fmt_ckpt *c)
@@ -154,22 +231,36 @@ static int load_manifests(fmt_ckpt *c)
                             "%s: step/world/rank/attempt do not match index.h5 (a stale or foreign shard)", path);
         total += m->n;
     }
-    if (!(c->t = calloc(total ? total : 1, sizeof(*c->t))))
+    const fmt_tensor **all = malloc((total ? total : 1) * sizeof(*all));
+    c->t = calloc(total ? total : 1, sizeof(*c->t));
+    c->pieces = calloc(total ? total : 1, sizeof(*c->pieces));
+    if (!all || !c->t || !c->pieces) {
+        free(all);
         return -ENOMEM;
+    }
+    size_t k = 0;
     for (int r = 0; r < c->world; r++)
         for (size_t i = 0; i < c->shards[r]->n; i++)
-            c->t[c->n++] = c->shards[r]->t[i];
-    qsort(c->t, c->n, sizeof(*c->t), cmp_order);
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->t[i].order != i)
-            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor positions are not 0..%zu",
-                            c->dir, c->n - 1);
-        for (size_t j = 0; j < i; j++)
-            if (strcmp(c->t[i].name, c->t[j].name) == 0)
-                return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s' appears twice", c->dir,
-                                c->t[i].name);
+            all[k++] = &c->shards[r]->t[i];
+    qsort(all, total, sizeof(*all), cmp_order);
+    int rc = 0;
+    uint32_t order = 0;
+    for (size_t i = 0, n; i < total && !rc; i += n, order++) {
+        for (n = 1; i + n < total && all[i + n]->order == all[i]->order; n++)
+            ;
+        rc = all[i]->order != order ? RK_E_CORRUPT : add_entries(c, all + i, n);
+        if (rc == RK_E_CORRUPT)
+            rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                     "%s: tensor %" PRIu32 " ('%s'): positions are not 0..N-1, or its pieces do not fit together",
+                     c->dir, all[i]->order, all[i]->name);
     }
-    return 0;
+    free(all);
+    for (size_t i = 0; i < c->n && !rc; i++)
+        for (size_t j = 0; j < i && !rc; j++)
+            if (strcmp(c->t[i].name, c->t[j].name) == 0)
+                rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s' appears twice", c->dir,
+                              c->t[i].name);
+    return rc;
 }
 
 int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out)
@@ -215,25 +306,89 @@ long fmt_ckpt_find(const fmt_ckpt *c, const char *name)
     return -1;
 }
 
-int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf)
+/* The descriptor of shard `rank` (opened on first use), its path into path[4096], and a
+   check that bytes [off, off + len) lie inside it. */
+static int shard_fd(fmt_ckpt *c, int rank, uint64_t off, uint64_t len, const char *name, char *path, int *out)
 {
-    const fmt_tensor *t = &c->t[i];
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/shard-%d.h5", c->dir, t->rank);
-    if (c->fds[t->rank] < 0) {
+    snprintf(path, 4096, "%s/shard-%d.h5", c->dir, rank);
+    if (c->fds[rank] < 0) {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, errno == ENOENT ? RK_E_INCOMPLETE : -errno,
                             "%s: cannot open: %s", path, strerror(errno));
-        c->fds[t->rank] = fd;
+        c->fds[rank] = fd;
     }
-    int fd = c->fds[t->rank];
     struct stat sb;
-    if (fstat(fd, &sb) != 0)
+    if (fstat(c->fds[rank], &sb) != 0)
         return -errno;
-    if (t->nbytes > 0 && (t->offset > (uint64_t)sb.st_size || t->nbytes > (uint64_t)sb.st_size - t->offset))
+    if (len > 0 && (off > (uint64_t)sb.st_size || len > (uint64_t)sb.st_size - off))
         return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s' lies past the end of the file (truncated)",
-                        path, t->name);
+                        path, name);
+    *out = c->fds[rank];
+    return 0;
+}
+
+/* Rows [lo, hi) of piece q (its own rows) into dst: the blocks that hold them, each read
+   whole (into dst when it lies inside, else through bounce) and checked. */
+static int read_piece_rows(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_t hi, char *dst, char **bounce)
+{
+    char path[4096];
+    uint64_t rows = (uint64_t)q->shape[0], rb = q->nbytes / rows, br = q->block_rows;
+    int fd, rc = shard_fd(c, q->rank, q->offset, q->nbytes, q->name, path, &fd);
+    if (rc)
+        return rc;
+    for (uint64_t b = lo / br; b * br < hi; b++) {
+        uint64_t b0 = b * br, b1 = b0 + br < rows ? b0 + br : rows;
+        bool inside = b0 >= lo && b1 <= hi;
+        if (!inside && !*bounce && !(*bounce = malloc(br * rb)))
+            return -ENOMEM;
+        char *p = inside ? dst + (b0 - lo) * rb : *bounce;
+        if ((rc = fmt_io_pread_all(fd, p, (b1 - b0) * rb, (off_t)(q->offset + b0 * rb), path)) != 0)
+            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, q->name, strerror(-rc));
+        if (fmt_xxh3(p, (b1 - b0) * rb) != q->blocks[b])
+            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                            "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64 " of its piece", path,
+                            q->name, b0, b1 - 1);
+        if (!inside) {
+            uint64_t from = b0 > lo ? b0 : lo, to = b1 < hi ? b1 : hi;
+            memcpy(dst + (from - lo) * rb, p + (from - b0) * rb, (to - from) * rb);
+        }
+    }
+    return 0;
+}
+
+int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf)
+{
+    const fmt_tensor *t = i < c->n ? &c->t[i] : NULL;
+    if (!t || t->kind != FMT_SHARDED || first < 0 || nrows < 0 || first > t->rows || nrows > t->rows - first)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -EINVAL, "rows %" PRId64 "+%" PRId64 " of tensor %zu: not a sharded "
+                        "tensor, or out of range", first, nrows, i);
+    char *bounce = NULL;
+    int rc = 0;
+    for (size_t k = 0; k < t->npieces && !rc; k++) {
+        const fmt_tensor *q = c->pieces[t->piece0 + k];
+        int64_t lo = first > q->row0 ? first : q->row0, hi = q->row0 + q->shape[0];
+        if (hi > first + nrows)
+            hi = first + nrows;
+        if (lo >= hi || q->nbytes == 0)
+            continue;
+        uint64_t rb = q->nbytes / (uint64_t)q->shape[0];
+        rc = read_piece_rows(c, q, (uint64_t)(lo - q->row0), (uint64_t)(hi - q->row0), (char *)buf + (uint64_t)(lo - first) * rb,
+                             &bounce);
+    }
+    free(bounce);
+    return rc;
+}
+
+int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf)
+{
+    const fmt_tensor *t = &c->t[i];
+    if (t->kind == FMT_SHARDED)
+        return fmt_ckpt_read_rows(c, i, 0, t->rows, buf);
+    char path[4096];
+    int fd, rc = shard_fd(c, t->rank, t->offset, t->nbytes, t->name, path, &fd);
+    if (rc)
+        return rc;
     if (t->nbytes >= FMT_DIRECT_MIN && t->offset % 4096 == 0) {
         uint64_t h = 0;
         int dr = fmt__read_direct(c, t, path, buf, &h);

@@ -11,6 +11,9 @@
  *   io_path <word>
  *   count N
  *   t <order> <dtype> <ndim> <dim>... <nbytes> <offset> <xxh3 16 hex> <name>   (N lines)
+ *     (version 2: after the t line of a tensor that is not replicated, one more line)
+ *     s <global rows> <row0> <block rows> <nblocks> <xxh3 16 hex>...   a sharded piece
+ *     p                                                                per-rank state
  *   end <xxh3 16 hex of every byte before this line>
  */
 #include <errno.h>
@@ -105,6 +108,8 @@ static int write_dataset(hid_t f, hid_t lcpl, hid_t dcpl, fmt_tensor *t)
     if (off == HADDR_UNDEF)
         goto out;
     t->offset = off;
+    if (t->kind == FMT_SHARDED && fmt_piece_blocks(t) != 0)
+        goto out;
     rc = attr_write(ds, "xxh3_64", H5T_STD_U64LE, &t->xxh3);
 out:
     if (ds >= 0)
@@ -114,6 +119,22 @@ out:
     if (sp >= 0)
         H5Sclose(sp);
     return rc;
+}
+
+int fmt_piece_blocks(fmt_tensor *t)
+{
+    uint64_t rows = t->shape[0] > 0 ? (uint64_t)t->shape[0] : 0, rb = rows ? t->nbytes / rows : 0;
+    t->block_rows = rb && rb < FMT_BLOCK_BYTES ? FMT_BLOCK_BYTES / rb : 1;
+    t->nblocks = rb ? (rows + t->block_rows - 1) / t->block_rows : 0;
+    free(t->blocks);
+    t->blocks = NULL;
+    if (t->nblocks && !(t->blocks = malloc(t->nblocks * sizeof(*t->blocks))))
+        return -ENOMEM;
+    for (uint64_t b = 0; b < t->nblocks; b++) {
+        uint64_t r = rows - b * t->block_rows < t->block_rows ? rows - b * t->block_rows : t->block_rows;
+        t->blocks[b] = fmt_xxh3((const char *)t->data + b * t->block_rows * rb, r * rb);
+    }
+    return 0;
 }
 
 int fmt_fsync_path(const char *path, bool dir)
@@ -256,6 +277,14 @@ int fmt_manifest_write(const char *path, const fmt_manifest *m)
         for (int d = 0; d < t->ndim; d++)
             sb_printf(&b, " %" PRId64, t->shape[d]);
         sb_printf(&b, " %" PRIu64 " %" PRIu64 " %016" PRIx64 " %s\n", t->nbytes, t->offset, t->xxh3, t->name);
+        if (t->kind == FMT_PER_RANK)
+            sb_printf(&b, "p\n");
+        if (t->kind != FMT_SHARDED)
+            continue;
+        sb_printf(&b, "s %" PRId64 " %" PRId64 " %" PRIu64 " %" PRIu64, t->rows, t->row0, t->block_rows, t->nblocks);
+        for (uint64_t k = 0; k < t->nblocks; k++)
+            sb_printf(&b, " %016" PRIx64, t->blocks[k]);
+        sb_printf(&b, "\n");
     }
     if (!b.oom) {
         uint64_t h = fmt_xxh3(b.p, b.len);
@@ -271,8 +300,10 @@ void fmt_manifest_free(fmt_manifest **pm)
     if (!pm || !*pm)
         return;
     fmt_manifest *m = *pm;
-    for (size_t i = 0; i < m->n; i++)
+    for (size_t i = 0; i < m->n; i++) {
         free(m->t[i].name);
+        free(m->t[i].blocks);
+    }
     free(m->t);
     free(m);
     *pm = NULL;
@@ -370,6 +401,36 @@ static bool parse_tensor(char *line, fmt_tensor *t)
     return (t->name = strdup(c.p)) != NULL;
 }
 
+/* The line after a t line in a version-2 manifest, if it is one: a sharded piece's
+   "s ..." or a per-rank tensor's "p". Returns 1 if line was such a line (parsed into t),
+   0 if it is not one (t stays replicated), -1 if it is malformed. */
+static int parse_kind(char *line, fmt_tensor *t)
+{
+    struct cur c = {line};
+    int64_t v;
+    if (!line || (strcmp(line, "p") != 0 && strncmp(line, "s ", 2) != 0))
+        return 0;
+    if (line[0] == 'p') {
+        t->kind = FMT_PER_RANK;
+        return 1;
+    }
+    t->kind = FMT_SHARDED;
+    uint64_t rows = t->ndim >= 1 ? (uint64_t)t->shape[0] : 0, rb = rows ? t->nbytes / rows : 0;
+    if (t->ndim < 1 || !word(&c, "s") || !num(&c, 10, 0, INT64_MAX, &t->rows) || !num(&c, 10, 0, INT64_MAX, &t->row0) ||
+        t->row0 > t->rows || t->shape[0] > t->rows - t->row0 || !num(&c, 10, 1, INT64_MAX, &v))
+        return -1;
+    t->block_rows = (uint64_t)v;
+    if (!num(&c, 10, 0, INT64_MAX, &v) || (uint64_t)v != (rb ? (rows + t->block_rows - 1) / t->block_rows : 0))
+        return -1;
+    t->nblocks = (uint64_t)v;
+    if (t->nblocks && !(t->blocks = malloc(t->nblocks * sizeof(*t->blocks))))
+        return -1;
+    for (uint64_t k = 0; k < t->nblocks; k++)
+        if (!hex64(&c, &t->blocks[k]))
+            return -1;
+    return c.p ? -1 : 1;
+}
+
 static int read_small_file(const char *path, char **out, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -438,10 +499,11 @@ int fmt_manifest_read(const char *path, fmt_manifest **out)
         rc = RK_E_FORMAT;
         goto out_bad;
     }
-    if (v != FMT_VERSION) {
+    if (v < FMT_VERSION_MIN || v > FMT_VERSION) {
         rc = RK_E_FORMAT;
         goto out_bad;
     }
+    int version = (int)v;
     c.p = strtok_r(NULL, "\n", &save);
     if (!word(&c, "step") || !num(&c, 10, 0, INT64_MAX, &m->step))
         goto out_bad;
@@ -467,8 +529,8 @@ int fmt_manifest_read(const char *path, fmt_manifest **out)
         rc = -ENOMEM;
         goto out_bad;
     }
+    line = strtok_r(NULL, "\n", &save);
     for (int64_t i = 0; i < n; i++) {
-        line = strtok_r(NULL, "\n", &save);
         if (!line || !parse_tensor(line, &m->t[i])) {
             if (m->t[i].name)
                 m->n++;
@@ -476,8 +538,14 @@ int fmt_manifest_read(const char *path, fmt_manifest **out)
         }
         m->t[i].rank = m->rank;
         m->n++;
+        line = strtok_r(NULL, "\n", &save);
+        int k = version >= 2 ? parse_kind(line, &m->t[i]) : 0;
+        if (k < 0)
+            goto out_bad;
+        if (k > 0)
+            line = strtok_r(NULL, "\n", &save);
     }
-    if (strtok_r(NULL, "\n", &save) != NULL)
+    if (line != NULL)
         goto out_bad;
     free(text);
     *out = m;

@@ -118,14 +118,47 @@ void rk_options_init(rk_options *o);
    released with rk_finalize(). */
 int rk_init(rk_ctx **ctx, const rk_options *o);
 
-/* flags 0: a host tensor with the same value on every rank (data parallel).
+/* Flags of rk_register (docs/SHARDING.md). 0: a host tensor with the same value on every
+   rank (data parallel), written once into the checkpoint. */
+#define RK_DEVICE   1u /* ptr is CUDA device memory: RK_E_NOTAVAIL in this build */
+#define RK_SHARDED  2u /* this rank's slice of a global tensor split along dimension 0:
+                          shape is the local slice (ndim >= 1); the global tensor is the
+                          members' slices concatenated in rank order */
+#define RK_PER_RANK 4u /* state of this rank alone (an RNG, a data-loader position); the
+                          checkpoint keeps every rank's, at ranks/<r>/<name> */
+
+/* flags: 0, RK_SHARDED or RK_PER_RANK (not both).
    name is the tensor's path in the checkpoint ('/' makes HDF5 groups): non-empty, at most
    255 bytes, no leading or trailing '/', no empty, '.' or '..' component, no control
-   characters, and not a group of another tensor ("a" and "a/b" cannot both exist).
+   characters, not a group of another tensor ("a" and "a/b" cannot both exist), and not
+   under "ranks" (the group of per-rank state).
    ndim 0..8 (0: a scalar); ptr may be NULL only for a tensor of zero bytes.
-   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, -EINVAL (flags, ndim, shape, NULL). */
+   RK_SHARDED and RK_PER_RANK registrations are collective over the current members: every
+   member registers the same names in the same order; a sharded tensor's members agree on
+   its dtype and trailing dimensions (RK_E_COLL_MISMATCH otherwise), and each learns its
+   first row (rk_shard_rows). A spare not yet brought in cannot register them
+   (RK_E_NOTAVAIL). Bound: the ring's (RK_TIMEOUT_MS).
+   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, RK_E_NOTAVAIL (RK_DEVICE, a spare),
+   RK_E_COLL_MISMATCH, -EINVAL (flags, ndim, shape, NULL). */
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags);
+
+/* The slice of sharded tensor `name` this rank holds now: its first row in the global
+   tensor and its number of rows; *global_rows (may be NULL) the global tensor's rows.
+   After a membership change (RK_RECOVERED with a new world) the library splits every
+   sharded tensor evenly over the new members (rank r gets G/W rows, one more if
+   r < G % W, in rank order) and restores each rank's new rows from disk; a slice whose
+   size changed is not written into the old buffer: the program allocates one of the new
+   size and hands it over with rk_rebind, which copies the restored rows into it.
+   -ENOENT if no sharded tensor has that name. */
+int rk_shard_rows(const rk_ctx *ctx, const char *name, int64_t *offset, int64_t *rows,
+                  int64_t *global_rows);
+/* Replaces the buffer of registered tensor `name` (the old one stays the caller's). For a
+   sharded tensor whose slice changed size in a recovery, ptr must hold the new slice
+   (rk_shard_rows) and receives the restored rows; until then no checkpoint is taken
+   (RK_E_STATE). For any other tensor, ptr must hold as many bytes as before and is used
+   from now on (nothing is copied). -ENOENT unknown name, -EINVAL NULL ptr. */
+int rk_rebind(rk_ctx *ctx, const char *name, void *ptr);
 
 /* Collective: restores the latest consistent checkpoint into the registered buffers
    and sets *next_step to the step to run next; 0 and nothing restored if none exists.

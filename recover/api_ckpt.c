@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../formats/fmt.h"
 #include "../ring/ring.h"
 #include "rec.h"
 #include "rec_internal.h"
@@ -100,8 +101,9 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
         return -ENOMEM;
     for (size_t i = 0; i < ctx->ntensors; i++) {
         const struct rec_tensor *r = &ctx->tensors[i];
-        t[i] = (ckpt_tensor){.name = r->name, .ptr = r->ptr, .dtype = r->dtype, .ndim = r->ndim, .shape = r->shape,
-                             .nbytes = r->nbytes};
+        t[i] = (ckpt_tensor){.name = r->name, .ptr = r->pending ? NULL : r->ptr, .dtype = r->dtype, .ndim = r->ndim,
+                             .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags, .row0 = r->row0,
+                             .rows = r->rows_global, .defer = r->pending};
     }
     *out = t;
     return 0;
@@ -109,6 +111,11 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
 
 static int start(rk_ctx *ctx, int64_t step)
 {
+    for (size_t i = 0; i < ctx->ntensors; i++)
+        if (ctx->tensors[i].pending)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE,
+                            "checkpoint of step %" PRId64 " not taken: sharded tensor '%s' changed its slice in the "
+                            "recovery and waits for rk_rebind", step, ctx->tensors[i].name);
     ckpt_tensor *t = NULL;
     int rc = tensors_of(ctx, &t);
     if (!rc)
@@ -127,11 +134,98 @@ int rec_ckpt_step_done(rk_ctx *ctx, int64_t step)
     return 0;
 }
 
+/* A collective among the current members, over the ring (which excludes lost ranks),
+   abandoned as soon as the detector sees another member go. */
+static int ring_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op)
+{
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    return ring_allreduce(ctx->ring, v, count, dtype, op, &cancel);
+}
+
+static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
+{
+    return ring_call(ctx, v, 1, dtype, op);
+}
+
+/* What the members of a sharded or per-rank registration must have alike: name, flags
+   and, for a sharded tensor, dtype and trailing dimensions (63 bits, never negative). */
+static int64_t registration_hash(const struct rec_tensor *t)
+{
+    uint64_t h = fmt_xxh3(t->name, strlen(t->name) + 1);
+    int64_t v[2 + REC_MAX_DIMS] = {(int64_t)t->flags, -1};
+    size_t n = 1;
+    if (t->flags & RK_SHARDED) {
+        v[n++] = t->dtype;
+        v[n++] = t->ndim;
+        for (int d = 1; d < t->ndim; d++)
+            v[n++] = t->shape[d];
+    }
+    return (int64_t)((h ^ fmt_xxh3(v, n * sizeof(*v))) >> 1);
+}
+
+/* The agreement of a sharded or per-rank registration (the last one of the registry):
+   every member registers the same thing, and a sharded tensor's rows are the members'
+   slices in rank order. Every member returns the same. */
+static int agree_registration(rk_ctx *ctx, struct rec_tensor *t)
+{
+    int64_t h[2];
+    h[0] = registration_hash(t);
+    h[1] = -h[0];
+    int rc = ring_call(ctx, h, 2, RK_I64, RK_MAX);
+    if (rc)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "rk_register '%s': agreement among the members failed", t->name);
+    if (h[0] != -h[1])
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
+                        "rk_register '%s': the members registered different tensors here (name, flags, dtype or "
+                        "trailing dimensions differ)", t->name);
+    if (!(t->flags & RK_SHARDED))
+        return 0;
+    int64_t *rows = calloc((size_t)ctx->world, sizeof(*rows));
+    if (!rows)
+        return -ENOMEM;
+    rows[ctx->rank] = t->shape[0];
+    if ((rc = ring_call(ctx, rows, (size_t)ctx->world, RK_I64, RK_SUM)) == 0) {
+        t->row0 = t->rows_global = 0;
+        for (int r = 0; r < ctx->world; r++) {
+            if (r < ctx->rank)
+                t->row0 += rows[r];
+            t->rows_global += rows[r];
+        }
+    } else {
+        rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "rk_register '%s': agreement on the slices failed", t->name);
+    }
+    free(rows);
+    return rc;
+}
+
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags)
 {
     /* The registry is kept even without checkpoints: rk_resume and recovery use it. */
-    return rec_registry_add(ctx, name, ptr, dtype, ndim, shape, flags);
+    if (ctx && (flags & (RK_SHARDED | RK_PER_RANK)) && ctx->is_spare)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOTAVAIL,
+                        "rk_register '%s': a spare worker cannot register sharded or per-rank state yet",
+                        name ? name : "(null)");
+    int rc = rec_registry_add(ctx, name, ptr, dtype, ndim, shape, flags);
+    if (rc || !(flags & (RK_SHARDED | RK_PER_RANK)))
+        return rc;
+    if ((rc = agree_registration(ctx, &ctx->tensors[ctx->ntensors - 1])) != 0)
+        rec_registry_pop(ctx);
+    return rc;
+}
+
+int rk_shard_rows(const rk_ctx *ctx, const char *name, int64_t *offset, int64_t *rows, int64_t *global_rows)
+{
+    if (!ctx || !name || !offset || !rows)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_shard_rows: NULL argument");
+    const struct rec_tensor *t = rec_registry_find((rk_ctx *)ctx, name);
+    if (!t || !(t->flags & RK_SHARDED))
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOENT, "rk_shard_rows: no sharded tensor '%s'", name);
+    *offset = t->row0;
+    *rows = t->shape[0];
+    if (global_rows)
+        *global_rows = t->rows_global;
+    return 0;
 }
 
 int rk_checkpoint(rk_ctx *ctx)
@@ -164,19 +258,6 @@ static int try_class(int rc)
     if (rc == -ENOMEM)
         return TRY_FATAL;
     return TRY_SKIP;
-}
-
-/* A collective among the current members, over the ring (which excludes lost ranks),
-   abandoned as soon as the detector sees another member go. */
-static int ring_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op)
-{
-    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
-    return ring_allreduce(ctx->ring, v, count, dtype, op, &cancel);
-}
-
-static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
-{
-    return ring_call(ctx, v, 1, dtype, op);
 }
 
 /* Restores, on every member, the first checkpoint of ckpt_list's order (the current
@@ -284,6 +365,11 @@ int64_t rec_ckpt_held_step(rk_ctx *ctx)
 {
     if (!ctx->ckpt || ckpt_held_step(ctx->ckpt) < 0)
         return -1;
+    /* Sharded and per-rank state is each rank's own: the survivors' memory lacks the lost
+       member's, so a job that has any rolls back from disk (ckpt.c I8). */
+    for (size_t i = 0; i < ctx->ntensors; i++)
+        if (ctx->tensors[i].flags & (RK_SHARDED | RK_PER_RANK))
+            return -1;
     /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
     ckpt_tensor *t = NULL;
     if (tensors_of(ctx, &t))
@@ -327,6 +413,48 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
     return root ? 0 : ckpt_hold(ctx->ckpt, dec->step, t, ctx->ntensors);
 }
 
+/* The even split of every sharded tensor over the current members (after a membership
+   change): rank r gets rows_global / world rows, one more if r < rows_global % world. A
+   slice whose size changed waits for rk_rebind (its restored rows stay in the held
+   snapshot); one of the same size is restored into its buffer. */
+static void resplit(rk_ctx *ctx)
+{
+    for (size_t i = 0; i < ctx->ntensors; i++) {
+        struct rec_tensor *r = &ctx->tensors[i];
+        if (!(r->flags & RK_SHARDED))
+            continue;
+        int64_t q = r->rows_global / ctx->world, m = r->rows_global % ctx->world;
+        int64_t rows = q + (ctx->rank < m), row0 = ctx->rank * q + (ctx->rank < m ? ctx->rank : m);
+        if (rows != r->shape[0])
+            r->pending = true;
+        r->shape[0] = rows;
+        r->row0 = row0;
+        r->nbytes = rec_row_bytes(r) * (size_t)rows;
+    }
+}
+
+int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
+{
+    struct rec_tensor *r = rec_registry_find(ctx, name);
+    if (!r)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOENT, "rk_rebind: no tensor '%s' is registered",
+                        name ? name : "(null)");
+    if (!ptr && r->nbytes)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_rebind '%s': NULL buffer for %zu bytes", name, r->nbytes);
+    if (r->pending) {
+        size_t i = (size_t)(r - ctx->tensors);
+        const void *held = ctx->ckpt ? ckpt_held_tensor(ctx->ckpt, i) : NULL;
+        if (!held && r->nbytes)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "rk_rebind '%s': the restored rows are no longer held",
+                            name);
+        if (r->nbytes)
+            memcpy(ptr, held, r->nbytes);
+        r->pending = false;
+    }
+    r->ptr = ptr;
+    return 0;
+}
+
 int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
 {
     if (ctx->ntensors == 0)
@@ -336,6 +464,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
                         "a member was lost and there is no snapshot to roll back to (set RK_CKPT_DIR)");
     /* The commit in flight belonged to the old membership: cancel it, write as the new one. */
     ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
+    resplit(ctx);
     ckpt_tensor *t = NULL;
     int rc = tensors_of(ctx, &t);
     if (rc)

@@ -29,7 +29,12 @@ struct rec_tensor {
     int ndim;             /* 0: a scalar */
     int64_t shape[REC_MAX_DIMS];
     size_t nbytes;
-    unsigned flags;
+    unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK */
+    /* RK_SHARDED: this rank's rows are [row0, row0 + shape[0]) of rows_global (agreed at
+       rk_register, re-split evenly at a membership change: rec_shard_resplit). */
+    int64_t row0, rows_global;
+    bool pending;         /* the slice changed size in a recovery: the restored rows wait in
+                             the held snapshot for rk_rebind; ptr is the old buffer */
 };
 
 struct ckpt_engine;
@@ -88,6 +93,14 @@ void rec_ring_close(rk_ctx *ctx);
 int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                      const int64_t *shape, unsigned flags);
 void rec_registry_free(rk_ctx *ctx);
+/* The registered tensor named name, NULL if none. */
+struct rec_tensor *rec_registry_find(rk_ctx *ctx, const char *name);
+/* Forgets the last registered tensor (a collective registration that failed). */
+void rec_registry_pop(rk_ctx *ctx);
+/* Bytes of one row (dimension 0) of t. */
+size_t rec_row_bytes(const struct rec_tensor *t);
+/* The group of per-rank state in a checkpoint; no registered name may start with it. */
+#define REC_RANKS_GROUP "ranks"
 /* Whether name can be a tensor's path in the checkpoint; why says what is wrong. */
 bool rec_name_valid(const char *name, const char **why);
 

@@ -75,12 +75,23 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
                         name ? name : "(null)", why);
     if (rk__dtype_size(dtype) == 0)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_DTYPE, "rk_register '%s': dtype %d", name, (int)dtype);
-    if (flags != 0)
+    if (strcmp(name, REC_RANKS_GROUP) == 0 || strncmp(name, REC_RANKS_GROUP "/", strlen(REC_RANKS_GROUP) + 1) == 0)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NAME,
+                        "rk_register: name '%s': '" REC_RANKS_GROUP "' holds per-rank state in the checkpoint", name);
+    if (flags & RK_DEVICE)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOTAVAIL,
+                        "rk_register '%s': RK_DEVICE: GPU tensors are not supported in this build", name);
+    if (flags & ~(unsigned)(RK_SHARDED | RK_PER_RANK))
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': unknown flags 0x%x", name, flags);
+    if ((flags & RK_SHARDED) && (flags & RK_PER_RANK))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL,
-                        "rk_register '%s': flags 0x%x (only 0, a replicated host tensor, is supported)", name, flags);
+                        "rk_register '%s': RK_SHARDED and RK_PER_RANK together (a tensor is one or the other)", name);
     if (ndim < 0 || ndim > REC_MAX_DIMS)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': ndim %d not in [0, %d]", name,
                         ndim, REC_MAX_DIMS);
+    if ((flags & RK_SHARDED) && ndim < 1)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL,
+                        "rk_register '%s': RK_SHARDED needs ndim >= 1 (it is split along dimension 0)", name);
     if (ndim > 0 && !shape)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': shape is NULL with ndim %d", name, ndim);
     size_t nbytes = rk__dtype_size(dtype);
@@ -121,8 +132,31 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
         t->shape[d] = shape[d];
     t->nbytes = nbytes;
     t->flags = flags;
+    t->rows_global = ndim > 0 ? shape[0] : 0; /* sharded: set by the agreement (api_ckpt.c) */
     ctx->ntensors++;
     return 0;
+}
+
+struct rec_tensor *rec_registry_find(rk_ctx *ctx, const char *name)
+{
+    for (size_t i = 0; ctx && name && i < ctx->ntensors; i++)
+        if (strcmp(ctx->tensors[i].name, name) == 0)
+            return &ctx->tensors[i];
+    return NULL;
+}
+
+void rec_registry_pop(rk_ctx *ctx)
+{
+    if (ctx->ntensors > 0)
+        free(ctx->tensors[--ctx->ntensors].name);
+}
+
+size_t rec_row_bytes(const struct rec_tensor *t)
+{
+    size_t b = rk__dtype_size(t->dtype);
+    for (int d = 1; d < t->ndim; d++)
+        b *= (size_t)t->shape[d];
+    return b;
 }
 
 void rec_registry_free(rk_ctx *ctx)

@@ -25,6 +25,7 @@
 
 #include "../formats/fio.h"
 #include "common.h"
+#include "prog_common.h"
 #include "rekindle.h"
 
 struct spec {
@@ -48,13 +49,9 @@ static size_t nspecs(bool big)
     return RK_ARRAY_LEN(specs) - (big ? 0 : 1);
 }
 
-static uint8_t byte_at(size_t t, size_t i, int64_t step, uint64_t seed)
+static uint8_t byte_at(size_t t, uint64_t i, int64_t step, uint64_t seed)
 {
-    uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)t << 48) ^ ((uint64_t)step << 32) ^ i;
-    x ^= x >> 29;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 32;
-    return (uint8_t)x;
+    return prog_byte_at(t, i, step, seed);
 }
 
 static void fill(uint8_t *p, size_t n, size_t t, int64_t step, uint64_t seed)

@@ -4,6 +4,7 @@
 #ifndef RK_PROG_COMMON_H
 #define RK_PROG_COMMON_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "rekindle.h"
@@ -21,6 +22,16 @@ static inline rk_ctx *prog_rk_init(void)
         return NULL;
     }
     return ctx;
+}
+
+/* The test pattern: byte i of a tensor (key t) at step `step` of a run seeded `seed`. */
+static inline uint8_t prog_byte_at(uint64_t t, uint64_t i, int64_t step, uint64_t seed)
+{
+    uint64_t x = (seed * 0x9E3779B97F4A7C15ull) ^ (t << 48) ^ ((uint64_t)step << 32) ^ i;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    return (uint8_t)x;
 }
 
 #endif

@@ -441,7 +441,7 @@ START_TEST(h5py_reads_index)
              "import h5py, numpy as np, glob, os\n"
              "d = '%s/" S2 "'\n"
              "f = h5py.File(d + '/index.h5', 'r')\n"
-             "assert int(f.attrs['step']) == 2 and int(f.attrs['world_size']) == 2 and int(f.attrs['format_version']) == 1\n"
+             "assert int(f.attrs['step']) == 2 and int(f.attrs['world_size']) == 2 and int(f.attrs['format_version']) == 2\n"
              "want = {'f32':'float32','f64':'float64','f16':'float16','i32':'int32','i64':'int64','u8':'uint8'}\n"
              "n = 0\n"
              "for ok in sorted(glob.glob(d + '/shard-*.ok')):\n"

@@ -276,8 +276,12 @@ int cmd_inspect(int argc, char **argv)
             len += (size_t)snprintf(shape + len, sizeof(shape) - len, "%s%" PRId64, d ? "," : "", t->shape[d]);
         if (len < sizeof(shape))
             snprintf(shape + len, sizeof(shape) - len, ")");
-        printf("%s\t%s\t%s\t%" PRIu64 "\tshard-%d.h5\txxh3:%016" PRIx64 "\n", t->name, rk__dtype_name(t->dtype), shape,
-               t->nbytes, t->rank, t->xxh3);
+        if (t->kind == FMT_SHARDED) /* its pieces, one per shard, checksummed per block */
+            printf("%s\t%s\t%s\t%" PRIu64 "\tshard-0..%d.h5 (sharded: %zu pieces)\txxh3:per-block\n", t->name,
+                   rk__dtype_name(t->dtype), shape, t->nbytes, c->world - 1, t->npieces);
+        else
+            printf("%s\t%s\t%s\t%" PRIu64 "\tshard-%d.h5\txxh3:%016" PRIx64 "\n", t->name, rk__dtype_name(t->dtype),
+                   shape, t->nbytes, t->rank, t->xxh3);
     }
     fmt_ckpt_close(&c);
     return TOOL_OK;
@@ -293,10 +297,12 @@ static int write_one(hid_t f, hid_t lcpl, const fmt_tensor *t, const void *buf)
     hid_t sp = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
     hid_t ty = fmt_h5_type(t->dtype), ds = -1, as = H5Screate(H5S_SCALAR), at = -1;
     int rc = -1;
+    /* a sharded tensor's pieces were checked per block: its whole checksum is computed here */
+    uint64_t h = t->kind == FMT_SHARDED ? fmt_xxh3(buf, t->nbytes) : t->xxh3;
     if (sp >= 0 && ty >= 0 && as >= 0 && (ds = H5Dcreate2(f, t->name, ty, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
         (t->nbytes == 0 || H5Dwrite(ds, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0) &&
         (at = H5Acreate2(ds, "xxh3_64", H5T_STD_U64LE, as, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
-        H5Awrite(at, H5T_NATIVE_UINT64, &t->xxh3) >= 0)
+        H5Awrite(at, H5T_NATIVE_UINT64, &h) >= 0)
         rc = 0;
     if (at >= 0)
         H5Aclose(at);

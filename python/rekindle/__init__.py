@@ -28,12 +28,15 @@ from . import _lib, _tensor
 from ._lib import Error, Recovered
 
 __all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "SpareUnused",
-           "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK"]
+           "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK", "DEVICE", "SHARDED", "PER_RANK"]
 
 globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's table
 
-# Flags of register() (include/rekindle.h); this build accepts 0 only and says so.
+# Flags of register() (include/rekindle.h, docs/SHARDING.md): SHARDED, this rank's slice
+# of a global tensor along dimension 0; PER_RANK, state of this rank alone. DEVICE (CUDA
+# memory) is refused by this build (RK_E_NOTAVAIL).
 RK_DEVICE, RK_SHARDED, RK_PER_RANK = 1, 2, 4
+DEVICE, SHARDED, PER_RANK = RK_DEVICE, RK_SHARDED, RK_PER_RANK
 
 
 class SpareUnused(Error):
@@ -152,7 +155,9 @@ class Context:
         `name` (its path in the checkpoint). Its memory is checkpointed and restored in
         place: keep training on this very tensor (in-place updates, as optimizers do).
         Rekindle keeps the memory alive; replacing the tensor's storage (`t.data = ...`,
-        `load_state_dict` into a new tensor) is reported as an Error at the next call."""
+        `load_state_dict` into a new tensor) is reported as an Error at the next call.
+        flags: 0 (the same on every rank), SHARDED (this rank's rows of a global tensor;
+        collective: every rank registers it, in the same order) or PER_RANK."""
         addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
         c_shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         _lib.call("rk_register '%s'" % name,

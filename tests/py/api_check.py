@@ -85,7 +85,10 @@ def write():
     expect_error("a list", lambda: rk.register("bad/l", [1.0, 2.0]))
     expect_error("duplicate name", lambda: rk.register("scalar", torch.zeros(1)), "RK_E_DUPLICATE")
     expect_error("bad name", lambda: rk.register("a//b", torch.zeros(1)), "RK_E_NAME")
-    expect_error("flags", lambda: rk.register("flagged", torch.zeros(1), flags=rekindle.RK_SHARDED))
+    expect_error("device flag", lambda: rk.register("flagged", torch.zeros(1), flags=rekindle.DEVICE),
+                 "RK_E_NOTAVAIL")
+    expect_error("two kinds", lambda: rk.register("flagged", torch.zeros(1),
+                                                  flags=rekindle.SHARDED | rekindle.PER_RANK))
     assert rk.resume() == 0
     # allreduce over the ring, each dtype.
     for dt in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
