@@ -97,7 +97,9 @@ START_TEST(register_rejects_bad_arguments)
     th_assert_rc(rk_register(ctx, longname, buf, RK_F32, 1, (int64_t[]){4}, 0), RK_E_NAME);
     th_assert_rc(rk_register(ctx, NULL, buf, RK_F32, 1, (int64_t[]){4}, 0), RK_E_NAME);
     th_assert_rc(rk_register(ctx, "t", buf, (rk_dtype)42, 1, (int64_t[]){4}, 0), RK_E_DTYPE);
-    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, 1u), -EINVAL);
+    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, RK_DEVICE), RK_E_NOTAVAIL);
+    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, 8u), -EINVAL); /* unknown flag */
+    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, RK_SHARDED | RK_PER_RANK), -EINVAL);
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 9, shape2, 0), -EINVAL);
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, -1, shape2, 0), -EINVAL);
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 2, NULL, 0), -EINVAL);
