@@ -33,9 +33,9 @@
  *  I8  Staging holds a complete snapshot of every registered tensor (the held snapshot,
  *      one copy of the registered bytes), of which this rank writes only its share: after
  *      a failure any survivor can give the whole replicated state of that step back
- *      (recovery from memory). Sharded and per-rank tensors are this rank's only: a job
- *      that has them rolls back from disk (recover/api_ckpt.c). The held step is -1 while
- *      a copy is under way.
+ *      (recovery from memory). Sharded and per-rank tensors are this rank's only; I14
+ *      keeps a second copy of them on the right neighbour. The held step is -1 while a
+ *      copy is under way.
  *  I9  A job carries the membership (rank, world, nonce) it was started under and writes
  *      in its own temporary directory '.tmp-step-<S>-<nonce>': a change of membership
  *      abandons the commit in flight, and the nonce of the new membership differs, so
@@ -56,7 +56,15 @@
  *      (restore, retention, the CLI), never "no checkpoint".
  *  I13 Every reader of the directory takes one order (ckpt_list): the current timeline
  *      by commit time, then abandoned ones; the held snapshot is offered to a rollback
- *      only when its layout matches the registry (ckpt_held_matches).
+ *      only when its layout matches the registry (ckpt_snapshot_matches).
+ *  I14 Staging begins with a header (step, and every tensor's bytes and first row) followed
+ *      by this rank's sharded and per-rank pieces, contiguous, then the replicated tensors:
+ *      the header and pieces are the snapshot's out region, which the caller sends its
+ *      right ring neighbour (ring_shift, recover/api_ckpt.c) and which that neighbour keeps
+ *      as its partner copy (ckpt_snapshot_inbox / _accept), in its own region, never
+ *      written. A snapshot is "partnered" only while the left's copy is of the same step
+ *      and both were taken in the engine's current membership: then a lost rank's pieces
+ *      are in its right neighbour's memory.
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
@@ -83,6 +91,14 @@
 #include "ckpt_internal.h"
 
 #define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
+#define HDR_MAGIC 0x524b534e41503031ull /* "RKSNAP01" */
+
+/* The snapshot header at the start of staging (I14): magic, step, n, then each tensor's
+   bytes (0: not a piece of the out region) and first row, as uint64. */
+static size_t hdr_bytes(size_t n)
+{
+    return ALIGN_UP((3 + 2 * n) * sizeof(uint64_t));
+}
 
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
@@ -196,6 +212,9 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     e->nonce = e->base_nonce = cfg->nonce;
     e->held_step = -1;
+    e->left_step = -1;
+    e->held_rank = cfg->rank;
+    e->held_world = cfg->world;
     e->ev = rk__evlog_ref(cfg->ev);
     e->last_committed = -1;
     pthread_condattr_init(&ca);
@@ -296,6 +315,11 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     unmap_retired(e);
     if (e->staging)
         munmap(e->staging, e->staging_cap);
+    if (e->partner)
+        munmap(e->partner, e->partner_cap);
+    free(e->held_row0);
+    free(e->own_p);
+    free(e->left_p);
     for (size_t i = 0; i < e->job.m.n; i++)
         free(e->mine[i].blocks);
     free(e->mine);
@@ -378,11 +402,13 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     if (n > e->held_cap) {
         if (!grow((void **)&e->held_off, n, sizeof(*e->held_off)) ||
             !grow((void **)&e->held_len, n, sizeof(*e->held_len)) ||
-            !grow((void **)&e->held_have, n, sizeof(*e->held_have)))
+            !grow((void **)&e->held_have, n, sizeof(*e->held_have)) ||
+            !grow((void **)&e->held_row0, n, sizeof(*e->held_row0)) ||
+            !grow((void **)&e->own_p, n, sizeof(*e->own_p)) || !grow((void **)&e->left_p, n, sizeof(*e->left_p)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint staging for %zu tensors", n);
         e->held_cap = n;
     }
-    size_t need = 0;
+    size_t need = hdr_bytes(n);
     for (size_t i = 0; i < n; i++)
         need += ALIGN_UP(t[i].nbytes);
     bool busy = ckpt_busy(e);
@@ -426,18 +452,46 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
-/* The held snapshot's layout for t[0..n) in staging; nothing held yet (I8). */
+/* The held snapshot's layout for t[0..n) in staging (I14): the header, the sharded and
+   per-rank pieces, the replicated tensors; nothing held yet (I8). */
 static void hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
-    size_t off = 0;
+    size_t off = hdr_bytes(n);
     e->held_step = -1;
-    for (size_t i = 0; i < n; i++) {
-        e->held_off[i] = off;
-        e->held_len[i] = t[i].nbytes;
-        e->held_have[i] = true;
-        off += ALIGN_UP(t[i].nbytes);
+    e->held_hdr = off;
+    for (int own = 1; own >= 0; own--) {
+        for (size_t i = 0; i < n; i++) {
+            if ((t[i].flags != 0) != own)
+                continue;
+            e->held_off[i] = off;
+            e->held_len[i] = t[i].nbytes;
+            e->held_row0[i] = t[i].flags & RK_SHARDED ? t[i].row0 : 0;
+            e->held_have[i] = true;
+            off += ALIGN_UP(t[i].nbytes);
+        }
+        if (own)
+            e->held_out = off;
     }
     e->held_n = n;
+}
+
+void ckpt__seal(ckpt_engine *e, int64_t step)
+{
+    uint64_t *h = (uint64_t *)e->staging;
+    h[0] = HDR_MAGIC;
+    h[1] = (uint64_t)step;
+    h[2] = e->held_n;
+    for (size_t i = 0; i < e->held_n; i++) {
+        bool piece = e->held_off[i] < e->held_out;
+        h[3 + 2 * i] = piece ? e->held_len[i] : 0;
+        h[4 + 2 * i] = (uint64_t)e->held_row0[i];
+    }
+    pthread_mutex_lock(&e->mu);
+    e->held_epoch = e->epoch;
+    e->held_rank = e->rank;
+    e->held_world = e->world;
+    pthread_mutex_unlock(&e->mu);
+    e->held_step = step;
 }
 
 /* Copies every tensor into staging: the held snapshot of `step` (I8). */
@@ -447,7 +501,7 @@ static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t
     for (size_t i = 0; i < n; i++)
         if (t[i].nbytes)
             memcpy(e->staging + e->held_off[i], t[i].ptr, t[i].nbytes);
-    e->held_step = step;
+    ckpt__seal(e, step);
 }
 
 /* Waits until no checkpoint is in flight, at most a quarter of timeout_ms; RK_E_BUSY
@@ -570,29 +624,85 @@ int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
-int64_t ckpt_held_step(const ckpt_engine *e)
+const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e)
 {
-    return e->held_step;
+    ckpt_snapshot *s = &e->snap;
+    pthread_mutex_lock(&e->mu);
+    uint64_t epoch = e->epoch;
+    pthread_mutex_unlock(&e->mu);
+    *s = (ckpt_snapshot){.step = e->held_step, .rank = e->held_rank, .world = e->held_world, .left_step = -1};
+    if (e->held_step < 0)
+        return s;
+    s->n = e->held_n;
+    for (size_t i = 0; i < e->held_n; i++)
+        e->own_p[i] = (ckpt_piece){.data = e->held_have[i] ? e->staging + e->held_off[i] : NULL,
+                                   .nbytes = e->held_len[i], .row0 = e->held_row0[i]};
+    s->own = e->own_p;
+    s->out = e->staging;
+    s->out_bytes = e->held_out;
+    if (e->left_step >= 0) {
+        s->left_step = e->left_step;
+        s->left = e->left_p;
+    }
+    s->partnered = e->left_step == e->held_step && e->left_epoch == e->held_epoch && e->held_epoch == epoch;
+    return s;
 }
 
-bool ckpt_held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n)
+bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n)
 {
-    if (e->held_step < 0 || e->held_n != n)
+    if (s->step < 0 || s->n != n)
         return false;
     for (size_t i = 0; i < n; i++)
-        if (e->held_len[i] != t[i].nbytes)
+        if (s->own[i].nbytes != t[i].nbytes)
             return false;
     return true;
 }
 
-const void *ckpt_held_tensor(const ckpt_engine *e, size_t i)
+void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes)
 {
-    return e->held_step >= 0 && i < e->held_n ? e->staging + e->held_off[i] : NULL;
+    e->left_step = -1;
+    e->partner_len = 0;
+    if (bytes > e->partner_cap) {
+        size_t cap = ALIGN_UP(bytes);
+        void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", bytes, strerror(errno));
+            return NULL;
+        }
+        if (e->partner)
+            munmap(e->partner, e->partner_cap);
+        e->partner = p;
+        e->partner_cap = cap;
+    }
+    e->partner_len = bytes;
+    return e->partner ? e->partner : (void *)e; /* 0 bytes: any non-NULL address */
+}
+
+int ckpt_snapshot_accept(ckpt_engine *e)
+{
+    const uint64_t *h = (const uint64_t *)e->partner;
+    size_t len = e->partner_len;
+    e->left_step = -1;
+    if (len < hdr_bytes(0) || h[0] != HDR_MAGIC || h[2] > e->held_cap || hdr_bytes(h[2]) > len)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: malformed header (%zu bytes)", len);
+    size_t n = h[2], off = hdr_bytes(n);
+    for (size_t i = 0; i < n; i++) {
+        size_t nb = h[3 + 2 * i];
+        if (nb > len || off > len - nb)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: piece %zu past its end", i);
+        e->left_p[i] = (ckpt_piece){.data = e->partner + off, .nbytes = nb, .row0 = (int64_t)h[4 + 2 * i]};
+        off += ALIGN_UP(nb);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->left_epoch = e->epoch;
+    pthread_mutex_unlock(&e->mu);
+    e->left_step = (int64_t)h[1];
+    return 0;
 }
 
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
-    if (!ckpt_held_matches(e, t, n))
+    if (!ckpt_snapshot_matches(ckpt_snapshot_held(e), t, n))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
     for (size_t i = 0; i < n; i++)
         if (t[i].nbytes && e->held_have[i] && !t[i].defer)
@@ -630,6 +740,7 @@ void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
     pthread_mutex_lock(&e->mu);
     e->rank = rank;
     e->world = world;
+    e->epoch = epoch;
     /* Manifests of an attempt under another membership never match this one's. */
     e->nonce = e->base_nonce ^ (epoch * 0x9e3779b97f4a7c15ull);
     pthread_mutex_unlock(&e->mu);

@@ -84,23 +84,57 @@ void ckpt_note_committed(ckpt_engine *e, int64_t step);
 int64_t ckpt_last_committed(ckpt_engine *e);
 
 /* ---- the held snapshot and membership changes (recovery) ------------------------------
- * Staging holds a complete copy of every tensor of the last snapshot (ckpt.c I8). */
+ * Staging holds a complete copy of every tensor of the last snapshot (ckpt.c I8), and the
+ * engine keeps beside it the partner copy: the left ring neighbour's sharded and per-rank
+ * pieces of its snapshot (ckpt.c I14). Both are one object, ckpt_snapshot. */
+
+/* One tensor's bytes in a snapshot. */
+typedef struct ckpt_piece {
+    const void *data;  /* NULL: not held */
+    size_t nbytes;
+    int64_t row0;      /* RK_SHARDED: the piece's first global row */
+} ckpt_piece;
+
+/* The held snapshot, as recovery sees it (read-only; valid until the next ckpt_* call
+   that changes staging: ckpt_start, ckpt_hold, ckpt_load, ckpt_snapshot_inbox). */
+typedef struct ckpt_snapshot {
+    int64_t step;          /* -1: no complete snapshot (also while a copy is under way) */
+    int rank, world;       /* this rank's place in the membership it was taken in */
+    size_t n;              /* tensors, registry order */
+    const ckpt_piece *own; /* n: every tensor as this rank holds it */
+    /* The partner copy: what the left neighbour (ring rank rank-1 mod world) sent of its
+       snapshot, its sharded and per-rank pieces (replicated ones: nbytes 0). */
+    int64_t left_step;     /* -1: none */
+    const ckpt_piece *left;
+    /* Whether the partner copy completes the snapshot: the left's copy is of the same step,
+       and both were taken in the engine's current membership (ckpt_set_membership). */
+    bool partnered;
+    /* What this rank sends its right neighbour: a header naming the step and every piece,
+       then its sharded and per-rank pieces, contiguous in staging. */
+    const void *out;
+    size_t out_bytes;
+} ckpt_snapshot;
 
 /* Copies t[0..n) into staging as the held snapshot of `step`, without writing it
    (after a restore: the state every survivor can roll back to). A checkpoint in flight is
-   abandoned first (never waited for). */
+   abandoned first (never waited for). The partner copy is left as it is. */
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
-/* The step of the complete snapshot held in staging, -1 if none. */
-int64_t ckpt_held_step(const ckpt_engine *e);
-/* Whether the held snapshot has the layout of t[0..n): as many tensors, of the same sizes
-   (tensors are registered in order, never removed). False when none is held. A snapshot
-   taken before a tensor was registered is not one the job can roll back to. */
-bool ckpt_held_matches(const ckpt_engine *e, const ckpt_tensor *t, size_t n);
+/* The held snapshot (never NULL; step -1 when none). */
+const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
+/* Whether s has the layout of t[0..n): as many tensors, of the same sizes (tensors are
+   registered in order, never removed). False when none is held. A snapshot taken before
+   a tensor was registered is not one the job can roll back to. */
+bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n);
+/* Room for `bytes` of the left neighbour's ckpt_snapshot.out (the partner copy is
+   forgotten: left_step -1); NULL if it cannot be had. ckpt_snapshot_accept reads it. */
+void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes);
+/* The inbox holds the left neighbour's out region, received whole: it becomes the partner
+   copy of the engine's current membership. RK_E_CORRUPT if its header is malformed (no
+   partner copy then). */
+int ckpt_snapshot_accept(ckpt_engine *e);
 /* Copies the held snapshot back into t[0..n) (the same tensors, in the same order, as when
-   it was taken; RK_E_STATE otherwise, nothing copied). */
+   it was taken; RK_E_STATE otherwise, nothing copied). Tensors with defer are left. */
 int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
-/* Tensor i of the held snapshot (read-only), NULL if none. */
-const void *ckpt_held_tensor(const ckpt_engine *e, size_t i);
 /* Abandons the checkpoint in flight, at once and without waiting for the writer: nothing
    of it is ever committed (it fails with RK_E_ABORTED when the writer next looks, or when
    the operation it is stuck in returns). Returns whether one was abandoned; false also

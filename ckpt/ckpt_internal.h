@@ -63,6 +63,19 @@ struct ckpt_engine {
     bool *held_have;     /* the held snapshot has tensor i (not: per-rank state of a rank
                             the checkpoint it was read from did not have) */
     size_t held_cap;
+    size_t held_hdr;     /* bytes of the header at the start of staging (I14) */
+    size_t held_out;     /* the header and this rank's sharded and per-rank pieces */
+    int64_t *held_row0;  /* each tensor's first global row (sharded) */
+    uint64_t epoch;      /* the current membership's (ckpt_set_membership) */
+    uint64_t held_epoch; /* the membership the held snapshot was taken in */
+    int held_rank, held_world;
+    /* The partner copy (I14): the left neighbour's out region, mmap'd, grows. */
+    char *partner;
+    size_t partner_cap, partner_len;
+    int64_t left_step;
+    uint64_t left_epoch;
+    ckpt_piece *own_p, *left_p; /* held_cap each: the snapshot's pieces */
+    ckpt_snapshot snap;
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
     int *plan;           /* rank of each tensor */
@@ -77,6 +90,9 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j);
 /* Staging for t[0..n) with the held snapshot's layout, nothing held (-1), the job in
    flight abandoned first: where ckpt_load reads a checkpoint (ckpt.c). */
 int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);
+/* The held snapshot laid out by ckpt__hold_space is complete: its header says `step`, it
+   is of the current membership, held_step = step (I8, I14). */
+void ckpt__seal(ckpt_engine *e, int64_t step);
 /* Whether the job was abandoned (the writer stops at its next check). */
 bool ckpt__abandoned(struct ckpt_job *j);
 /* The writer's claim to commit: false if the job was abandoned first (ckpt.c I10). */

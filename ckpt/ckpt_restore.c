@@ -170,7 +170,7 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
             goto out; /* staging holds part of it: no snapshot is held (-1) */
         }
     }
-    e->held_step = step;
+    ckpt__seal(e, step);
     report_per_rank(e, c, t, n, k, orphans, orphan_ranks);
 out:
     free(k);

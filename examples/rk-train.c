@@ -3,7 +3,7 @@
  * trained with Adam on a deterministic synthetic regression task, written against the
  * public API (include/rekindle.h) only.
  *
- *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S]
+ *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero]
  *
  * The task: inputs x in [-1,1)^IN_DIM come from a counter-based generator keyed by
  * (seed, step, sample index), so any rank can produce any sample of any step; targets
@@ -20,6 +20,19 @@
  * per layer l "model/layer<l>/w" and "model/layer<l>/b"; then per layer
  * "optim/layer<l>/{w,b}/m" and ".../v" (Adam's moments); then "optim/t" (Adam's step
  * counter, i64). The final hash is XXH64 (seed 0) of their bytes in that order.
+ *
+ * --zero (ZeRO stage 1): Adam's moments are sharded. The parameters, flattened, are split
+ * evenly over the W ranks (rank r: P/W of them, one more if r < P%W, in rank order); rank
+ * r holds m and v of its slice only, registered RK_SHARDED as "optim/m" and "optim/v",
+ * updates its slice of the parameters from the allreduced gradient, and the weights are
+ * made whole again by an allgather (a byte-wise MAX allreduce of the parameters, zero
+ * outside each rank's slice: exact). Each rank also keeps a per-rank RNG ("data/rng",
+ * RK_PER_RANK) that shuffles its share of the batch: its samples of a step are drawn at an
+ * offset the RNG picks. Registration order: the model's tensors, "optim/m", "optim/v",
+ * "optim/t", "data/rng". The final hash covers the global tensors in that order: the
+ * parameters, m and v of every rank's slice end to end, t, and every rank's RNG state in
+ * rank order, so it is the same on every rank. After a recovery the slices are those of the
+ * new world (rk_shard_rows, rk_rebind).
  *
  * Checkpoints: with RK_CKPT_DIR unset there are none, rk_resume and rk_wait are not
  * called, and a run starts at step 0. With RK_CKPT_DIR set the run resumes from the
@@ -52,6 +65,7 @@ struct args {
     int64_t steps;
     int hidden, layers, batch;
     uint64_t seed;
+    bool zero;
 };
 
 /* One linear layer's place in the flat parameter vector. */
@@ -67,6 +81,10 @@ struct model {
     int widest;
     float *params, *grads, *m, *v;
     int64_t t; /* Adam's step counter */
+    /* --zero: this rank's slice of the flat parameters, m and v holding only it */
+    bool zero;
+    int64_t off, rows;
+    uint64_t rng; /* per-rank RNG state (--zero) */
     float *act; /* per-layer activations of one sample: (nl+1) * widest */
     float *delta, *delta2;
     float teacher_w1[TEACHER_HIDDEN][IN_DIM], teacher_b1[TEACHER_HIDDEN];
@@ -149,8 +167,10 @@ static int model_create(struct model *md, const struct args *a)
     md->nparam = off;
     md->params = calloc(off, sizeof(float));
     md->grads = calloc(off + 1, sizeof(float));
-    md->m = calloc(off, sizeof(float));
-    md->v = calloc(off, sizeof(float));
+    md->zero = a->zero;
+    md->rows = (int64_t)off; /* until registration knows the world */
+    md->m = calloc(off ? off : 1, sizeof(float));
+    md->v = calloc(off ? off : 1, sizeof(float));
     md->act = calloc((size_t)(md->nl + 1) * (size_t)md->widest, sizeof(float));
     md->delta = calloc((size_t)md->widest, sizeof(float));
     md->delta2 = calloc((size_t)md->widest, sizeof(float));
@@ -199,6 +219,57 @@ static int reg(rk_ctx *ctx, struct model *md, char *what, size_t cap, void *ptr,
     return 0;
 }
 
+/* --zero: registers m and v as this rank's even slice of the flat parameters. */
+static int zero_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
+{
+    int r = rk_rank(ctx), W = rk_world(ctx);
+    int64_t P = (int64_t)md->nparam, q = P / W, rem = P % W;
+    md->rows = q + (r < rem);
+    md->off = r * q + (r < rem ? r : rem);
+    int rc = 0;
+    const char *names[2] = {"optim/m", "optim/v"};
+    float *mv[2] = {md->m, md->v};
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        memset(mv[k], 0, md->nparam * sizeof(float));
+        snprintf(what, cap, "rk_register %s", names[k]);
+        rc = rk_register(ctx, names[k], mv[k], RK_F32, 1, &md->rows, RK_SHARDED);
+    }
+    if (rc == 0) {
+        snprintf(what, cap, "rk_register optim/t");
+        rc = rk_register(ctx, "optim/t", &md->t, RK_I64, 0, (int64_t[]){0}, 0);
+    }
+    md->rng = 0x9e3779b97f4a7c15ull * ((uint64_t)r + 1) ^ md->t; /* rank r's stream */
+    if (rc == 0) {
+        snprintf(what, cap, "rk_register data/rng");
+        rc = rk_register(ctx, "data/rng", &md->rng, RK_U8, 1, (int64_t[]){sizeof(md->rng)}, RK_PER_RANK);
+    }
+    return rc;
+}
+
+/* --zero after RK_RECOVERED: the slice of the new world, rebound if its size changed. */
+static int zero_rebind(rk_ctx *ctx, struct model *md)
+{
+    int64_t off, rows;
+    int rc = rk_shard_rows(ctx, "optim/m", &off, &rows, NULL);
+    if (rc)
+        return rc;
+    md->off = off;
+    if (rows == md->rows)
+        return 0;
+    float *m = calloc(rows ? (size_t)rows : 1, sizeof(float)), *v = calloc(rows ? (size_t)rows : 1, sizeof(float));
+    if (!m || !v || (rc = rk_rebind(ctx, "optim/m", m)) != 0 || (rc = rk_rebind(ctx, "optim/v", v)) != 0) {
+        free(m);
+        free(v);
+        return rc ? rc : -ENOMEM;
+    }
+    free(md->m);
+    free(md->v);
+    md->m = m;
+    md->v = v;
+    md->rows = rows;
+    return 0;
+}
+
 /* Registers the state in the documented order; on failure `what` names the call. */
 static int model_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
 {
@@ -213,6 +284,8 @@ static int model_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
             rc = reg(ctx, md, what, cap, md->params + L->b, RK_F32, sizeof(float), 1, L->out, 0);
         }
     }
+    if (md->zero)
+        return rc ? rc : zero_register(ctx, md, what, cap);
     for (int l = 0; l < md->nl && rc == 0; l++) {
         const struct layer *L = &md->l[l];
         for (int p = 0; p < 2 && rc == 0; p++) {
@@ -296,26 +369,64 @@ static double pow_i64(double beta, int64_t t)
     return r;
 }
 
+/* Adam on parameters [off, off + n) (all of them, or this rank's slice with --zero); m
+   and v hold exactly those. */
 static void adam_update(struct model *md, float inv_batch)
 {
     md->t++;
     float c1 = (float)(1.0 - pow_i64(beta1, md->t)), c2 = (float)(1.0 - pow_i64(beta2, md->t));
-    for (size_t i = 0; i < md->nparam; i++) {
+    size_t off = md->zero ? (size_t)md->off : 0, n = md->zero ? (size_t)md->rows : md->nparam;
+    for (size_t k = 0; k < n; k++) {
+        size_t i = off + k;
         float g = md->grads[i] * inv_batch;
-        md->m[i] = beta1 * md->m[i] + (1 - beta1) * g;
-        md->v[i] = beta2 * md->v[i] + (1 - beta2) * g * g;
-        float mh = md->m[i] / c1, vh = md->v[i] / c2;
+        md->m[k] = beta1 * md->m[k] + (1 - beta1) * g;
+        md->v[k] = beta2 * md->v[k] + (1 - beta2) * g * g;
+        float mh = md->m[k] / c1, vh = md->v[k] / c2;
         md->params[i] -= lr * mh / (sqrtf(vh) + adam_eps);
     }
 }
 
-static uint64_t state_hash(const struct model *md)
+/* The allgather of --zero: every rank contributes the bytes of [off, off + n) of a vector
+   of `total` bytes and zeros elsewhere; a byte-wise MAX makes it whole on every rank. */
+static int allgather(rk_ctx *ctx, void *buf, size_t total, size_t off, size_t n)
+{
+    unsigned char *b = buf;
+    memset(b, 0, off);
+    memset(b + off + n, 0, total - off - n);
+    return rk_allreduce(ctx, b, total, RK_U8, RK_MAX);
+}
+
+/* XXH64 of every registered tensor's bytes in registration order; with --zero of the
+   global tensors (the slices and the per-rank states gathered from every rank), so that
+   every rank prints the same. */
+static int state_hash(rk_ctx *ctx, const struct model *md, uint64_t *h)
 {
     XXH64_state_t st;
     XXH64_reset(&st, 0);
     for (int i = 0; i < md->ntensor; i++)
         XXH64_update(&st, md->tensor[i].ptr, md->tensor[i].bytes);
-    return XXH64_digest(&st);
+    if (md->zero) {
+        int W = rk_world(ctx), rc = 0;
+        size_t P = md->nparam * sizeof(float);
+        unsigned char *g = malloc(P > (size_t)W * 8 ? P : (size_t)W * 8);
+        if (!g)
+            return -ENOMEM;
+        const float *mv[2] = {md->m, md->v};
+        for (int k = 0; k < 2 && rc == 0; k++) {
+            memcpy(g + md->off * sizeof(float), mv[k], (size_t)md->rows * sizeof(float));
+            if ((rc = allgather(ctx, g, P, (size_t)md->off * sizeof(float), (size_t)md->rows * sizeof(float))) == 0)
+                XXH64_update(&st, g, P);
+        }
+        XXH64_update(&st, &md->t, sizeof(md->t));
+        memcpy(g + (size_t)rk_rank(ctx) * 8, &md->rng, 8);
+        if (rc == 0 && (rc = allgather(ctx, g, (size_t)W * 8, (size_t)rk_rank(ctx) * 8, 8)) == 0)
+            XXH64_update(&st, g, (size_t)W * 8);
+        free(g);
+        if (rc)
+            return rc;
+    }
+    *h = XXH64_digest(&st);
+    return 0;
 }
 
 /* ---- command line --------------------------------------------------------------------- */
@@ -323,7 +434,7 @@ static uint64_t state_hash(const struct model *md)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S]\n"
+            "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero]\n"
             "       rk-train --help\n\n"
             "Trains a multi-layer perceptron (L linear layers, ReLU between them, %d inputs,\n"
             "H hidden units, %d outputs) with Adam on a deterministic synthetic regression\n"
@@ -332,7 +443,9 @@ static void usage(FILE *f)
             "  --hidden H   hidden units per layer, 1..%d                   (default 64)\n"
             "  --layers L   linear layers, 1..%d                              (default 3)\n"
             "  --batch B    global batch: samples per step over all workers   (default 64)\n"
-            "  --seed S     seed of the initial weights and of the data       (default 1)\n\n"
+            "  --seed S     seed of the initial weights and of the data       (default 1)\n"
+            "  --zero       shard Adam's moments over the workers (ZeRO-1), with a\n"
+            "               per-worker RNG that shuffles each worker's samples\n\n"
             "Output: rank 0 prints 'step S loss L world W' after each step (L: the global\n"
             "mean squared error of the step's batch before the update); every rank prints\n"
             "'final step=N world=W hash=H' at the end, H being XXH64 of every registered\n"
@@ -368,6 +481,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
             usage(stdout);
             return 1;
+        }
+        if (strcmp(o, "--zero") == 0) {
+            a->zero = true;
+            continue;
         }
         static const struct {
             const char *name;
@@ -416,11 +533,15 @@ static int fail(const char *what, int rc)
 static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64_t step, float *loss)
 {
     int r = rk_rank(ctx), W = rk_world(ctx);
-    int64_t lo = (int64_t)r * a->batch / W, hi = (int64_t)(r + 1) * a->batch / W;
+    int64_t lo = (int64_t)r * a->batch / W, hi = (int64_t)(r + 1) * a->batch / W, shift = 0;
+    if (md->zero) { /* the per-rank RNG picks where this rank's samples start */
+        md->rng = splitmix64(md->rng);
+        shift = (int64_t)(md->rng % (uint64_t)a->batch) * 1000003;
+    }
     memset(md->grads, 0, (md->nparam + 1) * sizeof(float));
     float x[IN_DIM], y[OUT_DIM], lsum = 0;
     for (int64_t s = lo; s < hi; s++) {
-        sample(md, a->seed, step, (int)s, x, y);
+        sample(md, a->seed, step, (int)((s + shift) & 0x7fffffff), x, y);
         lsum += sample_grad(md, x, y);
     }
     md->grads[md->nparam] = lsum; /* the loss travels with the gradients: one allreduce */
@@ -442,19 +563,29 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     while (step < a->steps) {
         float loss = 0;
         rc = step_grads(ctx, md, a, step, &loss);
+        if (rc == 0 && md->zero) {
+            adam_update(md, 1.0f / (float)a->batch);
+            rc = allgather(ctx, md->params, md->nparam * sizeof(float), (size_t)md->off * sizeof(float),
+                           (size_t)md->rows * sizeof(float));
+        } else if (rc == 0) {
+            adam_update(md, 1.0f / (float)a->batch);
+        }
         if (rc == RK_RECOVERED) {
+            if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
+                return fail("rk_rebind", rc);
             step = rk_next_step(ctx);
             continue;
         }
         if (rc != 0)
             return fail("rk_allreduce", rc);
-        adam_update(md, 1.0f / (float)a->batch);
         if (rk_rank(ctx) == 0) {
             printf("step %" PRId64 " loss %.6g world %d\n", step, (double)loss, rk_world(ctx));
             fflush(stdout);
         }
         rc = rk_step_done(ctx, step);
         if (rc == RK_RECOVERED) {
+            if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
+                return fail("rk_rebind", rc);
             step = rk_next_step(ctx);
             continue;
         }
@@ -467,7 +598,10 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     if (ckpt_on && (rc = rk_wait(ctx)) != 0)
         fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
                 rk_strerror(rc), rk_last_error());
-    printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), state_hash(md));
+    uint64_t h = 0;
+    if ((rc = state_hash(ctx, md, &h)) != 0)
+        return fail("the final hash's allgather", rc);
+    printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), h);
     fflush(stdout);
     return 0;
 }

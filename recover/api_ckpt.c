@@ -109,6 +109,40 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
     return 0;
 }
 
+/* Whether the job has state of one rank alone (sharded or per-rank tensors). */
+static bool has_own(const rk_ctx *ctx)
+{
+    for (size_t i = 0; i < ctx->ntensors; i++)
+        if (ctx->tensors[i].flags & (RK_SHARDED | RK_PER_RANK))
+            return true;
+    return false;
+}
+
+/* The partner copy (ckpt.c I14): every member sends its snapshot's out region (its sharded
+   and per-rank pieces) to its right ring neighbour and keeps its left neighbour's. Collective
+   over the ring, called by every member at the same points (after every snapshot of a job
+   with such state); a failure leaves no partner copy (recovery then goes to disk). */
+static int mirror(rk_ctx *ctx)
+{
+    if (!ctx->ckpt || !has_own(ctx))
+        return 0;
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
+    uint64_t mine = s->out_bytes, left = 0;
+    int rc = ring_shift(ctx->ring, &mine, sizeof(mine), &left, sizeof(left), &cancel);
+    void *in = rc ? NULL : ckpt_snapshot_inbox(ctx->ckpt, left);
+    if (!rc) /* without room the shift still runs (nothing received): the others never wait */
+        rc = ring_shift(ctx->ring, s->out, s->out_bytes, in, in ? left : 0, &cancel);
+    if (!rc && !in)
+        rc = -ENOMEM;
+    if (!rc)
+        rc = ckpt_snapshot_accept(ctx->ckpt);
+    if (rc)
+        RK_LOG_WARN(RK_SUB_CKPT, "no partner copy of the snapshot of step %" PRId64 " (%s): a loss now rolls back from "
+                    "disk", s->step, rk_strerror(rc));
+    return rc;
+}
+
 static int start(rk_ctx *ctx, int64_t step)
 {
     for (size_t i = 0; i < ctx->ntensors; i++)
@@ -121,6 +155,7 @@ static int start(rk_ctx *ctx, int64_t step)
     if (!rc)
         rc = ckpt_start(ctx->ckpt, step, t, ctx->ntensors);
     free(t);
+    mirror(ctx); /* every member, whatever its own start did: the shift is collective */
     return rc;
 }
 
@@ -346,6 +381,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     if (!rc)
         rc = restore_newest(ctx, t, INT64_MAX, &step);
     if (!rc && step >= 0) {
+        mirror(ctx);
         ctx->next_step = *next_step = step;
         RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s", step, ctx->opt.ckpt_dir);
         RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"),
@@ -354,6 +390,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
         /* Nothing on disk: hold the state the program starts from, so that a failure before
            the first checkpoint can still roll back in memory. */
         rc = ckpt_hold(ctx->ckpt, ctx->next_step, t, ctx->ntensors);
+        mirror(ctx);
     }
     free(t);
     return rc;
@@ -363,20 +400,26 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
 
 int64_t rec_ckpt_held_step(rk_ctx *ctx)
 {
-    if (!ctx->ckpt || ckpt_held_step(ctx->ckpt) < 0)
+    if (!ctx->ckpt)
         return -1;
-    /* Sharded and per-rank state is each rank's own: the survivors' memory lacks the lost
-       member's, so a job that has any rolls back from disk (ckpt.c I8). */
-    for (size_t i = 0; i < ctx->ntensors; i++)
-        if (ctx->tensors[i].flags & (RK_SHARDED | RK_PER_RANK))
-            return -1;
+    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
+    /* Sharded and per-rank state is each rank's own: offered only with the left
+       neighbour's pieces of the same step and membership beside it (ckpt.c I14), so that
+       a lost member's are in its right neighbour's memory. */
+    if (s->step < 0 || (has_own(ctx) && !s->partnered))
+        return -1;
     /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
     ckpt_tensor *t = NULL;
     if (tensors_of(ctx, &t))
         return -1;
-    int64_t step = ckpt_held_matches(ctx->ckpt, t, ctx->ntensors) ? ckpt_held_step(ctx->ckpt) : -1;
+    int64_t step = ckpt_snapshot_matches(s, t, ctx->ntensors) ? s->step : -1;
     free(t);
     return step;
+}
+
+int rec_ckpt_partnered(rk_ctx *ctx)
+{
+    return has_own(ctx);
 }
 
 int64_t rec_ckpt_committed_step(rk_ctx *ctx)
@@ -395,12 +438,13 @@ void rec_ckpt_abandon(rk_ctx *ctx)
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
 {
     bool root = ctx->rank0 == dec->root;
-    bool have = root && ckpt_held_step(ctx->ckpt) == dec->step && ckpt_held_matches(ctx->ckpt, t, ctx->ntensors);
+    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
+    bool have = root && s->step == dec->step && ckpt_snapshot_matches(s, t, ctx->ntensors);
     for (size_t i = 0; i < ctx->ntensors; i++) {
         if (!t[i].nbytes)
             continue;
         if (have)
-            memcpy(t[i].ptr, ckpt_held_tensor(ctx->ckpt, i), t[i].nbytes);
+            memcpy(t[i].ptr, s->own[i].data, t[i].nbytes);
         else
             memset(t[i].ptr, 0, t[i].nbytes);
         int rc = ring_call(ctx, t[i].ptr, t[i].nbytes, RK_U8, RK_MAX);
@@ -443,7 +487,8 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_rebind '%s': NULL buffer for %zu bytes", name, r->nbytes);
     if (r->pending) {
         size_t i = (size_t)(r - ctx->tensors);
-        const void *held = ctx->ckpt ? ckpt_held_tensor(ctx->ckpt, i) : NULL;
+        const ckpt_snapshot *s = ctx->ckpt ? ckpt_snapshot_held(ctx->ckpt) : NULL;
+        const void *held = s && i < s->n ? s->own[i].data : NULL;
         if (!held && r->nbytes)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "rk_rebind '%s': the restored rows are no longer held",
                             name);
@@ -453,6 +498,162 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
     }
     r->ptr = ptr;
     return 0;
+}
+
+/* Bytes of the windows in which rebuild moves the global pieces (a multiple of 4 KiB). */
+#define REBUILD_WINDOW ((size_t)64 << 20)
+
+/* One tensor of rebuild: the pieces of every rank of the old membership laid end to end
+   (old rank order: a sharded tensor's global rows, per-rank state rank after rank), and
+   the range of that vector this member takes. */
+struct spread {
+    const int64_t *len; /* each old rank's piece, bytes */
+    int64_t *at;        /* where each starts in the vector */
+    int64_t total;
+};
+
+/* Copies the part of [src_at, src_at + n) that falls in [w, w + wlen) into win (at its
+   place in the window), or out of it into dst (dst_out). */
+static void overlap(unsigned char *win, int64_t w, size_t wlen, unsigned char *p, int64_t at, size_t n, bool dst_out)
+{
+    if (!p)
+        return; /* a per-rank piece the snapshot does not have */
+    int64_t lo = at > w ? at : w, hi = at + (int64_t)n < w + (int64_t)wlen ? at + (int64_t)n : w + (int64_t)wlen;
+    if (lo >= hi)
+        return;
+    if (dst_out)
+        memcpy(p + (lo - at), win + (lo - w), (size_t)(hi - lo));
+    else
+        memcpy(win + (lo - w), p + (lo - at), (size_t)(hi - lo));
+}
+
+/* The rollback from memory of a job with sharded or per-rank state (docs/SHARDING.md):
+   each member holds its own pieces of the decision's step and its left neighbour's
+   (ckpt.c I14), and rec_decide made sure that every lost member's right neighbour
+   survived. Tensor by tensor, the old pieces are laid end to end and moved in windows of
+   REBUILD_WINDOW bytes: every member fills a window with what it holds of the live ranks'
+   and lost ranks' pieces (its own, and its left neighbour's if that one is lost), zeros
+   elsewhere, an exact byte-wise MAX over the new ring, and keeps what falls in its new
+   slice (sharded: the even split resplit made; per-rank: the piece of the old rank with its
+   new rank number, as a restore from disk). The result is the new held snapshot, copied
+   into the buffers (a slice whose size changed waits for rk_rebind), then mirrored anew. */
+static int rebuild(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
+{
+    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
+    size_t n = ctx->ntensors;
+    int w0 = s->world, me = s->rank, left = (s->rank + w0 - 1) % w0;
+    /* (partnered no longer: the rollback moved the engine to the new membership) */
+    if (s->step != dec->step || s->left_step != dec->step || n != s->n)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
+                        " and its partner copy are no longer held (held %" PRId64 ", left %" PRId64 ", %zu of %zu tensors)",
+                        dec->step, s->step, s->left_step, s->n, n);
+    int rc = 0;
+    int32_t *alive = calloc((size_t)w0, sizeof(*alive));
+    int64_t *len = calloc(n * (size_t)w0, sizeof(*len)), *at = calloc((size_t)w0 + 1, sizeof(*at));
+    void **fresh = calloc(n, sizeof(*fresh));
+    unsigned char *win = malloc(REBUILD_WINDOW);
+    ckpt_tensor *t2 = malloc(n * sizeof(*t2));
+    if (!alive || !len || !at || !fresh || !win || !t2) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    /* Which old ranks survived, and every old rank's piece sizes (from it or its partner). */
+    alive[me] = 1;
+    if ((rc = ring_call(ctx, alive, (size_t)w0, RK_I32, RK_MAX)) != 0)
+        goto out;
+    bool left_lost = !alive[left];
+    for (int q = 0; q < w0; q++)
+        if (!alive[q] && !alive[(q + 1) % w0]) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: old ranks %d and %d are both lost", q,
+                          (q + 1) % w0);
+            goto out;
+        }
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].flags)
+            continue;
+        len[i * (size_t)w0 + (size_t)me] = (int64_t)s->own[i].nbytes;
+        if (left_lost)
+            len[i * (size_t)w0 + (size_t)left] = (int64_t)s->left[i].nbytes;
+    }
+    if ((rc = ring_call(ctx, len, n * (size_t)w0, RK_I64, RK_SUM)) != 0)
+        goto out;
+    int64_t orphaned = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        t2[i] = t[i];
+        if (!t[i].flags) {
+            t2[i].ptr = (void *)s->own[i].data; /* replicated: every member holds it */
+            continue;
+        }
+        const int64_t *l = len + i * (size_t)w0;
+        for (int q = 0; q < w0; q++)
+            at[q + 1] = at[q] + l[q];
+        int64_t want = 0, size = (int64_t)t[i].nbytes;
+        if (t[i].flags & RK_SHARDED) {
+            want = t[i].shape[0] ? t[i].row0 * (int64_t)(t[i].nbytes / (size_t)t[i].shape[0]) : 0;
+            if (want + size > at[w0])
+                rc = RK_E_MISMATCH;
+        } else if (ctx->rank < w0) {
+            want = at[ctx->rank];
+            if (l[ctx->rank] != size)
+                rc = RK_E_MISMATCH;
+            orphaned += ctx->rank == 0 ? w0 - ctx->world : 0;
+        }
+        if (rc) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MISMATCH, "rollback: tensor '%s' of %" PRId64 " bytes here "
+                          "does not match the pieces held of step %" PRId64, t[i].name, size, dec->step);
+            break; /* every member stops at this tensor (the final agreement reports it) */
+        }
+        if (!(fresh[i] = malloc(size ? (size_t)size : 1))) {
+            rc = -ENOMEM;
+            break;
+        }
+        t2[i].ptr = fresh[i];
+        for (int64_t w = 0; w < at[w0] && !rc; w += (int64_t)REBUILD_WINDOW) {
+            size_t wl = at[w0] - w < (int64_t)REBUILD_WINDOW ? (size_t)(at[w0] - w) : REBUILD_WINDOW;
+            memset(win, 0, wl);
+            overlap(win, w, wl, (unsigned char *)s->own[i].data, at[me], s->own[i].nbytes, false);
+            if (left_lost)
+                overlap(win, w, wl, (unsigned char *)s->left[i].data, at[left], s->left[i].nbytes, false);
+            if ((rc = ring_call(ctx, win, wl, RK_U8, RK_MAX)) == 0)
+                overlap(win, w, wl, fresh[i], want, (size_t)size, true);
+        }
+    }
+    if (rc)
+        goto out;
+    if (orphaned > 0) {
+        char ranks[256] = "";
+        for (int q = ctx->world, k = 0; q < w0; q++)
+            k += snprintf(ranks + k, sizeof(ranks) - (size_t)k > 0 ? sizeof(ranks) - (size_t)k : 0, "%s%d",
+                          q > ctx->world ? "," : "", q);
+        RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 ": per-rank state of old rank(s) %s belongs to no rank of this world "
+                    "of %d: dropped from memory (a committed checkpoint of that step keeps it)", dec->step, ranks,
+                    ctx->world);
+        RK_EVENT(ctx->ev, "per_rank_orphaned", RK_EV_I("step", dec->step), RK_EV_S("ranks", ranks),
+                 RK_EV_I("tensors", orphaned / (w0 - ctx->world)), RK_EV_I("world", ctx->world),
+                 RK_EV_S("from", "memory"));
+    }
+    /* The new snapshot replaces the old (which t2's replicated tensors still point into:
+       they go to the buffers first). */
+    for (size_t i = 0; i < n; i++)
+        if (!t[i].flags && t[i].nbytes) {
+            memcpy(t[i].ptr, t2[i].ptr, t[i].nbytes);
+            t2[i].ptr = t[i].ptr;
+        }
+    if ((rc = ckpt_hold(ctx->ckpt, dec->step, t2, n)) == 0 && (rc = ckpt_restore_held(ctx->ckpt, t, n)) == 0) {
+        int m = mirror(ctx);
+        if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
+            rc = m;
+    }
+out:
+    for (size_t i = 0; fresh && i < n; i++)
+        free(fresh[i]);
+    free(fresh);
+    free(alive);
+    free(len);
+    free(at);
+    free(win);
+    free(t2);
+    return rc;
 }
 
 int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
@@ -469,8 +670,11 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
     int rc = tensors_of(ctx, &t);
     if (rc)
         return rc;
-    if (dec->source == REC_FROM_MEMORY && dec->all_hold) {
-        rc = ckpt_held_step(ctx->ckpt) == dec->step
+    if (dec->source == REC_FROM_MEMORY && has_own(ctx)) {
+        rc = rebuild(ctx, dec, t);
+        ctx->next_step = dec->step;
+    } else if (dec->source == REC_FROM_MEMORY && dec->all_hold) {
+        rc = ckpt_snapshot_held(ctx->ckpt)->step == dec->step
                  ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
                  : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
                             " is no longer held", dec->step);
@@ -487,6 +691,11 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
         ctx->next_step = step;
     } else {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no snapshot in memory or on disk");
+    }
+    if (!rc && !(dec->source == REC_FROM_MEMORY && has_own(ctx))) {
+        int m = mirror(ctx); /* rebuild took its own partner copy */
+        if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
+            rc = m;
     }
     /* Rank 0's writer removes what dead attempts left before it writes again (never the
        training thread: recovery does not wait on the disk). */

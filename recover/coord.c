@@ -8,7 +8,10 @@
  *   I3 every member restores the same step.
  *   I4 that step is never older than the newest committed checkpoint a survivor knows.
  *   I5 memory first: the newest snapshot held by any survivor, if not older than the newest
- *      commit; otherwise disk.
+ *      commit; otherwise disk. With sharded or per-rank state (partnered reports) memory
+ *      only if every survivor holds that step and every lost member's right neighbour in
+ *      the previous view (ring order: ascending, cyclic) survived: it holds the lost
+ *      pieces (two losses in a row: disk).
  *   I6 new ranks are the survivors' ranks at start, ascending.
  */
 #include <errno.h>
@@ -22,6 +25,33 @@ static int cmp_int(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;
     return (x > y) - (x < y);
+}
+
+static const rec_report *report_of(const rec_report *rep, int nrep, int rank0)
+{
+    for (int i = 0; i < nrep; i++)
+        if (rep[i].rank0 == rank0)
+            return &rep[i];
+    return NULL;
+}
+
+/* I5 with partner copies: every reporter holds `step`, and each member of prev that did
+   not report has its right neighbour (prev sorted, cyclic) among the reporters. */
+static bool partners_cover(const int *prev, int nprev, const rec_report *rep, int nrep, int64_t step)
+{
+    for (int i = 0; i < nrep; i++)
+        if (rep[i].held_step != step)
+            return false;
+    int *ring = malloc((size_t)nprev * sizeof(int));
+    if (!ring)
+        return false;
+    memcpy(ring, prev, (size_t)nprev * sizeof(int));
+    qsort(ring, (size_t)nprev, sizeof(int), cmp_int);
+    bool ok = true;
+    for (int i = 0; i < nprev && ok; i++)
+        ok = report_of(rep, nrep, ring[i]) || report_of(rep, nrep, ring[(i + 1) % nprev]);
+    free(ring);
+    return ok;
 }
 
 int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int min_world,
@@ -40,6 +70,7 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
 
     /* Members: the reporters that belong to the previous view, each once (I6: sorted). */
     int64_t newest_commit = -1, newest_held = -1, max_next = -1;
+    bool partnered = false;
     for (int i = 0; i < nrep; i++) {
         bool in_prev = false, dup = false;
         for (int j = 0; j < nprev; j++)
@@ -55,6 +86,7 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
             newest_held = rep[i].held_step;
         if (rep[i].next_step > max_next)
             max_next = rep[i].next_step;
+        partnered |= rep[i].partnered != 0;
     }
     qsort(out->members, (size_t)out->nmembers, sizeof(int), cmp_int);
 
@@ -67,6 +99,8 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
         return RK_E_MIN_WORLD;
 
     /* I3, I4, I5 */
+    if (newest_held >= 0 && partnered && !partners_cover(prev, nprev, rep, nrep, newest_held))
+        newest_held = -1;
     if (newest_held >= 0 && newest_held >= newest_commit) {
         out->source = REC_FROM_MEMORY;
         out->step = newest_held;

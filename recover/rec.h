@@ -17,6 +17,10 @@ typedef struct rec_report {
     int64_t next_step;      /* rk_next_step() on that survivor */
     int64_t held_step;      /* step of the complete snapshot in its memory, -1: none */
     int64_t committed_step; /* newest committed checkpoint it knows of, -1: none */
+    int partnered;          /* 1: the job has sharded or per-rank state; held_step is then
+                               offered only with the left neighbour's pieces of that step
+                               beside it (ckpt.c I14), and a lost member's pieces are in
+                               its right neighbour's memory only */
 } rec_report;
 
 enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };

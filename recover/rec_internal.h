@@ -126,6 +126,8 @@ void rec_release_spares(rk_ctx *ctx);
 struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
+/* Whether the job has sharded or per-rank state (rec_report.partnered). */
+int rec_ckpt_partnered(rk_ctx *ctx);
 int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
 /* A member is lost for good (recovery stopped, or the program finalizes without
    recovering): the checkpoint in flight stops waiting for it. */

@@ -416,6 +416,7 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
     /* RK_ROLLBACK=disk: offer no snapshot, so the decision restores from disk. */
     r->held_step = strcmp(ctx->opt.rollback, "disk") == 0 ? -1 : rec_ckpt_held_step(ctx);
     r->committed_step = rec_ckpt_committed_step(ctx);
+    r->partnered = rec_ckpt_partnered(ctx);
 }
 
 /* After the decision rule: live spares take the places of lost members (up to the size of

@@ -59,6 +59,12 @@ struct xfer {
     ring *r;
     unsigned char *buf;
     size_t count, esize, ce, nch, T;
+    /* ring_shift: one step, sbuf (sbytes) to the right, rbuf (rbytes) from the left; T
+       counts the receives, Ts the sends (chunks of ce bytes, at least one each) */
+    bool shift;
+    const unsigned char *sbuf;
+    unsigned char *rbuf;
+    size_t sbytes, rbytes, Ts;
     rk_dtype dtype;
     rk_op op;
     unsigned seq;
@@ -78,13 +84,18 @@ static unsigned signature(size_t count, rk_dtype dtype, rk_op op)
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
     h ^= h >> 32;
-    return (unsigned)(h % RING_SIG_TOKENS);
+    return (unsigned)(h % RING_SIG_SHIFT);
 }
 
 /* The chunk (k, j) on the side that sends (send=true) or receives it. */
 static unsigned char *chunk_at(const struct xfer *x, size_t t, bool send, size_t *len)
 {
     ring *r = x->r;
+    if (x->shift) {
+        size_t total = send ? x->sbytes : x->rbytes, off = t * x->ce;
+        *len = off < total ? (total - off < x->ce ? total - off : x->ce) : 0;
+        return (send ? (unsigned char *)x->sbuf : x->rbuf) + (off < total ? off : total);
+    }
     size_t k = t / x->nch, j = t % x->nch;
     int seg = (int)(((size_t)r->rank + 2 * (size_t)r->size - k - (send ? 0 : 1)) % (size_t)r->size);
     size_t off, slen;
@@ -147,8 +158,8 @@ static int post_recvs(struct xfer *x)
 static int post_sends(struct xfer *x)
 {
     ring *r = x->r;
-    while (x->sent < x->T && x->sent - x->sdone < (size_t)r->window &&
-           (x->sent < x->nch || x->valid > x->sent - x->nch)) {
+    while (x->sent < x->Ts && x->sent - x->sdone < (size_t)r->window &&
+           (x->shift || x->sent < x->nch || x->valid > x->sent - x->nch)) {
         size_t len, slot = x->sent % (size_t)r->window;
         const unsigned char *p = chunk_at(x, x->sent, true, &len);
         unsigned char *s = r->sstage + slot * r->chunk_bytes;
@@ -215,6 +226,11 @@ static int consume(struct xfer *x, int slot)
         return 0; /* stale: dropped (invariant 5) */
     size_t t = x->valid, len;
     unsigned char *dst = chunk_at(x, t, false, &len);
+    if (x->shift) {
+        memcpy(dst, r->stage + (size_t)slot * r->chunk_bytes, len);
+        x->valid++;
+        return 0;
+    }
     size_t k = t / x->nch, n1 = (size_t)r->size - 1;
     if (r->hook)
         r->hook(r->hook_arg, k < n1 ? 0 : 1, (int)(k < n1 ? k : k - n1), (int)(t % x->nch));
@@ -261,7 +277,7 @@ static int run(struct xfer *x)
     int rc = ring__poll_cancel(x->cancel, x->deadline); /* a call never starts cancelled */
     if (rc != 0)
         return rc;
-    while (x->valid < x->T || x->sdone < x->T) {
+    while (x->valid < x->T || x->sdone < x->Ts) {
         bool progress = false;
         if ((rc = post_recvs(x)) != 0 || (rc = post_sends(x)) != 0)
             return rc;
@@ -299,21 +315,69 @@ static const char *why_text(int rc)
     }
 }
 
+/* Whether r can take a call now: 0, or the error (a NULL, fenced or spare ring). */
+static int usable(const ring *r, const char *fn)
+{
+    if (!r)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "%s: ring is NULL", fn);
+    if (r->fenced)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_FENCED, "%s: the membership of epoch %llu excludes this process",
+                        fn, (unsigned long long)r->epoch);
+    if (r->rank < 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "%s: this process is a spare, not a member of the ring",
+                        fn);
+    return 0;
+}
+
+/* Runs a prepared call; on failure aborts it (invariants 2, 4 and 6) and says where. */
+static int finish(struct xfer *x, const char *fn)
+{
+    int rc = run(x);
+    if (rc == 0)
+        return 0;
+    abort_xfer(x, rc);
+    int level = rc == RK_E_COLL_MISMATCH ? RK_LOG_ERROR : RK_LOG_WARN;
+    return rk__fail(RK_SUB_RING, level, rc, "%s: aborted at chunk %zu of %zu (ring rank %d of %d, epoch %llu): %s", fn,
+                    x->valid, x->T, x->r->rank, x->r->size, (unsigned long long)x->r->epoch, why_text(rc));
+}
+
+int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+               const ring_cancel *cancel)
+{
+    int rc = usable(r, "ring_shift");
+    if (rc)
+        return rc;
+    struct xfer x = {.r = r, .shift = true, .sbuf = send, .rbuf = recv, .sbytes = send_bytes, .rbytes = recv_bytes,
+                     .esize = 1, .ce = r->chunk_bytes, .seq = ++r->seq, .cancel = cancel};
+    if ((!send && send_bytes) || (!recv && recv_bytes)) {
+        if (r->size > 1)
+            ring__send_token(r, x.seq, RING_TOK_MISMATCH);
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_shift: NULL buffer");
+    }
+    if (r->size == 1) {
+        if (send_bytes != recv_bytes)
+            return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
+                            "ring_shift: alone, %zu bytes sent to be received as %zu", send_bytes, recv_bytes);
+        if (send_bytes)
+            memmove(recv, send, send_bytes);
+        return 0;
+    }
+    x.T = recv_bytes ? (recv_bytes + x.ce - 1) / x.ce : 1;
+    x.Ts = send_bytes ? (send_bytes + x.ce - 1) / x.ce : 1;
+    x.nch = 1;
+    x.tag = ring__data_tag(r, x.seq, RING_SIG_SHIFT);
+    x.deadline = ring__deadline(r, cancel);
+    return finish(&x, "ring_shift");
+}
+
 int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
                    const ring_cancel *cancel)
 {
-    if (!r)
-        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_allreduce: ring is NULL");
-    if (r->fenced)
-        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_FENCED,
-                        "ring_allreduce: the membership of epoch %llu excludes this process",
-                        (unsigned long long)r->epoch);
-    if (r->rank < 0)
-        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE,
-                        "ring_allreduce: this process is a spare, not a member of the ring");
+    int rc = usable(r, "ring_allreduce");
+    if (rc)
+        return rc;
     struct xfer x = {.r = r, .buf = buf, .count = count, .dtype = dtype, .op = op,
                      .seq = ++r->seq, .cancel = cancel};
-    int rc = 0;
     x.esize = rk__dtype_size(dtype);
     if (x.esize == 0)
         rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_DTYPE, "ring_allreduce: unknown dtype %d", (int)dtype);
@@ -336,16 +400,8 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
     size_t seg0_off, seg0_len;
     ring_segment(count, r->size, 0, &seg0_off, &seg0_len); /* segment 0 is a longest one */
     x.nch = seg0_len == 0 ? 1 : (seg0_len + x.ce - 1) / x.ce;
-    x.T = 2 * ((size_t)r->size - 1) * x.nch;
+    x.T = x.Ts = 2 * ((size_t)r->size - 1) * x.nch;
     x.tag = ring__data_tag(r, x.seq, signature(count, dtype, op));
     x.deadline = ring__deadline(r, cancel);
-
-    rc = run(&x);
-    if (rc == 0)
-        return 0;
-    abort_xfer(&x, rc);
-    int level = rc == RK_E_COLL_MISMATCH ? RK_LOG_ERROR : RK_LOG_WARN;
-    return rk__fail(RK_SUB_RING, level, rc,
-                    "ring_allreduce: aborted at chunk %zu of %zu (ring rank %d of %d, epoch %llu): %s",
-                    x.valid, x.T, r->rank, r->size, (unsigned long long)r->epoch, why_text(rc));
+    return finish(&x, "ring_allreduce");
 }

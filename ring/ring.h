@@ -65,6 +65,15 @@ void ring_destroy(ring **r);
 int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
                    const ring_cancel *cancel);
 
+/* One step of the ring: send_bytes of send go to the right neighbour while recv_bytes
+   from the left neighbour arrive in recv (a member alone gets its own bytes). The same
+   bounds, cancellation, chunking and abort tokens as ring_allreduce; every member must
+   call it at the same point, and recv_bytes must be what the left sends (a member asks
+   first with a shift of the size): a different length is RK_E_COLL_MISMATCH at both
+   ends. send is never read after the call returns, recv never written. */
+int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+               const ring_cancel *cancel);
+
 /* Rebuilds the ring over `members` (ranks of the communicator given to ring_create; the
    survivors of the current ring and/or spares) for membership epoch `epoch`. Collective
    over the listed members only, which must all pass the same list and epoch; the new

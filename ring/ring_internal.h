@@ -22,6 +22,7 @@
 #define RING_SEQ_MASK 0x1fu
 #define RING_SIG_MASK 0x1fffu
 #define RING_SIG_TOKENS 0x1ffdu /* signatures are 0 .. RING_SIG_TOKENS - 1 */
+#define RING_SIG_SHIFT 0x1ffcu  /* ring_shift's; allreduce signatures are below it */
 enum ring_token {
     RING_TOK_TIMEOUT = 0x1ffd,  /* a member's deadline passed */
     RING_TOK_LOST = 0x1ffe,     /* a member saw the membership change or a failed transfer */

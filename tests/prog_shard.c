@@ -13,8 +13,9 @@
  *                                            every slice and per-rank tensor bitwise (a rank
  *                                            >= OLDW: its per-rank buffer is left as it was);
  *                                            prints "rank R resumed S"
- *   prog_shard kill STEPS SEED VICTIM        steps with an allreduce each, checkpoints per
- *                                            RK_CKPT_*; rank VICTIM SIGKILLs itself before the
+ *   prog_shard kill STEPS SEED VICTIMS       steps with an allreduce each, checkpoints per
+ *                                            RK_CKPT_*; each rank of VICTIMS (a comma-separated
+ *                                            list) SIGKILLs itself before the
  *                                            allreduce of step 5; a survivor that gets
  *                                            RK_RECOVERED learns its new slices
  *                                            (rk_shard_rows), rebinds the resized ones
@@ -233,11 +234,20 @@ static int flags_mode(rk_ctx *ctx)
 }
 
 /* Steps with an allreduce each; the victim dies at step 5; survivors check the rollback. */
-static int kill_mode(rk_ctx *ctx, struct slot *slot, int64_t steps, uint64_t seed, int victim)
+static bool listed(const char *list, int rank)
+{
+    for (const char *p = list; p && *p; p = strchr(p, ','), p = p ? p + 1 : NULL)
+        if (atoi(p) == rank)
+            return true;
+    return false;
+}
+
+static int kill_mode(rk_ctx *ctx, struct slot *slot, int64_t steps, uint64_t seed, const char *victims)
 {
     int rc;
+    bool victim = listed(victims, rk_rank(ctx));
     for (int64_t s = rk_next_step(ctx); s < steps; s++) {
-        if (s == 5 && rk_rank(ctx) == victim) {
+        if (s == 5 && victim) {
             fflush(NULL);
             raise(SIGKILL);
         }
@@ -334,7 +344,7 @@ int main(int argc, char **argv)
             printf("rank %d resumed %" PRId64 "\n", rk_rank(ctx), next);
         }
     } else if (strcmp(mode, "kill") == 0) {
-        status = kill_mode(ctx, slot, arg, seed, argc > 4 ? atoi(argv[4]) : -1);
+        status = kill_mode(ctx, slot, arg, seed, argc > 4 ? argv[4] : "");
     }
     fflush(NULL);
     rc = rk_finalize(&ctx);

@@ -198,6 +198,30 @@ START_TEST(decide_I4_never_older_than_committed)
 }
 END_TEST
 
+/* I5 with partner copies (sharded or per-rank state): memory only if every lost member's
+   right neighbour (ring order, cyclic) survived and every survivor holds the step. */
+START_TEST(decide_I5_partners)
+{
+    int prev[] = {3, 1, 0, 2, 4}; /* any order: the ring is 0 1 2 3 4 */
+    rec_report rep[4];
+    const int alive_sets[][3] = {{0, 2, 4}, {0, 1, 4}, {1, 2, 4}};
+    const int want[] = {REC_FROM_MEMORY, REC_FROM_DISK, REC_FROM_MEMORY};
+    for (int k = 0; k < 3; k++) { /* lost {1,3}: neighbours 2, 4 alive; {2,3}: 3 lost too; {0,3}: 1 and 4 */
+        for (int i = 0; i < 3; i++) {
+            rep[i] = R(alive_sets[k][i], 9, 8, 6);
+            rep[i].partnered = 1;
+        }
+        th_assert_rc(rec_decide(prev, 5, rep, 3, 1, 2, &dec), 0);
+        ck_assert_msg(dec.source == want[k], "case %d: source %d", k, dec.source);
+        ck_assert_int_eq(dec.step, want[k] == REC_FROM_MEMORY ? 8 : 6);
+    }
+    /* a survivor without the newest snapshot: disk (its pieces of step 8 are missing) */
+    rep[1].held_step = -1;
+    th_assert_rc(rec_decide(prev, 5, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+}
+END_TEST
+
 START_TEST(decide_rejects_malformed)
 {
     int prev[] = {0, 1, 2};
@@ -356,6 +380,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, decide_I2_min_world);
     tcase_add_test(tc, decide_I5_memory_first_I6_dense_order);
     tcase_add_test(tc, decide_I4_never_older_than_committed);
+    tcase_add_test(tc, decide_I5_partners);
     tcase_add_test(tc, decide_rejects_malformed);
     suite_add_tcase(s, tc);
 

@@ -4,7 +4,8 @@
  * sizes, restores into other world sizes bitwise against the global tensor, the global
  * tensor through index.h5 with h5py (a virtual dataset, from a moved directory), per-rank
  * state of ranks that no longer exist reported and readable, the CLI, registration errors,
- * and a lost member rolling back from disk with its survivors' slices re-split.
+ * a lost member rolling back from memory (its partner's copy) with the survivors' slices
+ * re-split, and two adjacent losses rolling back from disk.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,32 +212,64 @@ START_TEST(registration_errors)
 }
 END_TEST
 
-/* A job with sharded and per-rank state loses its last member: the survivors roll back
-   from disk (never from memory, which lacks the lost member's slices), learn their new,
-   larger slices, rebind them and find every byte of the restored step. */
-START_TEST(lost_member_rolls_back_from_disk)
+/* prog_shard kill on 4 ranks, VICTIMS killing themselves at step 5; the survivors'
+   output. */
+static char *kill_run(const char *dir, const char *victims)
 {
-    char *dir = th_tmpdir("shard"), *out = NULL;
+    char *out = NULL;
     static char envdir[4200], envlog[4200];
     snprintf(envdir, sizeof(envdir), "RK_CKPT_DIR=%s", dir);
     snprintf(envlog, sizeof(envlog), "RK_EVENT_LOG=%s.ev", dir);
-    const char *env[] = {envdir, envlog, "RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=2000",
+    const char *env[] = {envdir, envlog, "RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=4000", "RK_HEARTBEAT_MS=200",
                          "RK_JOB_SECRET=" SECRET, NULL};
     char *argv[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", prog, "kill", "10", "11",
-                    "3", NULL};
+                    (char *)victims, NULL};
     th_mpirun(4, argv, env, 150, &out);
-    ck_assert_msg(count(out, "recovered world 3 step ") == 3 && count(out, " ok\n") == 3 &&
-                      count(out, "done world 3") == 3,
-                  "survivors:\n%s", out);
-    free(out);
-    for (int r = 0; r < 3; r++) {
+    return out;
+}
+
+/* Every survivor's event log says where it resumed from, and nothing else. */
+static void resumed_from(const char *dir, int survivors, const char *from, const char *not_from)
+{
+    char want[64], unwanted[64];
+    snprintf(want, sizeof(want), "\"from\": \"%s\"", from);
+    snprintf(unwanted, sizeof(unwanted), "\"from\": \"%s\"", not_from);
+    for (int r = 0; r < survivors; r++) {
         char *ev = events(dir, r);
-        ck_assert_msg(strstr(ev, "\"from\": \"disk\"") && !strstr(ev, "\"from\": \"memory\""), "rank %d events:\n%s", r,
-                      ev);
+        ck_assert_msg(strstr(ev, want) && !strstr(ev, unwanted), "rank %d events:\n%s", r, ev);
         free(ev);
     }
+}
+
+/* prog_shard kill on 4 ranks with VICTIMS: every survivor recovers into a world of
+   `world`, finds every byte of the restored step and says it resumed from `from`. */
+static void survivors_resume(const char *victims, int world, const char *from, const char *not_from)
+{
+    char *dir = th_tmpdir("shard"), *out = kill_run(dir, victims), want[64], done[64];
+    snprintf(want, sizeof(want), "recovered world %d step ", world);
+    snprintf(done, sizeof(done), "done world %d", world);
+    ck_assert_msg(count(out, want) == world && count(out, " ok\n") == world && count(out, done) == world,
+                  "survivors:\n%s", out);
+    free(out);
+    resumed_from(dir, world, from, not_from);
     th_rmrf(dir);
     free(dir);
+}
+
+/* A job with sharded and per-rank state loses its last member: its pieces are in its right
+   neighbour's memory (rank 0, the ring wraps), so the survivors roll back from memory,
+   learn their new, larger slices, rebind them and find every byte of the restored step. */
+START_TEST(lost_member_rolls_back_from_memory)
+{
+    survivors_resume("3", 3, "memory", "disk");
+}
+END_TEST
+
+/* Two neighbours lost at once (2 and 3: 2's pieces were only on 3): disk, every byte of the
+   restored step on both survivors. */
+START_TEST(adjacent_losses_roll_back_from_disk)
+{
+    survivors_resume("2,3", 2, "disk", "memory");
 }
 END_TEST
 
@@ -253,7 +286,8 @@ int main(void)
     tcase_add_test(tc, restore_2_to_1);
     tcase_add_test(tc, h5py_reads_global_tensors_from_moved_dir);
     tcase_add_test(tc, corrupt_block_falls_back);
-    tcase_add_test(tc, lost_member_rolls_back_from_disk);
+    tcase_add_test(tc, lost_member_rolls_back_from_memory);
+    tcase_add_test(tc, adjacent_losses_roll_back_from_disk);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

@@ -65,6 +65,14 @@ static void final_lines(const char *out, int world, int steps, char hash[17])
     ck_assert_msg(n == world, "%d final lines, want %d:\n%s", n, world, out);
 }
 
+static int count_of(const char *out, const char *needle)
+{
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
 static int step_lines(const char *out)
 {
     int n = 0;
@@ -289,6 +297,50 @@ START_TEST(unused_spare_released)
 }
 END_TEST
 
+/* ---- --zero: sharded Adam moments, per-rank RNG ------------------------------------------ */
+
+/* One of 4 `rk-train --zero` workers SIGKILLed once checkpoint 40 is committed: the 3
+   survivors rebuild the lost slices from their partners' memory (every survivor's event
+   `resumed` says memory), and end with the hash of a fault-free replay on 3 workers from
+   the checkpoint of the step they resumed at. */
+START_TEST(zero_killed_worker_rebuilds_from_memory)
+{
+    char *w = th_tmpdir("train-zero"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *out = NULL;
+    char cmd[16384];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; B=%s; R=%s; A='--steps 200 --zero --seed 7'\n"
+             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=20 RK_KEEP=100 RK_EVENT_LOG=$W/ev RK_TIMEOUT_MS=8000 "
+             "RK_HEARTBEAT_MS=250\n"
+             "$R run -n 4 -- $B $A > $W/out 2>&1 & job=$!\n"
+             "for i in $(seq 1200); do [ -d $W/c/step-000000000040 ] && break; sleep 0.05; done\n"
+             "v=$(pgrep -f \"^$B $A\\$\" | sed -n 2p); [ -n \"$v\" ] && kill -9 $v\n"
+             "wait $job; echo \"exit=$?\"; grep '^final' $W/out\n"
+             "grep -h '\"resumed\"' $W/ev.*\n"
+             "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
+             "mkdir -p $W/r && cp -r $W/c/step-$(printf %%012d \"$s\") $W/r/ || exit 1\n"
+             "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n 3 -- $B $A | grep '^final'\n",
+             w, bin, rekindle);
+    clear_rk_env();
+    int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    ck_assert_msg(count_of(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\""),
+                  "not every survivor resumed from memory:\n%s", out);
+    char h_job[17], h_replay[17];
+    const char *replay = strstr(out, "replay\n");
+    ck_assert_ptr_nonnull(replay);
+    char *job = strndup(out, (size_t)(replay - out));
+    final_lines(strstr(job, "final"), 3, 200, h_job);
+    final_lines(replay, 3, 200, h_replay);
+    ck_assert_str_eq(h_job, h_replay);
+    free(job);
+    free(out);
+    th_rmrf(w);
+    free(w);
+    free(bin);
+    free(rekindle);
+}
+END_TEST
+
 int main(void)
 {
     char *dir = th_tmpdir("train-probe");
@@ -308,6 +360,12 @@ int main(void)
         tcase_set_timeout(tc, 120);
         tcase_add_test(tc, two_ranks_reproducible);
         tcase_add_test(tc, three_ranks_learn);
+        suite_add_tcase(s, tc);
+    }
+    if (!no_ckpt && !no_ring) {
+        TCase *tc = tcase_create("zero");
+        tcase_set_timeout(tc, 300);
+        tcase_add_test(tc, zero_killed_worker_rebuilds_from_memory);
         suite_add_tcase(s, tc);
     }
     if (!no_ckpt) {
