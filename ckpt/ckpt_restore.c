@@ -26,11 +26,18 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, const char *where)
 {
     char a[160], b[160];
-    for (size_t i = 0; i < n; i++) {
+    bool *seen = calloc(c->n ? c->n : 1, sizeof(*seen));
+    if (!seen)
+        return -ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         long k = fmt_ckpt_find(c, t[i].name);
-        if (k < 0)
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s has no tensor '%s' (registered)", where,
-                            t[i].name);
+        if (k < 0) {
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s has no tensor '%s' (registered)", where,
+                          t[i].name);
+            break;
+        }
+        seen[k] = true;
         const fmt_tensor *f = &c->t[k];
         bool same = f->dtype == t[i].dtype && f->ndim == t[i].ndim;
         for (int d = 0; same && d < f->ndim; d++)
@@ -38,22 +45,16 @@ static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, const 
         if (!same) {
             shape_str(a, sizeof(a), f->ndim, f->shape);
             shape_str(b, sizeof(b), t[i].ndim, t[i].shape);
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
-                            "%s: tensor '%s' is %s %s there but registered as %s %s", where, t[i].name,
-                            rk__dtype_name(f->dtype), a, rk__dtype_name(t[i].dtype), b);
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s: tensor '%s' is %s %s there but registered as %s %s",
+                          where, t[i].name, rk__dtype_name(f->dtype), a, rk__dtype_name(t[i].dtype), b);
         }
     }
-    if (c->n != n) {
-        for (size_t k = 0; k < c->n; k++) {
-            bool found = false;
-            for (size_t i = 0; i < n && !found; i++)
-                found = strcmp(c->t[k].name, t[i].name) == 0;
-            if (!found)
-                return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds tensor '%s', which is not registered",
-                                where, c->t[k].name);
-        }
-    }
-    return 0;
+    for (size_t k = 0; k < c->n && !rc; k++)
+        if (!seen[k])
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds tensor '%s', which is not registered", where,
+                          c->t[k].name);
+    free(seen);
+    return rc;
 }
 
 int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)

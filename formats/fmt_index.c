@@ -1,6 +1,7 @@
 /*
  * formats/fmt_index.c - index.h5 (an external link per tensor to its shard, by a relative
- * file name, and the root attributes) and the durable commit of a checkpoint directory:
+ * file name, and the root attributes), followed by the commit record that sums every
+ * file (fmt_shard.c), and the durable commit of a checkpoint directory:
  * fsync the temporary directory, rename it to its final name (or, if that name exists,
  * exchange the two atomically, so the name never goes missing), fsync the parent.
  */
@@ -70,6 +71,8 @@ int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *cons
         goto out_lcpl;
     }
     rc = fmt_fsync_path(path, false);
+    if (!rc)
+        rc = fmt_commit_write(dir, step, world, shards, io_path, commit_ns);
 out_file:
     if (f >= 0)
         H5Fclose(f);
