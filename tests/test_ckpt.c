@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../ckpt/ckpt.h"
 #include "common.h"
 #include "harness.h"
 
@@ -244,6 +245,37 @@ START_TEST(bad_directory)
 }
 END_TEST
 
+/* The writability probe of a (possibly shared) checkpoint directory creates a new file of
+   an unguessable name: a symbolic link planted at the name it used to have
+   (.probe-<pid>-<rank>) is not followed, and the file it points at is not truncated. */
+START_TEST(probe_never_follows_a_planted_link)
+{
+    char *dir = th_tmpdir("probe"), victim[4300], link[4300];
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    ck_assert_int_eq(th_write_file(victim, "precious", 8), 0);
+    snprintf(link, sizeof(link), "%s/ck", dir);
+    ck_assert_int_eq(mkdir(link, 0755), 0);
+    snprintf(link, sizeof(link), "%s/ck/.probe-%d-0", dir, (int)getpid());
+    ck_assert_int_eq(symlink(victim, link), 0);
+    snprintf(link, sizeof(link), "%s/ck", dir);
+    ckpt_config cfg = {.dir = link, .rank = 0, .world = 1, .keep = 1};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    size_t len = 0;
+    char *v = th_read_file(victim, &len);
+    ck_assert_msg(v && len == 8 && memcmp(v, "precious", 8) == 0, "the probe wrote through the link: %zu bytes", len);
+    free(v);
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.probe' || true", link);
+    th_sh(cmd, 10, &out);
+    ck_assert_msg(out && atoi(out) == 1, "probe files left: %s", out ? out : "?"); /* the planted link alone */
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
    was; the output goes to *out. */
 static void resume_untouched(const char *dir, const char *extra, char **out)
@@ -459,7 +491,7 @@ START_TEST(h5py_reads_index)
              "import h5py, numpy as np, glob, os\n"
              "d = '%s/" S2 "'\n"
              "f = h5py.File(d + '/index.h5', 'r')\n"
-             "assert int(f.attrs['step']) == 2 and int(f.attrs['world_size']) == 2 and int(f.attrs['format_version']) == 1\n"
+             "assert int(f.attrs['step']) == 2 and int(f.attrs['world_size']) == 2 and int(f.attrs['format_version']) == 2\n"
              "want = {'f32':'float32','f64':'float64','f16':'float16','i32':'int32','i64':'int64','u8':'uint8'}\n"
              "n = 0\n"
              "for ok in sorted(glob.glob(d + '/shard-*.ok')):\n"
@@ -504,6 +536,7 @@ int main(void)
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
+    tcase_add_test(tc, probe_never_follows_a_planted_link);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
