@@ -596,7 +596,8 @@ int fmt_file_sum_of(const char *path, const fmt_manifest *m, fmt_file_sum *out)
     for (size_t i = 0; m && i < m->n; i++)
         if (m->t[i].nbytes > 0)
             rg[nr++] = (struct range){m->t[i].offset, m->t[i].nbytes};
-    qsort(rg, nr, sizeof(*rg), cmp_range);
+    if (nr)
+        qsort(rg, nr, sizeof(*rg), cmp_range);
     if (!(buf = malloc(CAP)) || !(st = XXH3_createState())) {
         rc = -ENOMEM;
         goto out;
