@@ -6,6 +6,8 @@
 #   make demo                 install deps, build, run the demo
 #   make bench                run the benchmarks (bench/run)
 #   make chaos                run the chaos campaign (chaos/run)
+#   make fuzz [FUZZ_S=60]     build the libFuzzer targets with clang (build/fuzz) and run
+#                             each for FUZZ_S seconds; fails on any finding (docs/FUZZ.md)
 #   make install PREFIX=/usr/local [DESTDIR=...]
 #   make clean
 #   make crash-sweep          the full crash-consistency sweep (tests/test_crash, every case)
@@ -110,7 +112,7 @@ LIB_A    := $(BUILD)/lib/librekindle.a
 LIB_SO   := $(BUILD)/lib/librekindle.so
 CLI      := $(BUILD)/bin/rekindle
 
-.PHONY: build-tests all check crash-sweep demo bench chaos install clean deps config help
+.PHONY: build-tests all check crash-sweep demo bench chaos fuzz fuzz-targets install clean deps config help
 .DEFAULT_GOAL := all
 
 all: config $(LIB_A) $(LIB_SO) $(CLI) $(EX_BIN) $(BUILD)/rekindle.pc
@@ -187,6 +189,28 @@ chaos: deps
 	@$(MAKE) --no-print-directory all
 	@chaos/run --build $(BUILD)
 
+# ---- fuzzing: the library again with clang, libFuzzer's coverage and ASan + UBSan -------
+FUZZ_S     ?= 60
+FUZZ_BUILD := build/fuzz
+FUZZ_SRC   := $(wildcard fuzz/fuzz_*.c)
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+fuzz: all $(BUILD)/tests/prog_ckpt $(BUILD)/fuzz-seeds/wire_seeds
+	@command -v clang >/dev/null || { echo "make fuzz: clang is needed (apt-get install clang)"; exit 2; }
+	@OMPI_CC=clang $(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) USE_CUDA=no SANITIZE=0 \
+	  CFLAGS='-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link' fuzz-targets
+	@fuzz/run $(BUILD) $(FUZZ_BUILD) $(FUZZ_S)
+
+fuzz-targets: $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+
+$(BUILD)/fuzz-seeds/wire_seeds: $(BUILD)/obj/fuzz/wire_seeds.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/bin \
 	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
@@ -207,5 +231,5 @@ clean:
 help:
 	@sed -n '1,/^$$/p' Makefile
 
-.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/examples/%.o $(BUILD)/obj/bench/%.o $(BUILD)/obj/tests/%.o
+.PRECIOUS: $(BUILD)/obj/%.o $(BUILD)/obj/examples/%.o $(BUILD)/obj/bench/%.o $(BUILD)/obj/tests/%.o $(BUILD)/obj/fuzz/%.o
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

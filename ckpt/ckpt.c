@@ -84,6 +84,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -178,8 +179,18 @@ static int prepare_dir(const char *dir, int rank)
     struct stat sb;
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOTDIR, "checkpoint directory %s: not a directory", dir);
-    snprintf(path, sizeof(path), "%s/.probe-%d-%d", dir, (int)getpid(), rank);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* The directory may be shared: a new file of an unguessable name, never one that is
+       there already and never through a symbolic link planted at the name. */
+    int fd = -1;
+    for (int tries = 0; tries < 8 && fd < 0; tries++) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
+            r = (uint64_t)rk__real_ns() ^ (uint64_t)tries;
+        snprintf(path, sizeof(path), "%s/.probe-%d-%d-%016" PRIx64, dir, (int)getpid(), rank, r);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint directory %s is not writable: %s", dir,
                         strerror(errno));

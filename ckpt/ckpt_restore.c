@@ -72,17 +72,10 @@ static int find_match(const fmt_ckpt *c, const ckpt_tensor *t, int rank, const c
     return 0;
 }
 
-/* Whether checkpoint entry f is a tensor of t[0..n) (a per-rank entry: of its base name). */
-static bool registered(const fmt_tensor *f, const ckpt_tensor *t, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(f->stored, t[i].name) == 0 && kind_of(t[i].flags) == f->kind)
-            return true;
-    return false;
-}
-
 /* Every registered tensor is in c (k[i] its entry), and c holds nothing else but per-rank
-   state of ranks >= world, which is counted in *orphans (and its ranks in orphan_ranks). */
+   state of ranks >= world, which is counted in *orphans (and its ranks in orphan_ranks).
+   O(n log n) in the entries (fmt_ckpt_find is a binary search): a crafted index with
+   millions of entries cannot stall a restore. */
 static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, int rank, int world, const char *where,
                        long *k, size_t *orphans, char *orphan_ranks, size_t cap)
 {
@@ -90,23 +83,40 @@ static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, int ra
     for (size_t i = 0; i < n; i++)
         if ((rc = find_match(c, &t[i], rank, where, &k[i])) != 0)
             return rc;
+    bool *seen = calloc(c->n ? c->n : 1, sizeof(*seen));
+    if (!seen)
+        return -ENOMEM;
+    char name[FMT_MAX_NAME + 32];
+    for (size_t i = 0; i < n; i++) {
+        if (kind_of(t[i].flags) != FMT_PER_RANK) {
+            seen[k[i]] = true;
+            continue;
+        }
+        for (int r = 0; r < c->world; r++) { /* every rank's entry of a registered per-rank tensor */
+            long j = fmt_per_rank_name(name, sizeof(name), r, t[i].name) ? fmt_ckpt_find(c, name) : -1;
+            if (j >= 0 && c->t[j].kind == FMT_PER_RANK)
+                seen[j] = true;
+        }
+    }
     size_t len = 0;
     int last = -1;
     *orphans = 0;
     orphan_ranks[0] = '\0';
-    for (size_t j = 0; j < c->n; j++) {
+    rc = 0;
+    for (size_t j = 0; j < c->n && !rc; j++) {
         const fmt_tensor *f = &c->t[j];
-        if (!registered(f, t, n))
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds %s tensor '%s', which is not registered",
-                            where, kind_name(f->kind), f->name);
-        if (f->kind == FMT_PER_RANK && f->rank >= world) {
+        if (!seen[j]) {
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH, "%s holds %s tensor '%s', which is not registered",
+                          where, kind_name(f->kind), f->name);
+        } else if (f->kind == FMT_PER_RANK && f->rank >= world) {
             (*orphans)++;
             if (f->rank > last && len < cap) /* entries of one tensor come by rank */
                 len += (size_t)snprintf(orphan_ranks + len, cap - len, "%s%d", len ? "," : "", f->rank);
             last = f->rank > last ? f->rank : last;
         }
     }
-    return 0;
+    free(seen);
+    return rc;
 }
 
 /* Per-rank state the new membership does not restore, said in the log and the event log:

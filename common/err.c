@@ -71,17 +71,21 @@ const char *rk_last_error(void)
 void rk__set_last_error(const char *fmt, ...)
 {
     va_list ap;
+    char msg[sizeof(last_error)]; /* an argument may be rk_last_error() itself */
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof(msg));
 }
 
 int rk__fail(int sub, int level, int code, const char *fmt, ...)
 {
     va_list ap;
+    char msg[sizeof(last_error)]; /* an argument may be rk_last_error() itself */
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof(msg));
     RK_LOG_AT(sub, level, "%s (%s)", last_error, rk_strerror(code));
     return code;
 }

@@ -13,12 +13,17 @@
  *                  ranks' pieces, relative file names), an external link per per-rank
  *                  tensor at ranks/<r>/<name>, and the root attributes step, world_size,
  *                  format_version, io_path, commit_time_ns
+ *   commit.ok      the commit record, written last: the size and XXH3-64 of every other
+ *                  file (index.h5 and the manifests whole, each shard-<r>.h5 outside its
+ *                  tensors' data), closed by a checksum of its own text (format 2)
  * Tensor kinds (docs/SHARDING.md): a replicated tensor is in one shard (fmt_assign); a
  * sharded tensor has one piece (its rows [row0, row0 + shape[0]) of the global rows) in
  * every shard, with an XXH3-64 per block of block_rows rows so that a reader of some rows
  * checks what it reads; a per-rank tensor of rank r is in shard r.
  * Every file read here is untrusted: sizes and names are checked, failures are
- * RK_E_FORMAT / RK_E_CORRUPT / RK_E_INCOMPLETE, never a crash or a hang.
+ * RK_E_FORMAT / RK_E_CORRUPT / RK_E_INCOMPLETE, never a crash or a hang. No byte reaches
+ * libhdf5 before its checksum in the commit record matched (a format-1 checkpoint, which
+ * has no record, is read as it always was).
  */
 #ifndef RK_FMT_H
 #define RK_FMT_H
@@ -31,12 +36,13 @@
 
 #include "../common/common.h"
 
-#define FMT_VERSION 2     /* written; version 1 (replicated tensors only) is still read */
-#define FMT_VERSION_MIN 1
+#define FMT_VERSION 2        /* written; format 1 (replicated tensors only, no commit record) is still read */
+#define FMT_VERSION_LEGACY 1
 #define FMT_MAX_DIMS 8
 #define FMT_MAX_NAME 255
 #define FMT_IO_PATH_LEN 48
 #define FMT_INDEX "index.h5"
+#define FMT_COMMIT "commit.ok"
 
 enum fmt_kind { FMT_REPLICATED = 0, FMT_SHARDED = 1, FMT_PER_RANK = 2 };
 #define FMT_BLOCK_BYTES (1u << 20) /* a sharded piece's checksummed block: at most this, or one row */
@@ -70,15 +76,37 @@ typedef struct fmt_tensor {
     size_t piece0, npieces; /* fmt_ckpt's sharded entry: its pieces, c->pieces[piece0..] */
 } fmt_tensor;
 
+/* The size of a file and the XXH3-64 of its bytes (of a shard file: of every byte
+   outside its tensors' data, which their own checksums cover). */
+typedef struct fmt_file_sum {
+    uint64_t size;
+    uint64_t xxh3;
+} fmt_file_sum;
+
 /* What a shard's manifest (shard-<r>.ok) says. */
 typedef struct fmt_manifest {
+    int version;      /* FMT_VERSION, or FMT_VERSION_LEGACY (no `file` line) */
     int64_t step;
     int rank, world;
     uint64_t nonce;   /* the writing job's attempt id: a stale manifest does not match */
     char io_path[FMT_IO_PATH_LEN];
+    fmt_file_sum file; /* shard-<r>.h5 (format 2; fmt_shard_write fills it in) */
     size_t n;
     fmt_tensor *t;    /* owned, names owned */
 } fmt_manifest;
+
+/* What the commit record (commit.ok) says: the checkpoint's identity and a checksum of
+   every file in it. */
+typedef struct fmt_commit {
+    int64_t step;
+    int64_t commit_ns;
+    int world;
+    uint64_t nonce;
+    char io_path[FMT_IO_PATH_LEN];
+    fmt_file_sum index;  /* index.h5, whole */
+    fmt_file_sum *ok;    /* world of them: shard-<r>.ok, whole */
+    fmt_file_sum *h5;    /* world of them: shard-<r>.h5, outside its tensors' data */
+} fmt_commit;
 
 /* ---- names (fmt_layout.c) ----------------------------------------------------------- */
 /* "step-000000001200" into buf (>= 32 bytes). */
@@ -124,7 +152,8 @@ typedef struct fmt_write_stats {
 
 /* Writes shard file `path` holding m->t[0..n), fills in each m->t[i].xxh3 (computed while
    the tensor's bytes are being written) and m->t[i].offset, closes the file and makes it
-   durable (fsync). io_mode is the RK_IO string ("auto" ...). */
+   durable (fsync), then fills in m->file (fmt_file_sum_of). io_mode is the RK_IO string
+   ("auto" ...). */
 int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
                     fmt_write_stats *st);
 /* The block checksums of a sharded piece t (t->data, t->shape[0] rows of t->nbytes):
@@ -138,19 +167,39 @@ int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path, int
 int fmt_manifest_write(const char *path, const fmt_manifest *m);
 /* Reads and checks a manifest; *m is malloc'd, freed with fmt_manifest_free. */
 int fmt_manifest_read(const char *path, fmt_manifest **m);
+/* The same over text[0..len) (text[len] must be writable; text is modified), read from
+   `path` (named in errors). */
+int fmt_manifest_parse(const char *path, char *text, size_t len, fmt_manifest **m);
 void fmt_manifest_free(fmt_manifest **m);
+/* Size and XXH3-64 of file `path`: of every byte if m is NULL, else of every byte outside
+   the data of m's tensors (RK_E_CORRUPT if those overlap or pass the end of the file).
+   Read with a bounded buffer; -errno (RK_E_INCOMPLETE if missing) when unreadable. */
+int fmt_file_sum_of(const char *path, const fmt_manifest *m, fmt_file_sum *out);
 
-/* ---- index and commit (fmt_index.c) -------------------------------------------------- */
+/* ---- the commit record (fmt_shard.c) ------------------------------------------------- */
+/* Writes <dir>/commit.ok (durably, never visible half-written) recording index.h5 and
+   every shard's manifest (read back and summed here) and shard file (m->file of each of
+   world manifests). The last file of a checkpoint written before its commit. */
+int fmt_commit_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards,
+                     const char *io_path, int64_t commit_ns);
+/* Reads and checks (self-checksum, syntax) a commit record; RK_E_INCOMPLETE if missing. */
+int fmt_commit_read(const char *path, fmt_commit **out);
+/* The same over text[0..len) (text[len] writable; text is modified). */
+int fmt_commit_parse(const char *path, char *text, size_t len, fmt_commit **out);
+void fmt_commit_free(fmt_commit **c);
+
+/* ---- index and commit (fmt_index.c; fmt_index_info: fmt_read.c) ---------------------- */
 /* Writes <dir>/index.h5: an external link per replicated tensor of every manifest, to
    "shard-<r>.h5", at its name; a virtual dataset of the global shape per sharded tensor
    over its pieces (source files "shard-<r>.h5", relative: the directory can move); an
-   external link per per-rank tensor at ranks/<r>/<name>; root attributes (commit_time_ns: commit_ns, CLOCK_REALTIME
-   of the commit, which orders checkpoints into timelines: ckpt_list); fsync. */
+   external link per per-rank tensor at ranks/<r>/<name>; root attributes (commit_time_ns:
+   commit_ns, CLOCK_REALTIME of the commit, which orders checkpoints into timelines:
+   ckpt_list); fsync; then the commit record <dir>/commit.ok (fmt_commit_write). */
 int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards,
                     const char *io_path, int64_t commit_ns);
-/* Reads index.h5's root attributes step and commit_time_ns of committed checkpoint
-   `stepdir` (*commit_ns = 0 for an index written before that attribute existed).
-   RK_E_FORMAT if the index cannot be read. */
+/* The label and commit time of committed checkpoint `stepdir`, from its commit record
+   (format 1: the label from shard-0.ok, *commit_ns = 0). No HDF5 call. RK_E_FORMAT /
+   RK_E_CORRUPT / RK_E_INCOMPLETE if unreadable. */
 int fmt_index_info(const char *stepdir, int64_t *step, int64_t *commit_ns);
 /* Durable rename of tmp (a directory under parent) to final: fsync tmp, rename, fsync
    parent. If final exists (the same label committed in an abandoned timeline), tmp is
@@ -180,6 +229,7 @@ typedef struct fmt_ckpt {
     fmt_tensor *t;    /* every tensor as a reader sees it, in registration order (the
                          per-rank entries of one tensor by rank); names of per-rank
                          entries owned, others the manifests' */
+    size_t *by_name;  /* indexes of t sorted by name (fmt_ckpt_find) */
     const fmt_tensor **pieces; /* the sharded tensors' pieces, in the manifests */
     size_t npieces;   /* used of pieces */
     fmt_manifest **shards; /* world of them */
@@ -187,8 +237,12 @@ typedef struct fmt_ckpt {
     struct fmt_direct *direct; /* the O_DIRECT reader of large tensors (fmt_readdirect.c) */
 } fmt_ckpt;
 
-/* Opens committed checkpoint `stepdir`: index.h5's root attributes and every shard's
-   manifest, checked for consistency (RK_E_FORMAT, RK_E_INCOMPLETE, RK_E_CORRUPT). */
+/* Opens committed checkpoint `stepdir`: its commit record, then every file's checksum
+   against it (index.h5 and the manifests whole, the shard files outside their tensors'
+   data), then the manifests and index.h5's root attributes and links, checked for
+   consistency (RK_E_FORMAT, RK_E_INCOMPLETE, RK_E_CORRUPT naming the file). libhdf5 sees
+   index.h5 only once its checksum matched. The one opener of checkpoints: rk_resume,
+   recovery from disk, rk_reader_open and every CLI command come through here. */
 int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out);
 void fmt_ckpt_close(fmt_ckpt **c);
 /* Reads tensor i into buf (t[i].nbytes) from its shard at the manifest's offset (no HDF5
@@ -200,7 +254,7 @@ int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
    naming the tensor, file and block). -EINVAL if i is not sharded or the rows are out of
    range. */
 int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf);
-/* Index of the tensor named name (a per-rank one as ranks/<r>/<name>), or -1. */
+/* Index of the tensor named name (a per-rank one as ranks/<r>/<name>), or -1 (O(log n)). */
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
 /* "ranks/<r>/<name>" into buf; false if it does not fit. */
 bool fmt_per_rank_name(char *buf, size_t cap, int rank, const char *name);

@@ -1,7 +1,9 @@
 /*
  * formats/fmt_index.c - index.h5 (an external link per replicated tensor to its shard, by
  * a relative file name; a virtual dataset of the global shape per sharded tensor over its
- * pieces; an external link per per-rank tensor at ranks/<r>/<name>; the root attributes) and the durable commit of a checkpoint directory:
+ * pieces; an external link per per-rank tensor at ranks/<r>/<name>; the root attributes),
+ * followed by the commit record that sums every file (fmt_shard.c), and the durable
+ * commit of a checkpoint directory:
  * fsync the temporary directory, rename it to its final name (or, if that name exists,
  * exchange the two atomically, so the name never goes missing), fsync the parent.
  */
@@ -142,6 +144,8 @@ int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *cons
         goto out_lcpl;
     }
     rc = fmt_fsync_path(path, false);
+    if (!rc)
+        rc = fmt_commit_write(dir, step, world, shards, io_path, commit_ns);
 out_file:
     if (f >= 0)
         H5Fclose(f);

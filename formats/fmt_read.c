@@ -6,7 +6,10 @@
  * Tensor bytes are read at the offset the manifest recorded, bounded by the shard's size
  * (large aligned ones with O_DIRECT through io_uring, fmt_readdirect.c; others with pread): the data path parses no HDF5 metadata, so a damaged shard yields
  * RK_E_CORRUPT, never a crash or a hang. index.h5 itself is opened with HDF5 (its root
- * attributes and links), and only after its manifests were found intact.
+ * attributes and links), and only after the commit record (commit.ok) was found intact
+ * and every file's checksum matched it: libhdf5 never parses a byte that was not checked.
+ * A format-1 checkpoint (no record) is read from its manifests alone; its index.h5,
+ * which nothing sums, is never opened.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,26 +38,6 @@ static int attr_read(hid_t f, const char *name, hid_t memtype, void *v)
     return rc;
 }
 
-static int attr_read_str(hid_t f, const char *name, char *buf, size_t cap)
-{
-    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
-    if (a < 0)
-        return -1;
-    hid_t ft = H5Aget_type(a), mt = H5Tcopy(H5T_C_S1);
-    int rc = -1;
-    if (ft >= 0 && mt >= 0 && H5Tget_class(ft) == H5T_STRING && H5Tis_variable_str(ft) == 0 &&
-        H5Tget_size(ft) < cap && H5Tset_size(mt, H5Tget_size(ft) + 1) >= 0) {
-        memset(buf, 0, cap);
-        rc = H5Aread(a, mt, buf) >= 0 ? 0 : -1;
-    }
-    if (mt >= 0)
-        H5Tclose(mt);
-    if (ft >= 0)
-        H5Tclose(ft);
-    H5Aclose(a);
-    return rc;
-}
-
 void fmt_ckpt_close(fmt_ckpt **pc)
 {
     if (!pc || !*pc)
@@ -73,6 +56,7 @@ void fmt_ckpt_close(fmt_ckpt **pc)
     free(c->shards);
     free(c->fds);
     free(c->t);
+    free(c->by_name);
     free(c->dir);
     free(c);
     *pc = NULL;
@@ -114,32 +98,27 @@ static int check_links(fmt_ckpt *c, hid_t f, const char *path)
     return 0;
 }
 
-static int read_index(fmt_ckpt *c, const char *path, bool links)
+/* index.h5's root attributes and every tensor's link, once its checksum matched the commit
+   record k: the attributes must say what k says, each link must point at its tensor in
+   the right shard (what h5py users read). */
+static int read_index(fmt_ckpt *c, const char *path, const fmt_commit *k)
 {
     fmt_h5_quiet();
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, access(path, F_OK) == 0 ? RK_E_CORRUPT : RK_E_INCOMPLETE,
-                        "%s: %s", path, access(path, F_OK) == 0 ? "not a readable HDF5 file" : "missing");
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: not a readable HDF5 file", path);
     int32_t world = 0, version = 0;
+    int64_t step = -1, commit_ns = 0;
     int rc = 0;
-    if (attr_read(f, "step", H5T_NATIVE_INT64, &c->step) < 0 || attr_read(f, "world_size", H5T_NATIVE_INT32, &world) < 0 ||
+    if (attr_read(f, "commit_time_ns", H5T_NATIVE_INT64, &commit_ns) < 0)
+        commit_ns = 0; /* written only when positive */
+    if (attr_read(f, "step", H5T_NATIVE_INT64, &step) < 0 || attr_read(f, "world_size", H5T_NATIVE_INT32, &world) < 0 ||
         attr_read(f, "format_version", H5T_NATIVE_INT32, &version) < 0)
         rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: root attributes step/world_size/format_version missing",
                       path);
-    else if (version < FMT_VERSION_MIN || version > FMT_VERSION)
-        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: format_version %d (this build reads %d to %d)", path,
-                      version, FMT_VERSION_MIN, FMT_VERSION);
-    else if (world < 1 || world > (1 << 24) || c->step < 0)
-        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_FORMAT, "%s: world_size %d or step %" PRId64 " out of range",
-                      path, world, c->step);
-    if (!rc && attr_read_str(f, "io_path", c->io_path, sizeof(c->io_path)) < 0)
-        snprintf(c->io_path, sizeof(c->io_path), "unknown");
-    if (!rc && (attr_read(f, "commit_time_ns", H5T_NATIVE_INT64, &c->commit_ns) < 0 || c->commit_ns < 0))
-        c->commit_ns = 0; /* written before the attribute existed: ordered by label (ckpt_list) */
-    c->world = world;
-    c->version = version;
-    if (!rc && links)
+    else if (version != FMT_VERSION || step != k->step || world != k->world || commit_ns != k->commit_ns)
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: root attributes differ from %s", path, FMT_COMMIT);
+    if (!rc)
         rc = check_links(c, f, path);
     H5Fclose(f);
     return rc;
@@ -209,39 +188,77 @@ static int add_entries(fmt_ckpt *c, const fmt_tensor **p, size_t n)
     return 0;
 }
 
-static int load_manifests(fmt_ckpt *c)
+/* A file's size and checksum against what the commit record says (m: of a shard file,
+   outside m's tensors' data). */
+static int check_sum(const char *path, const fmt_manifest *m, const fmt_file_sum *want)
+{
+    fmt_file_sum got;
+    int rc = fmt_file_sum_of(path, m, &got);
+    if (rc)
+        return rc;
+    if (got.size != want->size || got.xxh3 != want->xxh3)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                        "%s: %s (%" PRIu64 " bytes, checksum %016" PRIx64 "; " FMT_COMMIT " recorded %" PRIu64
+                        " bytes, %016" PRIx64 ")",
+                        path, got.size != want->size ? "size differs from the commit record" : "checksum mismatch",
+                        got.size, got.xxh3, want->size, want->xxh3);
+    return 0;
+}
+
+static int cmp_name(const void *a, const void *b, void *arg)
+{
+    const fmt_tensor *t = arg;
+    return strcmp(t[*(const size_t *)a].name, t[*(const size_t *)b].name);
+}
+
+/* Every shard's manifest (with a commit record k: each checked against it, and each shard
+   file's bytes outside its tensors' data), then every tensor in registration order as a
+   reader sees it (add_entries), positions 0..n-1, names unique (sorted: by_name). */
+static int load_manifests(fmt_ckpt *c, const fmt_commit *k)
 {
     char path[4096];
     size_t total = 0;
-    uint64_t nonce = 0;
+    uint64_t nonce = k ? k->nonce : 0;
     if (!(c->shards = calloc((size_t)c->world, sizeof(*c->shards))) || !(c->fds = malloc((size_t)c->world * sizeof(int))))
         return -ENOMEM;
     for (int r = 0; r < c->world; r++)
         c->fds[r] = -1;
     for (int r = 0; r < c->world; r++) {
         snprintf(path, sizeof(path), "%s/shard-%d.ok", c->dir, r);
-        int rc = fmt_manifest_read(path, &c->shards[r]);
-        if (rc)
+        int rc = k ? check_sum(path, NULL, &k->ok[r]) : 0;
+        if (rc || (rc = fmt_manifest_read(path, &c->shards[r])) != 0)
             return rc;
         fmt_manifest *m = c->shards[r];
-        if (r == 0)
+        if (r == 0 && !k)
             nonce = m->nonce;
         if (m->step != c->step || m->world != c->world || m->rank != r || m->nonce != nonce)
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
-                            "%s: step/world/rank/attempt do not match index.h5 (a stale or foreign shard)", path);
+                            "%s: step/world/rank/attempt do not match the checkpoint's (a stale or foreign shard)", path);
+        if (m->version != (k ? FMT_VERSION : FMT_VERSION_LEGACY))
+            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: a format-%d manifest in a format-%d checkpoint",
+                            path, m->version, k ? FMT_VERSION : FMT_VERSION_LEGACY);
+        if (k) {
+            snprintf(path, sizeof(path), "%s/shard-%d.h5", c->dir, r);
+            if (m->file.size != k->h5[r].size || m->file.xxh3 != k->h5[r].xxh3)
+                return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: its manifest and " FMT_COMMIT " differ",
+                                path);
+            if ((rc = check_sum(path, m, &k->h5[r])) != 0)
+                return rc;
+        }
         total += m->n;
     }
     const fmt_tensor **all = malloc((total ? total : 1) * sizeof(*all));
     c->t = calloc(total ? total : 1, sizeof(*c->t));
     c->pieces = calloc(total ? total : 1, sizeof(*c->pieces));
-    if (!all || !c->t || !c->pieces) {
+    c->by_name = malloc((total ? total : 1) * sizeof(*c->by_name));
+    if (!all || !c->t || !c->pieces || !c->by_name) {
         free(all);
         return -ENOMEM;
     }
-    size_t k = 0;
+    size_t at = 0;
     for (int r = 0; r < c->world; r++)
         for (size_t i = 0; i < c->shards[r]->n; i++)
-            all[k++] = &c->shards[r]->t[i];
+            all[at++] = &c->shards[r]->t[i];
     qsort(all, total, sizeof(*all), cmp_order);
     int rc = 0;
     uint32_t order = 0;
@@ -255,12 +272,46 @@ static int load_manifests(fmt_ckpt *c)
                      c->dir, all[i]->order, all[i]->name);
     }
     free(all);
-    for (size_t i = 0; i < c->n && !rc; i++)
-        for (size_t j = 0; j < i && !rc; j++)
-            if (strcmp(c->t[i].name, c->t[j].name) == 0)
-                rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s' appears twice", c->dir,
-                              c->t[i].name);
-    return rc;
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < c->n; i++)
+        c->by_name[i] = i;
+    qsort_r(c->by_name, c->n, sizeof(*c->by_name), cmp_name, c->t);
+    for (size_t i = 1; i < c->n; i++)
+        if (strcmp(c->t[c->by_name[i]].name, c->t[c->by_name[i - 1]].name) == 0)
+            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s' appears twice", c->dir,
+                            c->t[c->by_name[i]].name);
+    return 0;
+}
+
+/* The commit record of c->dir into *k and its identity into c; or, for a checkpoint of
+   format 1 (no record, and its manifests say format 1), *k NULL and the identity from
+   shard-0.ok (no commit time: ordered by label, ckpt_list). */
+static int open_record(fmt_ckpt *c, fmt_commit **k)
+{
+    char path[4096], ok[4096];
+    snprintf(path, sizeof(path), "%s/" FMT_COMMIT, c->dir);
+    int rc = fmt_commit_read(path, k);
+    if (!rc) {
+        c->step = (*k)->step;
+        c->world = (*k)->world;
+        c->commit_ns = (*k)->commit_ns;
+        c->version = FMT_VERSION;
+        snprintf(c->io_path, sizeof(c->io_path), "%s", (*k)->io_path);
+    }
+    if (rc != RK_E_INCOMPLETE)
+        return rc;
+    snprintf(ok, sizeof(ok), "%s/shard-0.ok", c->dir);
+    fmt_manifest *m = NULL;
+    bool legacy = fmt_manifest_read(ok, &m) == 0 && m->version == FMT_VERSION_LEGACY;
+    if (legacy) {
+        c->step = m->step;
+        c->world = m->world;
+        c->version = FMT_VERSION_LEGACY;
+        snprintf(c->io_path, sizeof(c->io_path), "%s", m->io_path);
+    }
+    fmt_manifest_free(&m);
+    return legacy ? 0 : rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_INCOMPLETE, "%s is missing", path);
 }
 
 int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out)
@@ -268,17 +319,23 @@ int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out)
     char path[4096];
     *out = NULL;
     fmt_ckpt *c = calloc(1, sizeof(*c));
+    fmt_commit *k = NULL;
     if (!c || !(c->dir = strdup(stepdir))) {
         free(c);
         return -ENOMEM;
     }
     snprintf(path, sizeof(path), "%s/" FMT_INDEX, stepdir);
-    /* Attributes first (world size), then the manifests, then the links. */
-    int rc = read_index(c, path, false);
+    /* The record, then the checksum of every file against it, the manifests, and only
+       then index.h5 with libhdf5. Format 1 has no record: its index is never opened
+       (the manifests say everything a reader needs). */
+    int rc = open_record(c, &k);
+    if (!rc && k)
+        rc = check_sum(path, NULL, &k->index);
     if (!rc)
-        rc = load_manifests(c);
-    if (!rc)
-        rc = read_index(c, path, true);
+        rc = load_manifests(c, k);
+    if (!rc && k)
+        rc = read_index(c, path, k);
+    fmt_commit_free(&k);
     if (rc) {
         fmt_ckpt_close(&c);
         return rc;
@@ -289,10 +346,10 @@ int fmt_ckpt_open(const char *stepdir, fmt_ckpt **out)
 
 int fmt_index_info(const char *stepdir, int64_t *step, int64_t *commit_ns)
 {
-    char path[4096];
-    fmt_ckpt c = {0};
-    snprintf(path, sizeof(path), "%s/" FMT_INDEX, stepdir);
-    int rc = read_index(&c, path, false);
+    fmt_ckpt c = {.dir = (char *)stepdir, .step = -1};
+    fmt_commit *k = NULL;
+    int rc = open_record(&c, &k);
+    fmt_commit_free(&k);
     *step = c.step;
     *commit_ns = c.commit_ns;
     return rc;
@@ -300,9 +357,17 @@ int fmt_index_info(const char *stepdir, int64_t *step, int64_t *commit_ns)
 
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name)
 {
-    for (size_t i = 0; i < c->n; i++)
-        if (strcmp(c->t[i].name, name) == 0)
-            return (long)i;
+    size_t lo = 0, hi = c->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int d = strcmp(c->t[c->by_name[mid]].name, name);
+        if (d == 0)
+            return (long)c->by_name[mid];
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return -1;
 }
 

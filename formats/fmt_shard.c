@@ -1,19 +1,32 @@
 /*
  * formats/fmt_shard.c - a rank's shard file (its tensors as contiguous datasets with an
- * xxh3_64 attribute each) and the shard's manifest (shard-<r>.ok, text, self-checked).
+ * xxh3_64 attribute each), the shard's manifest (shard-<r>.ok) and the checkpoint's
+ * commit record (commit.ok): the two self-checked text files of the format.
  *
  * Manifest text (docs/FORMAT.md), one item per line, the name last so that it may hold
  * spaces (names never hold control characters):
- *   rekindle-manifest 1
+ *   rekindle-manifest 2
  *   step S
  *   rank R world W
  *   nonce <16 hex>
  *   io_path <word>
+ *   file <bytes> <xxh3 16 hex of the shard file's bytes outside the tensors' data>
  *   count N
  *   t <order> <dtype> <ndim> <dim>... <nbytes> <offset> <xxh3 16 hex> <name>   (N lines)
  *     (version 2: after the t line of a tensor that is not replicated, one more line)
  *     s <global rows> <row0> <block rows> <nblocks> <xxh3 16 hex>...   a sharded piece
  *     p                                                                per-rank state
+ *   end <xxh3 16 hex of every byte before this line>
+ * (format 1: "rekindle-manifest 1" and no `file` line.) Commit record text:
+ *   rekindle-commit 2
+ *   step S
+ *   world W
+ *   nonce <16 hex>
+ *   commit_time_ns T
+ *   io_path <word>
+ *   file <bytes> <xxh3 16 hex> index.h5
+ *   file <bytes> <xxh3 16 hex> shard-<r>.ok      (r = 0..W-1, each followed by)
+ *   file <bytes> <xxh3 16 hex> shard-<r>.h5      (as in the manifest's `file` line)
  *   end <xxh3 16 hex of every byte before this line>
  */
 #include <errno.h>
@@ -25,12 +38,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "fio.h"
 #include "fmt.h"
 #include "vfd_uring.h"
 
 #define MANIFEST_MAGIC "rekindle-manifest"
-#define MANIFEST_MAX (64u << 20)
+#define COMMIT_MAGIC "rekindle-commit"
+#define MANIFEST_MAX (64u << 20) /* the largest text file (manifest or record) read */
 
 /* ---- the shard file --------------------------------------------------------------------- */
 
@@ -199,7 +215,8 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: close (flush) failed: %s", path, rk_strerror(rc));
         goto out_plist;
     }
-    rc = 0; /* the driver made it durable */
+    /* the driver made it durable; the bytes outside the tensors' data get their checksum */
+    rc = fmt_file_sum_of(path, m, &m->file);
 out_file:
     if (f >= 0)
         fmt_vfd_close(&f);
@@ -269,8 +286,11 @@ static int write_file_durable(const char *path, const char *data, size_t len)
 int fmt_manifest_write(const char *path, const fmt_manifest *m)
 {
     struct sbuf b = {0};
-    sb_printf(&b, MANIFEST_MAGIC " %d\nstep %" PRId64 "\nrank %d world %d\nnonce %016" PRIx64 "\nio_path %s\ncount %zu\n",
-              FMT_VERSION, m->step, m->rank, m->world, m->nonce, m->io_path[0] ? m->io_path : "none", m->n);
+    sb_printf(&b,
+              MANIFEST_MAGIC " %d\nstep %" PRId64 "\nrank %d world %d\nnonce %016" PRIx64 "\nio_path %s\nfile %" PRIu64
+                             " %016" PRIx64 "\ncount %zu\n",
+              FMT_VERSION, m->step, m->rank, m->world, m->nonce, m->io_path[0] ? m->io_path : "none", m->file.size,
+              m->file.xxh3, m->n);
     for (size_t i = 0; i < m->n; i++) {
         const fmt_tensor *t = &m->t[i];
         sb_printf(&b, "t %" PRIu32 " %s %d", t->order, rk__dtype_name(t->dtype), t->ndim);
@@ -462,48 +482,79 @@ static int read_small_file(const char *path, char **out, size_t *len)
     return 0;
 }
 
+/* A self-checked text file: lines, the last "end <XXH3-64 of every byte before it>". On
+   success the text ends (a NUL) before that line and *first is its first line. */
+static bool text_checked(char *text, size_t len)
+{
+    if (len < 22 || text[len - 1] != '\n' || memchr(text, '\0', len))
+        return false;
+    text[len - 1] = '\0';
+    char *endl = strrchr(text, '\n');
+    if (!endl)
+        return false;
+    struct cur c = {endl + 1};
+    uint64_t h;
+    if (!word(&c, "end") || !hex64(&c, &h) || c.p || fmt_xxh3(text, (size_t)(endl + 1 - text)) != h)
+        return false;
+    *endl = '\0';
+    return true;
+}
+
+/* Reads a text file for fmt_*_parse; the error (logged) if it cannot. */
+static int read_text(const char *path, const char *what, char **text, size_t *len)
+{
+    int rc = read_small_file(path, text, len);
+    if (rc == -ENOENT)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_INCOMPLETE, "%s %s is missing", what, path);
+    if (rc)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc == RK_E_FORMAT ? RK_E_FORMAT : rc, "%s %s: unreadable", what,
+                        path);
+    return 0;
+}
+
+/* `file <bytes> <xxh3>` (and the rest of the line left in c). */
+static bool file_sum(struct cur *c, fmt_file_sum *s)
+{
+    int64_t v;
+    if (!word(c, "file") || !num(c, 10, 0, INT64_MAX, &v) || !hex64(c, &s->xxh3))
+        return false;
+    s->size = (uint64_t)v;
+    return true;
+}
+
 int fmt_manifest_read(const char *path, fmt_manifest **out)
 {
     char *text = NULL;
     size_t len = 0;
     *out = NULL;
-    int rc = read_small_file(path, &text, &len);
-    if (rc == -ENOENT)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_INCOMPLETE, "manifest %s is missing", path);
-    if (rc)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc == RK_E_FORMAT ? RK_E_FORMAT : rc,
-                        "manifest %s: unreadable", path);
-    /* The last line is "end <hash of everything before it>". */
-    rc = RK_E_CORRUPT;
+    int rc = read_text(path, "manifest", &text, &len);
+    if (!rc)
+        rc = fmt_manifest_parse(path, text, len, out);
+    free(text);
+    return rc;
+}
+
+int fmt_manifest_parse(const char *path, char *text, size_t len, fmt_manifest **out)
+{
+    *out = NULL;
+    int rc = RK_E_CORRUPT;
     fmt_manifest *m = calloc(1, sizeof(*m));
-    if (!m) {
-        rc = -ENOMEM;
-        goto out_text;
-    }
-    if (len < 22 || text[len - 1] != '\n' || memchr(text, '\0', len))
+    if (!m)
+        return -ENOMEM;
+    if (!text_checked(text, len))
         goto out_bad;
-    text[len - 1] = '\0';
-    char *endl = strrchr(text, '\n');
-    if (!endl)
-        goto out_bad;
-    struct cur c = {endl + 1};
-    uint64_t h;
-    if (!word(&c, "end") || !hex64(&c, &h) || c.p || fmt_xxh3(text, (size_t)(endl + 1 - text)) != h)
-        goto out_bad;
-    *endl = '\0';
+    struct cur c;
     char *save = NULL, *line;
     int64_t v, w, n;
     line = strtok_r(text, "\n", &save);
     c.p = line;
-    if (!line || !word(&c, MANIFEST_MAGIC) || !num(&c, 10, 0, 1000, &v)) {
+    if (!line || !word(&c, MANIFEST_MAGIC) || !num(&c, 10, 0, 1000, &v) || c.p ||
+        (v != FMT_VERSION && v != FMT_VERSION_LEGACY)) {
         rc = RK_E_FORMAT;
         goto out_bad;
     }
-    if (v < FMT_VERSION_MIN || v > FMT_VERSION) {
-        rc = RK_E_FORMAT;
-        goto out_bad;
-    }
-    int version = (int)v;
+    m->version = (int)v;
+    int version = m->version;
     c.p = strtok_r(NULL, "\n", &save);
     if (!word(&c, "step") || !num(&c, 10, 0, INT64_MAX, &m->step))
         goto out_bad;
@@ -521,6 +572,11 @@ int fmt_manifest_read(const char *path, fmt_manifest **out)
     if (!word(&c, "io_path") || !(io = tok(&c)) || strlen(io) >= sizeof(m->io_path))
         goto out_bad;
     strcpy(m->io_path, io);
+    if (m->version != FMT_VERSION_LEGACY) {
+        c.p = strtok_r(NULL, "\n", &save);
+        if (!file_sum(&c, &m->file) || c.p)
+            goto out_bad;
+    }
     c.p = strtok_r(NULL, "\n", &save);
     if (!word(&c, "count") || !num(&c, 10, 0, (int64_t)(len / 8), &n))
         goto out_bad;
@@ -547,15 +603,220 @@ int fmt_manifest_read(const char *path, fmt_manifest **out)
     }
     if (line != NULL)
         goto out_bad;
-    free(text);
     *out = m;
     return 0;
 out_bad:
     fmt_manifest_free(&m);
     if (rc == RK_E_CORRUPT || rc == RK_E_FORMAT)
         rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "manifest %s: %s", path,
-                 rc == RK_E_FORMAT ? "not a Rekindle manifest of this version" : "malformed or checksum mismatch");
-out_text:
+                 rc == RK_E_FORMAT ? "not a Rekindle manifest of a known version" : "malformed or checksum mismatch");
+    return rc;
+}
+
+/* ---- whole-file checksums ------------------------------------------------------------------ */
+
+struct range {
+    uint64_t off, len;
+};
+
+static int cmp_range(const void *a, const void *b)
+{
+    const struct range *x = a, *y = b;
+    return (x->off > y->off) - (x->off < y->off);
+}
+
+/* Hashes [from, to) of fd into st through buf. */
+static int sum_span(int fd, const char *path, XXH3_state_t *st, char *buf, size_t cap, uint64_t from, uint64_t to)
+{
+    while (from < to) {
+        size_t want = to - from < cap ? (size_t)(to - from) : cap;
+        int r = fmt_io_pread_all(fd, buf, want, (off_t)from, path);
+        if (r)
+            return r;
+        XXH3_64bits_update(st, buf, want);
+        from += want;
+    }
+    return 0;
+}
+
+int fmt_file_sum_of(const char *path, const fmt_manifest *m, fmt_file_sum *out)
+{
+    enum { CAP = 1 << 20 };
+    struct range *rg = NULL;
+    size_t nr = 0;
+    char *buf = NULL;
+    XXH3_state_t *st = NULL;
+    int rc = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, errno == ENOENT ? RK_E_INCOMPLETE : -errno, "%s: %s", path,
+                        errno == ENOENT ? "missing" : strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: not a regular file", path);
+        goto out;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
+    if (m && m->n && !(rg = malloc(m->n * sizeof(*rg)))) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; m && i < m->n; i++)
+        if (m->t[i].nbytes > 0)
+            rg[nr++] = (struct range){m->t[i].offset, m->t[i].nbytes};
+    if (nr)
+        qsort(rg, nr, sizeof(*rg), cmp_range);
+    if (!(buf = malloc(CAP)) || !(st = XXH3_createState())) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    XXH3_64bits_reset(st);
+    uint64_t at = 0;
+    for (size_t i = 0; i <= nr && !rc; i++) {
+        uint64_t next = i < nr ? rg[i].off : size;
+        if (next < at || next > size || (i < nr && rg[i].len > size - next)) {
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                          "%s: the tensors' data overlap or lie past the end of the file (%" PRIu64 " bytes)", path,
+                          size);
+            break;
+        }
+        if ((rc = sum_span(fd, path, st, buf, CAP, at, next)) != 0)
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: cannot read: %s", path, strerror(-rc));
+        if (i < nr)
+            at = next + rg[i].len;
+    }
+    out->size = size;
+    out->xxh3 = XXH3_64bits_digest(st);
+out:
+    XXH3_freeState(st);
+    free(buf);
+    free(rg);
+    close(fd);
+    return rc;
+}
+
+/* ---- the commit record ----------------------------------------------------------------------- */
+
+void fmt_commit_free(fmt_commit **pc)
+{
+    if (!pc || !*pc)
+        return;
+    free((*pc)->ok);
+    free((*pc)->h5);
+    free(*pc);
+    *pc = NULL;
+}
+
+int fmt_commit_write(const char *dir, int64_t step, int world, fmt_manifest *const *shards, const char *io_path,
+                     int64_t commit_ns)
+{
+    char path[4096];
+    fmt_file_sum s;
+    struct sbuf b = {0};
+    snprintf(path, sizeof(path), "%s/" FMT_INDEX, dir);
+    int rc = fmt_file_sum_of(path, NULL, &s);
+    if (rc)
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "commit record: %s", rk_last_error());
+    sb_printf(&b,
+              COMMIT_MAGIC " %d\nstep %" PRId64 "\nworld %d\nnonce %016" PRIx64 "\ncommit_time_ns %" PRId64
+                           "\nio_path %s\nfile %" PRIu64 " %016" PRIx64 " " FMT_INDEX "\n",
+              FMT_VERSION, step, world, shards[0]->nonce, commit_ns, io_path && *io_path ? io_path : "none", s.size,
+              s.xxh3);
+    for (int r = 0; r < world && !rc; r++) {
+        snprintf(path, sizeof(path), "%s/shard-%d.ok", dir, r);
+        if ((rc = fmt_file_sum_of(path, NULL, &s)) != 0)
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "commit record: %s", rk_last_error());
+        sb_printf(&b, "file %" PRIu64 " %016" PRIx64 " shard-%d.ok\nfile %" PRIu64 " %016" PRIx64 " shard-%d.h5\n", s.size,
+                  s.xxh3, r, shards[r]->file.size, shards[r]->file.xxh3, r);
+    }
+    if (!b.oom) {
+        uint64_t h = fmt_xxh3(b.p, b.len);
+        sb_printf(&b, "end %016" PRIx64 "\n", h);
+    }
+    if (!rc) {
+        snprintf(path, sizeof(path), "%s/" FMT_COMMIT, dir);
+        rc = b.oom ? -ENOMEM : write_file_durable(path, b.p, b.len);
+    }
+    free(b.p);
+    return rc;
+}
+
+int fmt_commit_read(const char *path, fmt_commit **out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    *out = NULL;
+    int rc = read_text(path, "commit record", &text, &len);
+    if (!rc)
+        rc = fmt_commit_parse(path, text, len, out);
     free(text);
+    return rc;
+}
+
+/* `file <bytes> <xxh3> <name>` with name exactly `want`. */
+static bool file_line(char *line, const char *want, fmt_file_sum *s)
+{
+    struct cur c = {line};
+    char *name;
+    return file_sum(&c, s) && (name = tok(&c)) && !c.p && strcmp(name, want) == 0;
+}
+
+int fmt_commit_parse(const char *path, char *text, size_t len, fmt_commit **out)
+{
+    *out = NULL;
+    int rc = RK_E_CORRUPT;
+    fmt_commit *k = calloc(1, sizeof(*k));
+    if (!k)
+        return -ENOMEM;
+    if (!text_checked(text, len))
+        goto out_bad;
+    struct cur c;
+    char *save = NULL, *line, *io, name[32];
+    int64_t v;
+    c.p = strtok_r(text, "\n", &save);
+    if (!word(&c, COMMIT_MAGIC) || !num(&c, 10, 0, 1000, &v) || c.p || v != FMT_VERSION) {
+        rc = RK_E_FORMAT;
+        goto out_bad;
+    }
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "step") || !num(&c, 10, 0, INT64_MAX, &k->step) || c.p)
+        goto out_bad;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "world") || !num(&c, 10, 1, 1 << 24, &v) || c.p || (uint64_t)v > len / 32)
+        goto out_bad; /* two lines of at least 16 bytes per shard */
+    k->world = (int)v;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "nonce") || !hex64(&c, &k->nonce) || c.p)
+        goto out_bad;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "commit_time_ns") || !num(&c, 10, 0, INT64_MAX, &k->commit_ns) || c.p)
+        goto out_bad;
+    c.p = strtok_r(NULL, "\n", &save);
+    if (!word(&c, "io_path") || !(io = tok(&c)) || c.p || strlen(io) >= sizeof(k->io_path))
+        goto out_bad;
+    strcpy(k->io_path, io);
+    if (!file_line(strtok_r(NULL, "\n", &save), FMT_INDEX, &k->index))
+        goto out_bad;
+    if (!(k->ok = calloc((size_t)k->world, sizeof(*k->ok))) || !(k->h5 = calloc((size_t)k->world, sizeof(*k->h5)))) {
+        rc = -ENOMEM;
+        goto out_bad;
+    }
+    for (int r = 0; r < k->world; r++) {
+        snprintf(name, sizeof(name), "shard-%d.ok", r);
+        if (!file_line(strtok_r(NULL, "\n", &save), name, &k->ok[r]))
+            goto out_bad;
+        snprintf(name, sizeof(name), "shard-%d.h5", r);
+        if (!file_line(strtok_r(NULL, "\n", &save), name, &k->h5[r]))
+            goto out_bad;
+    }
+    if ((line = strtok_r(NULL, "\n", &save)) != NULL)
+        goto out_bad;
+    *out = k;
+    return 0;
+out_bad:
+    fmt_commit_free(&k);
+    if (rc == RK_E_CORRUPT || rc == RK_E_FORMAT)
+        rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "commit record %s: %s", path,
+                 rc == RK_E_FORMAT ? "not a Rekindle commit record of this version" : "malformed or checksum mismatch");
     return rc;
 }

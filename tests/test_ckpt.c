@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../ckpt/ckpt.h"
 #include "common.h"
 #include "harness.h"
 
@@ -220,6 +221,37 @@ START_TEST(bad_directory)
     snprintf(sub, sizeof(sub), "%s/file/ck", dir);
     int rc = run_prog(1, sub, "write", "2", NULL, NULL, &out);
     ck_assert_msg(rc == 3 && strstr(out, "rk_init") && strstr(out, "file/ck"), "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* The writability probe of a (possibly shared) checkpoint directory creates a new file of
+   an unguessable name: a symbolic link planted at the name it used to have
+   (.probe-<pid>-<rank>) is not followed, and the file it points at is not truncated. */
+START_TEST(probe_never_follows_a_planted_link)
+{
+    char *dir = th_tmpdir("probe"), victim[4300], link[4300];
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    ck_assert_int_eq(th_write_file(victim, "precious", 8), 0);
+    snprintf(link, sizeof(link), "%s/ck", dir);
+    ck_assert_int_eq(mkdir(link, 0755), 0);
+    snprintf(link, sizeof(link), "%s/ck/.probe-%d-0", dir, (int)getpid());
+    ck_assert_int_eq(symlink(victim, link), 0);
+    snprintf(link, sizeof(link), "%s/ck", dir);
+    ckpt_config cfg = {.dir = link, .rank = 0, .world = 1, .keep = 1};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    size_t len = 0;
+    char *v = th_read_file(victim, &len);
+    ck_assert_msg(v && len == 8 && memcmp(v, "precious", 8) == 0, "the probe wrote through the link: %zu bytes", len);
+    free(v);
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.probe' || true", link);
+    th_sh(cmd, 10, &out);
+    ck_assert_msg(out && atoi(out) == 1, "probe files left: %s", out ? out : "?"); /* the planted link alone */
     free(out);
     th_rmrf(dir);
     free(dir);
@@ -486,6 +518,7 @@ int main(void)
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
+    tcase_add_test(tc, probe_never_follows_a_planted_link);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
