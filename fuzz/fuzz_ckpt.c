@@ -157,6 +157,14 @@ static void fix_record(struct file *rec, struct file *files)
     *rec = out;
 }
 
+/* The process's scratch directory goes when it ends (a crash leaves it, with the finding). */
+static void remove_dir(void)
+{
+    char top[256];
+    snprintf(top, sizeof(top), "%.*s", (int)(strrchr(dir, '/') - dir), dir);
+    fmt_remove_tree(top);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char *buf;
@@ -166,6 +174,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mkdir(dir, 0755);
         strcat(dir, "/step-000000000006");
         mkdir(dir, 0755);
+        atexit(remove_dir);
         if (!(buf = malloc((1u << 20))))
             abort();
     }
