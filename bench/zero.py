@@ -10,8 +10,8 @@
     against the same job rolled back from disk (RK_ROLLBACK=disk) with a warm and with a
     dropped page cache, and against an O_DIRECT read of the lost rank's shard file alone.
 
-Environment: RK_BENCH_ZERO_HIDDEN (4096), RK_BENCH_ZERO_MIB (1024), RK_BENCH_ZERO_PARTS
-("mem rebuild"). RK_HEARTBEAT_MS / RK_TIMEOUT_MS pass through (defaults here: 100 / 600000).
+Environment: RK_BENCH_ZERO_HIDDEN (4096), RK_BENCH_ZERO_MIB (512: at 1024 the survivors, each about 5.8x its shard at its peak, need 19 GB), RK_BENCH_ZERO_PARTS
+("mem rebuild"). RK_HEARTBEAT_MS / RK_TIMEOUT_MS pass through (defaults here: 1000 / 600000).
 """
 import glob
 import json
@@ -26,7 +26,7 @@ import tempfile
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 N = 4
 HIDDEN = int(os.environ.get("RK_BENCH_ZERO_HIDDEN", "4096"))
-MIB = int(os.environ.get("RK_BENCH_ZERO_MIB", "1024"))
+MIB = int(os.environ.get("RK_BENCH_ZERO_MIB", "512"))
 PARTS = os.environ.get("RK_BENCH_ZERO_PARTS", "mem rebuild").split()
 TMP = os.environ.get("RK_BENCH_TMP", "/var/tmp")
 
@@ -36,7 +36,9 @@ def env_for(work, **extra):
                OMPI_MCA_btl_vader_single_copy_mechanism="none", RK_CKPT_DIR=work + "/ckpt",
                RK_EVENT_LOG=work + "/ev")
     env.setdefault("RK_TIMEOUT_MS", "600000")
-    env.setdefault("RK_HEARTBEAT_MS", "100")
+    # Detection is not what this measures: a long period keeps a loaded 2-core machine from
+    # declaring a busy survivor dead in the middle of a rebuild (bench/det.sh measures it).
+    env.setdefault("RK_HEARTBEAT_MS", "1000")
     env.update(extra)
     return env
 
@@ -75,7 +77,7 @@ def part_mem(work):
     P = res[False][1][0]["params"] // 4
     print("  P = %d parameters (f32), N = %d; runtime alone (--hidden 1): %s / %s" %
           (P, N, gb(res[False][0]), gb(res[True][0])))
-    print("  %-34s %14s %14s" % ("per rank (median of ranks)", "without --zero", "--zero"))
+    print("  %-38s %14s %14s" % ("per rank (median of ranks)", "without --zero", "--zero"))
     line = {}
     for zero in (False, True):
         base, rows = res[zero]
@@ -84,15 +86,17 @@ def part_mem(work):
         moments = statistics.median(r["moments"] for r in rows)
         line[zero] = dict(total=hwm - base, app=app, moments=moments, lib=hwm - base - app)
     for key, what in (("app", "trainer arrays (params, grads, m, v)"), ("moments", "  of which Adam m and v"),
-                      ("lib", "the rest: staging (+ partner copy)"), ("total", "measured peak - runtime")):
+                      ("lib", "the rest (library: snapshot, partner)"), ("total", "measured peak - runtime")):
         a, b = line[False][key], line[True][key]
-        print("  %-34s %14s %14s   (%.2f / %.2f bytes per parameter)" % (what, gb(a), gb(b), a / P, b / P))
+        print("  %-38s %14s %14s   (%.2f / %.2f bytes per parameter)" % (what, gb(a), gb(b), a / P, b / P))
     zero1 = 8 * P + 8 * P / N
     ddp = 16 * P
-    expect_lib = 4 * P + 8 * P / N + 8 * P / N
     print("  ZeRO-1's theoretical state (4P params + 4P grads + 8P/N moments): %s = %.2f B/param" % (gb(zero1), zero1 / P))
-    print("  expected library share with --zero (snapshot 4P + 8P/N, partner copy 8P/N): %s; measured %s" %
-          (gb(expect_lib), gb(line[True]["lib"])))
+    # The library holds a snapshot of the registered state (parameters and moments; the
+    # gradients are not registered) and, with --zero, the left neighbour's m and v slices.
+    print("  expected library share: without --zero the snapshot 12P = %s (measured %s); with --zero the "
+          "snapshot 4P + 8P/N and the partner copy 8P/N = %s (measured %s)" %
+          (gb(12 * P), gb(line[False]["lib"]), gb(4 * P + 16 * P / N), gb(line[True]["lib"])))
     print("RESULT mem P=%d zero_total=%d plain_total=%d zero1=%d ratio_zero_to_zero1=%.3f ratio_plain_to_ddp_state=%.3f"
           % (P, line[True]["total"], line[False]["total"], zero1, line[True]["total"] / zero1, line[False]["total"] / ddp))
 
