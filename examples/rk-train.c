@@ -3,7 +3,7 @@
  * trained with Adam on a deterministic synthetic regression task, written against the
  * public API (include/rekindle.h) only.
  *
- *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero]
+ *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero] [--mem]
  *
  * The task: inputs x in [-1,1)^IN_DIM come from a counter-based generator keyed by
  * (seed, step, sample index), so any rank can produce any sample of any step; targets
@@ -33,6 +33,10 @@
  * parameters, m and v of every rank's slice end to end, t, and every rank's RNG state in
  * rank order, so it is the same on every rank. After a recovery the slices are those of the
  * new world (rk_shard_rows, rk_rebind).
+ *
+ * --mem: after the last step (before the final hash) every rank prints its memory: peak
+ * and current resident set (VmHWM, VmRSS of /proc/self/status) and the bytes of the
+ * trainer's own state arrays, so that the rest is the library's and the runtime's.
  *
  * Checkpoints: with RK_CKPT_DIR unset there are none, rk_resume and rk_wait are not
  * called, and a run starts at step 0. With RK_CKPT_DIR set the run resumes from the
@@ -65,7 +69,7 @@ struct args {
     int64_t steps;
     int hidden, layers, batch;
     uint64_t seed;
-    bool zero;
+    bool zero, mem;
 };
 
 /* One linear layer's place in the flat parameter vector. */
@@ -228,9 +232,20 @@ static int zero_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
     md->off = r * q + (r < rem ? r : rem);
     int rc = 0;
     const char *names[2] = {"optim/m", "optim/v"};
-    float *mv[2] = {md->m, md->v};
+    /* m and v of this rank's slice only: the full-size ones model_create made go. */
+    float *mv[2] = {calloc(md->rows ? (size_t)md->rows : 1, sizeof(float)),
+                    calloc(md->rows ? (size_t)md->rows : 1, sizeof(float))};
+    if (!mv[0] || !mv[1]) {
+        free(mv[0]);
+        free(mv[1]);
+        snprintf(what, cap, "the moments of this rank's slice");
+        return -ENOMEM;
+    }
+    free(md->m);
+    free(md->v);
+    md->m = mv[0];
+    md->v = mv[1];
     for (int k = 0; k < 2 && rc == 0; k++) {
-        memset(mv[k], 0, md->nparam * sizeof(float));
         snprintf(what, cap, "rk_register %s", names[k]);
         rc = rk_register(ctx, names[k], mv[k], RK_F32, 1, &md->rows, RK_SHARDED);
     }
@@ -434,7 +449,7 @@ static int state_hash(rk_ctx *ctx, const struct model *md, uint64_t *h)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero]\n"
+            "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero] [--mem]\n"
             "       rk-train --help\n\n"
             "Trains a multi-layer perceptron (L linear layers, ReLU between them, %d inputs,\n"
             "H hidden units, %d outputs) with Adam on a deterministic synthetic regression\n"
@@ -445,11 +460,14 @@ static void usage(FILE *f)
             "  --batch B    global batch: samples per step over all workers   (default 64)\n"
             "  --seed S     seed of the initial weights and of the data       (default 1)\n"
             "  --zero       shard Adam's moments over the workers (ZeRO-1), with a\n"
-            "               per-worker RNG that shuffles each worker's samples\n\n"
+            "               per-worker RNG that shuffles each worker's samples\n"
+            "  --mem        print each worker's memory after the last step (below)\n\n"
             "Output: rank 0 prints 'step S loss L world W' after each step (L: the global\n"
             "mean squared error of the step's batch before the update); every rank prints\n"
             "'final step=N world=W hash=H' at the end, H being XXH64 of every registered\n"
-            "tensor's bytes. Same checkpoint, world size and arguments: the same bits.\n\n"
+            "tensor's bytes. Same checkpoint, world size and arguments: the same bits.\n"
+            "With --mem every rank prints before it 'memory rank=R hwm=B rss=B params=B\n"
+            "grads=B moments=B' (bytes: peak and current resident set, the trainer's arrays).\n\n"
             "Checkpoints come from the RK_* environment (RK_CKPT_DIR, RK_CKPT_EVERY, RK_KEEP,\n"
             "...). With RK_CKPT_DIR set the run resumes from the latest checkpoint there;\n"
             "unset, it starts from step 0 and writes none.\n"
@@ -484,6 +502,10 @@ static int parse_args(int argc, char **argv, struct args *a)
         }
         if (strcmp(o, "--zero") == 0) {
             a->zero = true;
+            continue;
+        }
+        if (strcmp(o, "--mem") == 0) {
+            a->mem = true;
             continue;
         }
         static const struct {
@@ -521,6 +543,30 @@ static int parse_args(int argc, char **argv, struct args *a)
 }
 
 /* ---- training -------------------------------------------------------------------------- */
+
+/* --mem: "Name:  N kB" of /proc/self/status, in bytes (-1: not found). */
+static long long proc_status_bytes(const char *name)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long kb = -1;
+    size_t n = strlen(name);
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, name, n) == 0 && line[n] == ':')
+            kb = strtoll(line + n + 1, NULL, 10);
+    if (f)
+        fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static void print_memory(const rk_ctx *ctx, const struct model *md)
+{
+    size_t moments = 2 * sizeof(float) * (md->zero ? (size_t)md->rows : md->nparam);
+    printf("memory rank=%d hwm=%lld rss=%lld params=%zu grads=%zu moments=%zu\n", rk_rank(ctx),
+           proc_status_bytes("VmHWM"), proc_status_bytes("VmRSS"), md->nparam * sizeof(float),
+           (md->nparam + 1) * sizeof(float), moments);
+    fflush(stdout);
+}
 
 static int fail(const char *what, int rc)
 {
@@ -598,6 +644,8 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     if (ckpt_on && (rc = rk_wait(ctx)) != 0)
         fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
                 rk_strerror(rc), rk_last_error());
+    if (a->mem)
+        print_memory(ctx, md);
     uint64_t h = 0;
     if ((rc = state_hash(ctx, md, &h)) != 0)
         return fail("the final hash's allgather", rc);

@@ -341,6 +341,47 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
 }
 END_TEST
 
+/* The largest `hwm=` of the `memory` lines of rk-train --mem; *params: that rank's P. */
+static long long max_hwm(const char *out, long long *params)
+{
+    long long worst = -1, hwm, p;
+    for (const char *q = out; (q = strstr(q, "memory rank=")); q++)
+        if (sscanf(q, "memory rank=%*d hwm=%lld rss=%*d params=%lld", &hwm, &p) == 2 && hwm > worst) {
+            worst = hwm;
+            *params = p / 4;
+        }
+    return worst;
+}
+
+/* `--zero --mem` on 4 workers: a rank's peak resident set over the runtime's (the same job at
+   --hidden 1) stays under 22 bytes per parameter: parameters and gradients (8), its slices
+   of m and v (8/4), the library's snapshot of them (4 + 8/4) and the partner copy (8/4),
+   about 19 with the rest of the library's buffers. Full-size m and v (8 bytes per
+   parameter of which only the slice is used) put it near 25. */
+START_TEST(zero_moments_are_slices)
+{
+    char *w = th_tmpdir("train-zero-mem"), env_dir[4200], *out = NULL;
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s/c", w);
+    const char *env[] = {env_dir, "RK_CKPT_EVERY=2", "RK_TIMEOUT_MS=60000", "RK_HEARTBEAT_MS=500", NULL};
+    long long p0 = 0, p = 0;
+    th_assert_rc(TRAIN(4, env, &out, "--steps", "4", "--hidden", "1", "--batch", "8", "--zero", "--mem"), 0);
+    long long base = max_hwm(out, &p0);
+    free(out);
+    th_rmrf(w);
+    free(w);
+    w = th_tmpdir("train-zero-mem");
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s/c", w);
+    th_assert_rc(TRAIN(4, env, &out, "--steps", "4", "--hidden", "2048", "--batch", "8", "--zero", "--mem"), 0);
+    long long hwm = max_hwm(out, &p);
+    ck_assert_msg(base > 0 && hwm > 0 && p > 1000000, "no memory lines:\n%s", out);
+    ck_assert_msg(hwm - base < 22 * p, "peak %lld - runtime %lld = %.1f bytes per parameter (P = %lld), want < 22",
+                  hwm, base, (double)(hwm - base) / (double)p, p);
+    free(out);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 int main(void)
 {
     char *dir = th_tmpdir("train-probe");
@@ -366,6 +407,7 @@ int main(void)
         TCase *tc = tcase_create("zero");
         tcase_set_timeout(tc, 300);
         tcase_add_test(tc, zero_killed_worker_rebuilds_from_memory);
+        tcase_add_test(tc, zero_moments_are_slices);
         suite_add_tcase(s, tc);
     }
     if (!no_ckpt) {
