@@ -86,8 +86,10 @@ ALL_CFLAGS += $(SAN)
 LDFLAGS  += $(SAN)
 endif
 # The suites that run threads of the library (the checkpoint writer, the detector, the
-# recovery paths): what make check runs under TSAN=1.
-TSAN_SUITES := common vfd ckpt hang crash detector recover ring train_mpi
+# recovery paths): what make check runs under TSAN=1. ring and train_mpi are left out: under
+# TSan their multi-process jobs outrun their bounds and starve the detector's heartbeats
+# (docs/CHAOS.md, "ThreadSanitizer"); make TSAN=1 check-ring still runs one.
+TSAN_SUITES := common vfd ckpt hang crash detector recover
 
 # ---- sources --------------------------------------------------------------------------
 LIB_DIRS := common formats ckpt detector ring recover

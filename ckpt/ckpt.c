@@ -314,8 +314,9 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
             ckpt_abandon(e);
             pthread_detach(e->thr);
             rk__retain_forever(e); /* the stuck thread still uses it */
-            RK_LOG_ERR(RK_SUB_CKPT, "%s; the writer is left behind", rk_last_error());
-            return rc ? rc : RK_E_TIMEOUT;
+            /* RK_E_TIMEOUT whatever else failed before: it tells the caller that a thread
+               is left (rekindle.h, rk_finalize: leave with _exit). */
+            return busy_error(e, "gave up waiting for the checkpoint writer; it is left behind");
         }
         pthread_join(e->thr, NULL);
     }

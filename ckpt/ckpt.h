@@ -51,7 +51,8 @@ int ckpt_create(ckpt_engine **e, const ckpt_config *cfg);
    thread, frees the staging memory; *e = NULL. Returns the first failure not yet reported.
    A writer still busy at the deadline (a disk that stopped answering) is abandoned and
    left the engine's memory, which is never freed (ckpt.c I10): RK_E_TIMEOUT naming the
-   operation and path it is stuck in. Never waits past the deadline. */
+   operation and path it is stuck in, before any other failure. Never waits past the
+   deadline. */
 int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
 
 /* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir,

@@ -87,7 +87,7 @@ int rec_ckpt_close(rk_ctx *ctx)
     int64_t deadline = rk__deadline_ns(ctx->opt.timeout_ms);
     int rc = settle(ctx, deadline);
     int drc = ckpt_destroy(&ctx->ckpt, deadline);
-    return rc ? rc : drc;
+    return drc == RK_E_TIMEOUT || !rc ? drc : rc; /* a writer left behind first (rk_finalize) */
 }
 
 /* The registry as the engine sees it; malloc'd (NULL with n == 0 is fine). */

@@ -14,6 +14,9 @@
  *            crash      as it is (the processes died, the kernel kept every write);
  *            power      only what was made durable (fmt_power_rebuild);
  *            meta-only  every name kept, every byte not fsync'd dropped (fmt_power_drop_data).
+ * One more case, in every sample, lets the job finish and then cuts the power: the
+ * durability of what it reported (a missing fsync of the parent directory after the commit
+ * rename shows only here, as no operation of the job follows the commit's report).
  * Each resulting directory must hold no step-* that does not verify (rekindle verify
  * --all); step-…4 must be there if rank 0 had logged its commit (ckpt_committed, the
  * promise of rk_wait) before the cut; a relaunch must restore checkpoint 4 if step-…4 is
@@ -133,11 +136,18 @@ static void check_view(const char *what, const char *view, bool promised)
         violation("%s: %d '.'-entries left after the relaunch", what, dots);
 }
 
-static void one_case(const char *base, int rank, enum fmt_op op, uint64_t n, bool power)
+/* One run cut at rank `rank`'s n-th op (op < 0: never; with power, the power goes once the
+   job has ended, after every operation of every rank). */
+static void one_case(const char *base, int rank, int op, uint64_t n, bool power)
 {
-    char what[256], cut[64], cmd[9000], *out = NULL;
-    snprintf(cut, sizeof(cut), "%s@%llu=%s", fmt_op_name(op), (unsigned long long)n, power ? "powerloss" : "eio");
-    snprintf(what, sizeof(what), "rank %d %s", rank, cut);
+    char what[256], cut[64] = "", cmd[9000], *out = NULL;
+    if (op >= 0) {
+        snprintf(cut, sizeof(cut), "%s@%llu=%s", fmt_op_name((enum fmt_op)op), (unsigned long long)n,
+                 power ? "powerloss" : "eio");
+        snprintf(what, sizeof(what), "rank %d %s", rank, cut);
+    } else {
+        snprintf(what, sizeof(what), "power lost after the job ended");
+    }
     char *dir = th_tmpdir("cut"), *logdir = th_tmpdir("cut-log");
     snprintf(cmd, sizeof(cmd), "cp -a '%s'/. '%s'/", base, dir);
     ck_assert_int_eq(th_sh(cmd, 30, NULL), 0);
@@ -146,7 +156,7 @@ static void one_case(const char *base, int rank, enum fmt_op op, uint64_t n, boo
     sw.cases++;
     char evlog[4200], evfile[4300];
     snprintf(evlog, sizeof(evlog), "%s/events", logdir);
-    int rc = run_job(dir, power ? logdir : NULL, evlog, rank, cut, &out);
+    int rc = run_job(dir, power ? logdir : NULL, evlog, rank, op >= 0 ? cut : NULL, &out);
     snprintf(evfile, sizeof(evfile), "%s.0", evlog);
     char *ev = th_read_file(evfile, NULL);
     bool promised = ev && strstr(ev, "\"ckpt_committed\"");
@@ -332,10 +342,11 @@ START_TEST(every_io_step_of_a_checkpoint)
             for (uint64_t n = 0; n < counts[r][swept[i]]; n++, k++) {
                 if (k % stride != offset % stride)
                     continue;
-                one_case(base, r, swept[i], n, false);
-                one_case(base, r, swept[i], n, true);
+                one_case(base, r, (int)swept[i], n, false);
+                one_case(base, r, (int)swept[i], n, true);
             }
         }
+    one_case(base, 0, -1, 0, true); /* and after the last one: what a finished job promised */
     printf("crash sweep: %llu operations, %d cases, %d checks, %d violations%s\n", (unsigned long long)ops,
            sw.cases, sw.checks, sw.violations, stride > 1 ? " (a strided sample)" : "");
     fflush(stdout);

@@ -73,6 +73,16 @@ static double ms_since(int64_t t0)
     return rk__ms_since(t0);
 }
 
+/* An engine (timeout 2 s) whose checkpoint of step 1 of *t will hang for ever in the fsync
+   of its manifest. */
+static ckpt_engine *stuck_in_manifest_sync(const char *dir, uint64_t nonce, const ckpt_tensor *t)
+{
+    set_fault("sync@*=hang", "shard-0.ok.part", NULL);
+    ckpt_engine *e = engine(dir, 0, 1, nonce, 2000);
+    ck_assert_int_eq(ckpt_start(e, 1, t, 1), 0);
+    return e;
+}
+
 /* I10: rk_wait's engine wait and the engine's destruction return by their deadline while
    the writer is stuck in fsync forever, name the stuck operation and path, and nothing of
    that checkpoint is ever committed. (Before: both waited on a condition variable with no
@@ -80,10 +90,8 @@ static double ms_since(int64_t t0)
 START_TEST(wait_and_destroy_bounded_on_hung_disk)
 {
     char *dir = th_tmpdir("hang");
-    set_fault("sync@*=hang", "shard-0.ok.part", NULL);
-    ckpt_engine *e = engine(dir, 0, 1, 0x11, 2000);
     ckpt_tensor t = tensor(data_a);
-    ck_assert_int_eq(ckpt_start(e, 1, &t, 1), 0);
+    ckpt_engine *e = stuck_in_manifest_sync(dir, 0x11, &t);
     int64_t t0 = rk__mono_ns();
     int rc = ckpt_wait(e, rk__deadline_ns(300));
     double ms = ms_since(t0);
@@ -104,6 +112,27 @@ START_TEST(wait_and_destroy_bounded_on_hung_disk)
     ck_assert_msg(ms < 3000, "ckpt_destroy took %.0f ms past a 300 ms deadline", ms);
     ck_assert_ptr_null(e);
     ck_assert(!th_exists(dir, "step-000000000001"));
+    free(dir);
+}
+END_TEST
+
+/* I10: a writer left behind is reported as RK_E_TIMEOUT by ckpt_destroy even when its job
+   was abandoned first (the abandonment's RK_E_ABORTED not yet reported), so rk_finalize's
+   caller knows to leave with _exit. (Before: RK_E_ABORTED, and the program's exit handlers
+   ran beside the writer.) */
+START_TEST(destroy_reports_writer_left_after_abandon)
+{
+    char *dir = th_tmpdir("left");
+    ckpt_tensor t = tensor(data_a);
+    ckpt_engine *e = stuck_in_manifest_sync(dir, 0x12, &t);
+    for (int i = 0; i < 500 && !any_subdir_has(dir, "shard-0.ok.part"); i++)
+        rk__sleep_ns(10 * 1000000LL);
+    ck_assert(ckpt_abandon(e));
+    int rc = ckpt_destroy(&e, rk__deadline_ns(300));
+    ck_assert_msg(rc == RK_E_TIMEOUT, "ckpt_destroy: %s (%s)", rk_strerror(rc), rk_last_error());
+    ck_assert_msg(strstr(rk_last_error(), "left behind") && strstr(rk_last_error(), "sync of "),
+                  "the error does not name the stuck operation: %s", rk_last_error());
+    ck_assert_ptr_null(e);
     free(dir);
 }
 END_TEST
@@ -261,6 +290,7 @@ int main(void)
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 90);
     tcase_add_test(tc, wait_and_destroy_bounded_on_hung_disk);
+    tcase_add_test(tc, destroy_reports_writer_left_after_abandon);
     tcase_add_test(tc, abandoned_never_commits);
     tcase_add_test(tc, stale_attempt_never_mixes);
     tcase_add_test(tc, skip_tells_rank0_at_once);
