@@ -278,3 +278,14 @@ bool th_have_gpu(char *why, size_t cap)
     dlclose(h);
     return ok;
 }
+
+int th_chaos_summary(const char *out, int *r, int *f, int *v)
+{
+    const char *p = out, *last = NULL;
+    while (p && (p = strstr(p, "chaos: ")) != NULL) {
+        if (sscanf(p, "chaos: %d runs, %d faults injected, %d violations", r, f, v) == 3)
+            last = p;
+        p += 7;
+    }
+    return last ? 0 : -1;
+}

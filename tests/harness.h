@@ -43,6 +43,9 @@ int th_write_file(const char *path, const void *data, size_t len);
 int th_run(char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
 /* th_run of /bin/sh -c cmd. */
 int th_sh(const char *cmd, int timeout_s, char **out);
+/* The last summary line of a chaos/run output ("chaos: R runs, F faults injected, V
+   violations") into *r, *f, *v; -1 if there is none. */
+int th_chaos_summary(const char *out, int *r, int *f, int *v);
 /* mpirun -n N --oversubscribe --allow-run-as-root --mca btl self,vader,tcp ... argv. */
 int th_mpirun(int n, char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
 

@@ -47,25 +47,13 @@ static void need_h5py(void)
     free(out);
 }
 
-/* Parses the closing line "chaos: R runs, F faults injected, V violations". */
-static int summary(const char *out, int *r, int *f, int *v)
-{
-    const char *p = out, *last = NULL;
-    while ((p = strstr(p, "chaos: ")) != NULL) {
-        if (sscanf(p, "chaos: %d runs, %d faults injected, %d violations", r, f, v) == 3)
-            last = p;
-        p += 7;
-    }
-    return last ? 0 : -1;
-}
-
 /* Runs a campaign that must end with `runs` runs, at least as many faults, no violation,
    exit 0; returns its output (malloc'd) for further checks. */
 static char *campaign_ok(const char *args, int runs)
 {
     char *out = NULL;
     int rc = chaos(args, CAMPAIGN_TIMEOUT_S, &out), r = -1, f = -1, v = -1;
-    ck_assert_msg(out && summary(out, &r, &f, &v) == 0, "no summary line:\n%.3000s", out ? out : "");
+    ck_assert_msg(out && th_chaos_summary(out, &r, &f, &v) == 0, "no summary line:\n%.3000s", out ? out : "");
     ck_assert_msg(r == runs && f >= runs && v == 0 && rc == 0, "runs %d faults %d violations %d exit %d:\n%.3000s",
                   r, f, v, rc, out);
     return out;
@@ -111,7 +99,7 @@ static void expect_violation(const char *what, const char *oracle)
     char *out = NULL;
     int rc = chaos(extra, SELFTEST_TIMEOUT_S, &out);
     int r = -1, f = -1, v = -1;
-    ck_assert_msg(out && summary(out, &r, &f, &v) == 0, "no summary line:\n%s", out ? out : "");
+    ck_assert_msg(out && th_chaos_summary(out, &r, &f, &v) == 0, "no summary line:\n%s", out ? out : "");
     snprintf(want, sizeof(want), "    %s: ", oracle);
     ck_assert_msg(rc == 1 && v >= 1 && strstr(out, want), "sabotage %s: exit %d, %d violations, want '%s':\n%s",
                   what, rc, v, oracle, out);

@@ -64,11 +64,8 @@ static void hosts_campaign(const char *kind, int seed, const char *want)
     th_sh(down, 60, &dout);
     free(dout);
     int r = -1, f = -1, v = -1;
-    const char *p = out ? strstr(out, "chaos: ") : NULL, *last = NULL;
-    for (; p; p = strstr(p + 7, "chaos: "))
-        if (sscanf(p, "chaos: %d runs, %d faults injected, %d violations", &r, &f, &v) == 3)
-            last = p;
-    ck_assert_msg(last && rc == 0 && r == 1 && f == 1 && v == 0, "exit %d, runs %d faults %d violations %d:\n%.4000s",
+    bool got = th_chaos_summary(out, &r, &f, &v) == 0;
+    ck_assert_msg(got && rc == 0 && r == 1 && f == 1 && v == 0, "exit %d, runs %d faults %d violations %d:\n%.4000s",
                   rc, r, f, v, out ? out : "");
     ck_assert_msg(strstr(out, want), "no '%s' in the campaign's output:\n%.3000s", want, out);
     free(out);
