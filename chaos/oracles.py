@@ -102,17 +102,32 @@ def killed_after_end(job, plan):
             for v in f["victims"] if v not in declared}
 
 
-def check_in_place(job, plan, workers):
-    if plan["in_place"] is not True:
-        return _skip("in_place", "this kind may relaunch the job")
-    if job.phase != 0 or job.relaunches():
-        return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
+def lost_ranks(job, plan):
+    """The ranks the run's faults took out of the job (killed, stopped, cut off, crashed)."""
     lost = set()
     for f in plan["faults"]:
         if f.get("fired") and f["kind"] in ("kill", "stop", "host_loss", "partition"):
             lost |= set(f["victims"])
         if f.get("fired") and f["kind"] == "io" and f["spec"].endswith("=crash") and crashed(job, f["rank"]):
             lost.add(f["rank"])
+    return lost
+
+
+def check_in_place(job, plan, workers):
+    lost = lost_ranks(job, plan)
+    in_place = plan["in_place"]
+    if in_place is None:  # kill_two: the victims decide (rule I1 against the first view)
+        in_place = faults.majority_left(workers, lost, 0)
+    if in_place and not faults.majority_left(workers, lost, 0):
+        # Losses spread over time (kill_in_recovery, kill_in_rebuild on a small world)
+        # may leave a minority of the first view: whether it carries on depends on whether
+        # the first loss's view was agreed before the second, so either way is right.
+        return _skip("in_place", "ranks %s lost of %d: the survivors may be a minority of the first view"
+                     % (sorted(lost), workers))
+    if not in_place:
+        return _skip("in_place", "this kind may relaunch the job")
+    if job.phase != 0 or job.relaunches():
+        return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
     lost -= killed_after_end(job, plan)
     finals = last_finals(job)
     if finals and finals[0][2] != workers - len(lost):

@@ -7,6 +7,7 @@
  *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
  *            job's nonce, or rank 0's FAILED note in the temporary directory; a rank
  *            whose own shard fails leaves FAILED-<rank>, so rank 0 stops waiting for it.
+ * Rank 0 creates the temporary directory; the others wait for it (bounded), never create it.
  * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous. An abandoned
  * job (ckpt.c I10) stops at the next check and never commits.
  */
@@ -212,12 +213,34 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
     }
 }
 
+/* Ranks other than 0 never create the attempt's directory: they wait (bounded) for rank
+   0's. A worker that was stopped (SIGSTOP, a frozen VM) and wakes after the others
+   removed its attempt's directory then finds it gone and writes nothing, instead of
+   creating it anew after the job has moved on, or ended, without it. */
+static int await_dir(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
+{
+    int64_t deadline = rk__deadline_ns(e->timeout_ms), pause = 1000000;
+    for (;;) {
+        struct stat st;
+        if (stat(tmpdir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 0;
+        if (ckpt__abandoned(j))
+            return abandoned(j);
+        if (rk__deadline_passed(deadline))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                            "step %" PRId64 ": rank 0 did not create %s within %d ms", j->step, tmpdir, e->timeout_ms);
+        backoff(&pause);
+    }
+}
+
 int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
 {
     char tmpdir[PATH_CAP], path[SUB_CAP];
     const char *tmpname = j->tmpname; /* this attempt's own (I9) */
     snprintf(tmpdir, sizeof(tmpdir), "%s/%s", e->dir, tmpname);
-    int rc = fmt_io_mkdir(tmpdir);
+    int rc = j->m.rank == 0 ? fmt_io_mkdir(tmpdir) : await_dir(e, j, tmpdir);
+    if (j->m.rank != 0 && rc)
+        return rc;
     if (rc && rc != -EEXIST)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir, strerror(-rc));
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);

@@ -258,6 +258,32 @@ START_TEST(probe_never_follows_a_planted_link)
 }
 END_TEST
 
+/* A rank other than 0 never creates its attempt's directory: alone (rank 1 of 2, rank 0
+   never comes, as for a worker that wakes from SIGSTOP after the others removed the
+   attempt), its checkpoint fails within its bound and leaves nothing in the directory. */
+START_TEST(follower_never_creates_the_attempt)
+{
+    char *dir = th_tmpdir("follower");
+    ckpt_config cfg = {.dir = dir, .rank = 1, .world = 2, .keep = 1, .timeout_ms = 300, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    double v[5] = {1, 2, 3, 4, 5};
+    int64_t shape[1] = {5};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
+    int rc = ckpt_wait(e, rk__deadline_ns(10000));
+    ck_assert_msg(rc == RK_E_TIMEOUT, "ckpt_wait: %d (%s), want RK_E_TIMEOUT", rc, rk_last_error());
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -v '^\\.probe' || true", dir);
+    th_sh(cmd, 10, &out);
+    ck_assert_msg(out && !*out, "left in the directory: %s", out ? out : "?");
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
    was; the output goes to *out. */
 static void resume_untouched(const char *dir, const char *extra, char **out)
@@ -519,6 +545,7 @@ int main(void)
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
+    tcase_add_test(tc, follower_never_creates_the_attempt);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);

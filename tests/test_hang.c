@@ -190,6 +190,10 @@ START_TEST(stale_attempt_never_mixes)
     ckpt_engine *stale = engine(dir, 1, 2, 0xA, 20000);
     ckpt_tensor ta[2] = {tensor(data_a), tensor(data_a)};
     ta[1].name = "v"; /* two tensors: rank 1 of 2 writes one of them */
+    char tmp[64], path[4300]; /* its rank 0 made the attempt's directory, then died */
+    fmt_tmp_name(tmp, sizeof(tmp), 5, 0xA);
+    snprintf(path, sizeof(path), "%s/%s", dir, tmp);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
     ck_assert_int_eq(ckpt_start(stale, 5, ta, 2), 0);
     for (int i = 0; i < 500 && !any_subdir_has(dir, "shard-1.ok"); i++)
         rk__sleep_ns(10 * 1000000LL);
