@@ -287,7 +287,7 @@ int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
 static void unmap_retired(ckpt_engine *e)
 {
     if (e->retired)
-        munmap(e->retired, e->retired_cap);
+        rk__unmap(e->retired, e->retired_cap);
     e->retired = NULL;
     e->retired_cap = 0;
 }
@@ -326,9 +326,10 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     rk__evlog_close(&e->ev);
     unmap_retired(e);
     if (e->staging)
-        munmap(e->staging, e->staging_cap);
+        rk__unmap(e->staging, e->staging_cap);
     if (e->partner)
-        munmap(e->partner, e->partner_cap);
+        rk__unmap(e->partner, e->partner_cap);
+    rk__unmap(e->prev, e->prev_cap);
     free(e->held_row0);
     free(e->own_p);
     free(e->left_p);
@@ -408,8 +409,10 @@ static bool grow(void **p, size_t n, size_t elem)
 }
 
 /* Staging large enough for every tensor, and the held snapshot's bookkeeping (I8). Safe
-   while a writer is busy: a region it may still read is retired, not unmapped (I10). */
-static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n)
+   while a writer is busy: a region it may still read is retired, not unmapped (I10).
+   keep (ckpt_hold_open): always a new region, and the old one stays mapped as e->prev
+   (retired instead while a writer still reads it). */
+static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
 {
     if (n > e->held_cap) {
         if (!grow((void **)&e->held_off, n, sizeof(*e->held_off)) ||
@@ -426,20 +429,23 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     bool busy = ckpt_busy(e);
     if (!busy)
         unmap_retired(e);
-    if (need <= e->staging_cap)
+    if (need <= e->staging_cap && !keep)
         return 0;
     if (busy && e->retired)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
-    void *p = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED)
+    void *p = rk__map(need);
+    if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", need, strerror(errno));
     e->held_step = -1;
     if (busy) {
         e->retired = e->staging;
         e->retired_cap = e->staging_cap;
+    } else if (keep) {
+        e->prev = e->staging;
+        e->prev_cap = e->staging_cap;
     } else if (e->staging) {
-        munmap(e->staging, e->staging_cap);
+        rk__unmap(e->staging, e->staging_cap);
     }
     e->staging = p;
     e->staging_cap = need;
@@ -561,7 +567,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         return 0; /* already committed under this label */
     int rc = wait_turn(e, step, t0);
     if (!rc)
-        rc = stage(e, t, n);
+        rc = stage(e, t, n, false);
     if (!rc)
         rc = plan(e, t, n);
     if (rc)
@@ -620,11 +626,42 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     /* Overwriting staging under a live job would tear what it writes: the job goes first.
        An abandoned writer may still read staging; it never commits what it read (I10). */
     ckpt_abandon(e);
-    int rc = stage(e, t, n);
+    int rc = stage(e, t, n, false);
     if (rc)
         return rc;
     hold_layout(e, t, n);
     return 0;
+}
+
+int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where)
+{
+    ckpt_abandon(e);
+    rk__unmap(e->prev, e->prev_cap); /* an earlier open never sealed (its rebuild failed) */
+    e->prev = NULL;
+    e->prev_cap = 0;
+    int rc = stage(e, t, n, true);
+    if (rc)
+        return rc;
+    hold_layout(e, t, n);
+    for (size_t i = 0; i < n; i++)
+        where[i] = (unsigned char *)e->staging + e->held_off[i];
+    return 0;
+}
+
+void ckpt_hold_seal(ckpt_engine *e, int64_t step)
+{
+    ckpt__seal(e, step);
+    if (!e->prev)
+        return; /* retired: the abandoned writer's until it is idle */
+    /* The old snapshot's region is the next partner copy's inbox: that one is usually
+       as large, so a partner copy after a rebuild grows it in place, not anew. */
+    rk__unmap(e->partner, e->partner_cap);
+    e->partner = e->prev;
+    e->partner_cap = e->prev_cap;
+    e->partner_len = 0;
+    e->left_step = -1;
+    e->prev = NULL;
+    e->prev_cap = 0;
 }
 
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
@@ -676,13 +713,11 @@ void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes)
     e->partner_len = 0;
     if (bytes > e->partner_cap) {
         size_t cap = ALIGN_UP(bytes);
-        void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) {
+        void *p = rk__remap(e->partner, e->partner_cap, cap);
+        if (!p) {
             rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", bytes, strerror(errno));
             return NULL;
         }
-        if (e->partner)
-            munmap(e->partner, e->partner_cap);
         e->partner = p;
         e->partner_cap = cap;
     }

@@ -120,6 +120,15 @@ typedef struct ckpt_snapshot {
    (after a restore: the state every survivor can roll back to). A checkpoint in flight is
    abandoned first (never waited for). The partner copy is left as it is. */
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* A new held snapshot built in place (the rebuild of sharded state from memory): room for
+   t[0..n) (their ptr unused) in a new staging region, where[i] = where tensor i goes. The
+   snapshot held until now, and what ckpt_snapshot_held said of it, stay readable until
+   ckpt_hold_seal; nothing is held in between. RK_E_BUSY while an abandoned writer still
+   reads two older regions. */
+int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where);
+/* The region filled since ckpt_hold_open becomes the held snapshot of `step` (of this
+   membership); the old snapshot's region becomes the partner copy's inbox. */
+void ckpt_hold_seal(ckpt_engine *e, int64_t step);
 /* The held snapshot (never NULL; step -1 when none). */
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
 /* Whether s has the layout of t[0..n): as many tensors, of the same sizes (tensors are

@@ -48,6 +48,8 @@ struct ckpt_engine {
     fmt_io_activity act; /* the writer's last file operation (for "stuck in fsync of …") */
     char *retired;       /* staging replaced while a writer still read it: unmapped once idle */
     size_t retired_cap;
+    char *prev;          /* the old snapshot's staging while ckpt_hold_open's new one fills */
+    size_t prev_cap;
     struct ckpt_job job;
     int first_err;       /* first failure since the last ckpt_wait */
     int64_t last_committed;

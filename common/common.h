@@ -92,6 +92,15 @@ int rk__ms_left(int64_t deadline_ns);
 void rk__sleep_ns(int64_t ns);     /* restarts on EINTR */
 double rk__ms_since(int64_t mono_ns_then);
 
+/* ---- large regions (common/mem.c) -------------------------------------------------------
+ * Anonymous, zeroed, private memory advised for huge pages and populated at once (cheap
+ * first touch). NULL with errno on failure; rk__unmap takes the size given to rk__map. */
+void *rk__map(size_t bytes);
+/* Grows a region of rk__map (NULL/0: maps one) to `bytes`, in place or moved, keeping its
+   pages (only the new tail is first touched); NULL with errno on failure (p still valid). */
+void *rk__remap(void *p, size_t old_bytes, size_t bytes);
+void rk__unmap(void *p, size_t bytes);
+
 /* ---- event log (common/evlog.c) --------------------------------------------------------
  * Contract section 5: with RK_EVENT_LOG=PATH every worker appends one JSON object per line
  * to PATH.<rank at start>. One handle per worker (owned by its rk_ctx); each line is

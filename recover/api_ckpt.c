@@ -500,74 +500,92 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
     return 0;
 }
 
-/* Bytes of the windows in which rebuild moves the global pieces (a multiple of 4 KiB). */
-#define REBUILD_WINDOW ((size_t)64 << 20)
-
-/* One tensor of rebuild: the pieces of every rank of the old membership laid end to end
-   (old rank order: a sharded tensor's global rows, per-rank state rank after rank), and
-   the range of that vector this member takes. */
-struct spread {
-    const int64_t *len; /* each old rank's piece, bytes */
-    int64_t *at;        /* where each starts in the vector */
-    int64_t total;
+/* The plan of one tensor's rebuild. The old ranks' pieces laid end to end (old rank
+   order: a sharded tensor's global rows, per-rank state rank after rank) form a vector;
+   old rank q's piece [at[q], at[q] + len[q]) is held now by the new member `holder(q)`:
+   q itself if it survived, else its right neighbour (the partner copy). Each new member
+   r takes the range tgt[r] of that vector: for a sharded tensor the even split resplit
+   made, for per-rank state the piece of old rank r (none for a rank beyond the old
+   world). Every member computes the same plan from the agreed sizes. */
+struct plan {
+    int w0, w;              /* old and new world */
+    const int32_t *nr;      /* old rank -> new rank + 1 (0: lost) */
+    const int32_t *old;     /* new rank -> old rank (-1: none) */
+    const int64_t *len;     /* each old rank's piece, bytes */
+    int64_t *at;            /* where each starts (w0 + 1) */
+    int64_t *lo, *hi;       /* each new rank's range */
 };
 
-/* Copies the part of [src_at, src_at + n) that falls in [w, w + wlen) into win (at its
-   place in the window), or out of it into dst (dst_out). */
-static void overlap(unsigned char *win, int64_t w, size_t wlen, unsigned char *p, int64_t at, size_t n, bool dst_out)
+/* Old rank whose piece new member h holds in slot 0 (its own) or 1 (its lost left
+   neighbour's partner copy); -1 if none. */
+static int held_piece(const struct plan *p, int h, int slot)
 {
-    if (!p)
-        return; /* a per-rank piece the snapshot does not have */
-    int64_t lo = at > w ? at : w, hi = at + (int64_t)n < w + (int64_t)wlen ? at + (int64_t)n : w + (int64_t)wlen;
-    if (lo >= hi)
-        return;
-    if (dst_out)
-        memcpy(p + (lo - at), win + (lo - w), (size_t)(hi - lo));
-    else
-        memcpy(win + (lo - w), p + (lo - at), (size_t)(hi - lo));
+    int q = p->old[h];
+    if (q < 0 || slot == 0)
+        return q;
+    int l = (q + p->w0 - 1) % p->w0;
+    return l != q && !p->nr[l] ? l : -1;
+}
+
+/* The part of old piece q that new member r takes: [*a, *b) of the vector (empty: a >= b). */
+static void take(const struct plan *p, int q, int r, int64_t *a, int64_t *b)
+{
+    int64_t pa = p->at[q], pb = p->at[q] + p->len[q];
+    *a = pa > p->lo[r] ? pa : p->lo[r];
+    *b = pb < p->hi[r] ? pb : p->hi[r];
 }
 
 /* The rollback from memory of a job with sharded or per-rank state (docs/SHARDING.md):
    each member holds its own pieces of the decision's step and its left neighbour's
    (ckpt.c I14), and rec_decide made sure that every lost member's right neighbour
-   survived. Tensor by tensor, the old pieces are laid end to end and moved in windows of
-   REBUILD_WINDOW bytes: every member fills a window with what it holds of the live ranks'
-   and lost ranks' pieces (its own, and its left neighbour's if that one is lost), zeros
-   elsewhere, an exact byte-wise MAX over the new ring, and keeps what falls in its new
-   slice (sharded: the even split resplit made; per-rank: the piece of the old rank with its
-   new rank number, as a restore from disk). The result is the new held snapshot, copied
-   into the buffers (a slice whose size changed waits for rk_rebind), then mirrored anew. */
+   survived. Tensor by tensor (struct plan), each member copies what it holds of its new
+   range, then sends every other member the parts of its pieces that member takes, point
+   to point: shifts at distance 1 .. w-1 (ring_shift_by), one per held piece, skipped by
+   every member where the plan has nothing to send at that distance. Only what changes
+   hands moves: after one loss of w0, mostly the lost piece and the edges of the new
+   split. The result is the new held snapshot, copied into the buffers (a slice whose
+   size changed waits for rk_rebind), then mirrored anew. */
 static int rebuild(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
 {
     const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
     size_t n = ctx->ntensors;
-    int w0 = s->world, me = s->rank, left = (s->rank + w0 - 1) % w0;
+    int w0 = s->world, me = s->rank, left = (s->rank + w0 - 1) % w0, w = ctx->world;
     /* (partnered no longer: the rollback moved the engine to the new membership) */
     if (s->step != dec->step || s->left_step != dec->step || n != s->n)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
                         " and its partner copy are no longer held (held %" PRId64 ", left %" PRId64 ", %zu of %zu tensors)",
                         dec->step, s->step, s->left_step, s->n, n);
     int rc = 0;
-    int32_t *alive = calloc((size_t)w0, sizeof(*alive));
+    int32_t *nr = calloc((size_t)w0, sizeof(*nr)), *old = malloc((size_t)w * sizeof(*old));
     int64_t *len = calloc(n * (size_t)w0, sizeof(*len)), *at = calloc((size_t)w0 + 1, sizeof(*at));
-    void **fresh = calloc(n, sizeof(*fresh));
-    unsigned char *win = malloc(REBUILD_WINDOW);
-    ckpt_tensor *t2 = malloc(n * sizeof(*t2));
-    if (!alive || !len || !at || !fresh || !win || !t2) {
+    int64_t *lo = calloc((size_t)w, sizeof(*lo)), *hi = calloc((size_t)w, sizeof(*hi));
+    unsigned char **where = calloc(n, sizeof(*where));
+    if (!nr || !old || !len || !at || !lo || !hi || !where) {
         rc = -ENOMEM;
         goto out;
     }
-    /* Which old ranks survived, and every old rank's piece sizes (from it or its partner). */
-    alive[me] = 1;
-    if ((rc = ring_call(ctx, alive, (size_t)w0, RK_I32, RK_MAX)) != 0)
+    /* Which old ranks survived and their new ranks, and every old rank's piece sizes
+       (from it or its partner). */
+    nr[me] = ctx->rank + 1;
+    if ((rc = ring_call(ctx, nr, (size_t)w0, RK_I32, RK_MAX)) != 0)
         goto out;
-    bool left_lost = !alive[left];
-    for (int q = 0; q < w0; q++)
-        if (!alive[q] && !alive[(q + 1) % w0]) {
+    for (int r = 0; r < w; r++)
+        old[r] = -1;
+    for (int q = 0; q < w0; q++) {
+        if (nr[q] > w) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: old rank %d claims new rank %d of %d", q,
+                          nr[q] - 1, w);
+            goto out;
+        }
+        if (nr[q])
+            old[nr[q] - 1] = q;
+        if (!nr[q] && !nr[(q + 1) % w0]) {
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: old ranks %d and %d are both lost", q,
                           (q + 1) % w0);
             goto out;
         }
+    }
+    bool left_lost = !nr[left];
     for (size_t i = 0; i < n; i++) {
         if (!t[i].flags)
             continue;
@@ -577,82 +595,119 @@ static int rebuild(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
     }
     if ((rc = ring_call(ctx, len, n * (size_t)w0, RK_I64, RK_SUM)) != 0)
         goto out;
-    int64_t orphaned = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        t2[i] = t[i];
-        if (!t[i].flags) {
-            t2[i].ptr = (void *)s->own[i].data; /* replicated: every member holds it */
+    /* The new snapshot is built in a new staging region; the old one (s) stays readable. */
+    int64_t t0 = rk__mono_ns();
+    if ((rc = ckpt_hold_open(ctx->ckpt, t, n, where)) != 0)
+        goto out;
+    struct plan p = {.w0 = w0, .w = w, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi};
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    int64_t orphaned = 0, sent = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].flags) { /* replicated: every member holds it */
+            if (t[i].nbytes)
+                memcpy(where[i], s->own[i].data, t[i].nbytes);
             continue;
         }
-        const int64_t *l = len + i * (size_t)w0;
+        struct rec_tensor *reg = &ctx->tensors[i];
+        p.len = len + i * (size_t)w0;
         for (int q = 0; q < w0; q++)
-            at[q + 1] = at[q] + l[q];
-        int64_t want = 0, size = (int64_t)t[i].nbytes;
-        if (t[i].flags & RK_SHARDED) {
-            want = t[i].shape[0] ? t[i].row0 * (int64_t)(t[i].nbytes / (size_t)t[i].shape[0]) : 0;
-            if (want + size > at[w0])
-                rc = RK_E_MISMATCH;
-        } else if (ctx->rank < w0) {
-            want = at[ctx->rank];
-            if (l[ctx->rank] != size)
-                rc = RK_E_MISMATCH;
-            orphaned += ctx->rank == 0 ? w0 - ctx->world : 0;
+            at[q + 1] = at[q] + p.len[q];
+        for (int r = 0; r < w; r++) {
+            if (t[i].flags & RK_SHARDED) {
+                int64_t rb = (int64_t)rec_row_bytes(reg), q = reg->rows_global / w, m = reg->rows_global % w;
+                lo[r] = (r * q + (r < m ? r : m)) * rb;
+                hi[r] = lo[r] + (q + (r < m)) * rb;
+            } else {
+                lo[r] = r < w0 ? at[r] : 0;
+                hi[r] = r < w0 ? at[r + 1] : 0;
+            }
         }
-        if (rc) {
+        int64_t size = (int64_t)t[i].nbytes;
+        bool bad = hi[w - 1] > at[w0] || hi[ctx->rank] - lo[ctx->rank] != size;
+        if (!(t[i].flags & RK_SHARDED) && ctx->rank >= w0)
+            bad = false; /* a new rank with no per-rank state: its buffer stays as it is */
+        if (bad && !rc)
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MISMATCH, "rollback: tensor '%s' of %" PRId64 " bytes here "
                           "does not match the pieces held of step %" PRId64, t[i].name, size, dec->step);
-            break; /* every member stops at this tensor (the final agreement reports it) */
+        if (!(t[i].flags & RK_SHARDED) && ctx->rank == 0)
+            orphaned += w0 > w ? w0 - w : 0;
+        /* This member's range goes straight into the new snapshot. */
+        unsigned char *dst = bad ? NULL : where[i];
+        if (!(t[i].flags & RK_SHARDED) && ctx->rank >= w0) {
+            if (size)
+                memcpy(where[i], t[i].ptr, (size_t)size);
+            dst = NULL;
         }
-        if (!(fresh[i] = malloc(size ? (size_t)size : 1))) {
-            rc = -ENOMEM;
-            break;
+        const unsigned char *src[2] = {s->own[i].data, left_lost ? s->left[i].data : NULL};
+        for (int slot = 0; slot < 2 && dst; slot++) { /* what this member holds of its own range */
+            int q = held_piece(&p, ctx->rank, slot);
+            int64_t a, b;
+            if (q >= 0 && src[slot] && (take(&p, q, ctx->rank, &a, &b), a < b))
+                memcpy(dst + (a - lo[ctx->rank]), src[slot] + (a - at[q]), (size_t)(b - a));
         }
-        t2[i].ptr = fresh[i];
-        for (int64_t w = 0; w < at[w0] && !rc; w += (int64_t)REBUILD_WINDOW) {
-            size_t wl = at[w0] - w < (int64_t)REBUILD_WINDOW ? (size_t)(at[w0] - w) : REBUILD_WINDOW;
-            memset(win, 0, wl);
-            overlap(win, w, wl, (unsigned char *)s->own[i].data, at[me], s->own[i].nbytes, false);
-            if (left_lost)
-                overlap(win, w, wl, (unsigned char *)s->left[i].data, at[left], s->left[i].nbytes, false);
-            if ((rc = ring_call(ctx, win, wl, RK_U8, RK_MAX)) == 0)
-                overlap(win, w, wl, fresh[i], want, (size_t)size, true);
-        }
+        /* Every member makes every shift of the plan, whatever failed before it: a
+           member that left the series early would keep the others waiting. */
+        for (int k = 1; k < w; k++)
+            for (int slot = 0; slot < 2; slot++) {
+                bool any = false;
+                for (int h = 0; h < w && !any; h++) {
+                    int q = held_piece(&p, h, slot);
+                    int64_t a, b;
+                    any = q >= 0 && (take(&p, q, (h + k) % w, &a, &b), a < b);
+                }
+                if (!any)
+                    continue;
+                int to = (ctx->rank + k) % w, from = (ctx->rank + w - k) % w;
+                int qs = held_piece(&p, ctx->rank, slot), qr = held_piece(&p, from, slot);
+                int64_t sa = 0, sb = 0, ra = 0, rb = 0;
+                if (qs >= 0)
+                    take(&p, qs, to, &sa, &sb);
+                if (qr >= 0)
+                    take(&p, qr, ctx->rank, &ra, &rb);
+                size_t sn = sa < sb ? (size_t)(sb - sa) : 0, rn = ra < rb ? (size_t)(rb - ra) : 0;
+                const unsigned char *sp = sn && src[slot] ? src[slot] + (sa - at[qs]) : NULL;
+                unsigned char *rp = rn && dst ? dst + (ra - lo[ctx->rank]) : NULL;
+                int r2 = ring_shift_by(ctx->ring, k, sp, sp ? sn : 0, rp, rp ? rn : 0, &cancel);
+                sent += sp ? (int64_t)sn : 0;
+                if (r2 && !rc)
+                    rc = r2;
+            }
     }
     if (rc)
         goto out;
     if (orphaned > 0) {
         char ranks[256] = "";
-        for (int q = ctx->world, k = 0; q < w0; q++)
+        for (int q = w, k = 0; q < w0; q++)
             k += snprintf(ranks + k, sizeof(ranks) - (size_t)k > 0 ? sizeof(ranks) - (size_t)k : 0, "%s%d",
-                          q > ctx->world ? "," : "", q);
+                          q > w ? "," : "", q);
         RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 ": per-rank state of old rank(s) %s belongs to no rank of this world "
-                    "of %d: dropped from memory (a committed checkpoint of that step keeps it)", dec->step, ranks,
-                    ctx->world);
+                    "of %d: dropped from memory (a committed checkpoint of that step keeps it)", dec->step, ranks, w);
         RK_EVENT(ctx->ev, "per_rank_orphaned", RK_EV_I("step", dec->step), RK_EV_S("ranks", ranks),
-                 RK_EV_I("tensors", orphaned / (w0 - ctx->world)), RK_EV_I("world", ctx->world),
-                 RK_EV_S("from", "memory"));
+                 RK_EV_I("tensors", orphaned / (w0 - w)), RK_EV_I("world", w), RK_EV_S("from", "memory"));
     }
-    /* The new snapshot replaces the old (which t2's replicated tensors still point into:
-       they go to the buffers first). */
-    for (size_t i = 0; i < n; i++)
-        if (!t[i].flags && t[i].nbytes) {
-            memcpy(t[i].ptr, t2[i].ptr, t[i].nbytes);
-            t2[i].ptr = t[i].ptr;
-        }
-    if ((rc = ckpt_hold(ctx->ckpt, dec->step, t2, n)) == 0 && (rc = ckpt_restore_held(ctx->ckpt, t, n)) == 0) {
+    /* The new snapshot replaces the old, and goes to the buffers (a slice whose size
+       changed waits for rk_rebind). */
+    int64_t t1 = rk__mono_ns(), t2ns = t1, t3 = t1;
+    ckpt_hold_seal(ctx->ckpt, dec->step);
+    if ((rc = ckpt_restore_held(ctx->ckpt, t, n)) == 0) {
+        t2ns = rk__mono_ns();
         int m = mirror(ctx);
         if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
             rc = m;
+        t3 = rk__mono_ns();
     }
+    if (!rc)
+        RK_LOG_INFO(RK_SUB_REC, "rollback of step %" PRId64 " from memory: new snapshot built in %.3f s (%" PRId64
+                    " bytes sent from here), buffers %.3f s, partner copy %.3f s", dec->step,
+                    (double)(t1 - t0) / 1e9, sent, (double)(t2ns - t1) / 1e9, (double)(t3 - t2ns) / 1e9);
 out:
-    for (size_t i = 0; fresh && i < n; i++)
-        free(fresh[i]);
-    free(fresh);
-    free(alive);
+    free(where);
+    free(nr);
+    free(old);
     free(len);
     free(at);
-    free(win);
-    free(t2);
+    free(lo);
+    free(hi);
     return rc;
 }
 

@@ -59,9 +59,10 @@ struct xfer {
     ring *r;
     unsigned char *buf;
     size_t count, esize, ce, nch, T;
-    /* ring_shift: one step, sbuf (sbytes) to the right, rbuf (rbytes) from the left; T
+    /* ring_shift_by: sbuf (sbytes) to member rank+dist, rbuf (rbytes) from rank-dist; T
        counts the receives, Ts the sends (chunks of ce bytes, at least one each) */
     bool shift;
+    int src, dst; /* parent ranks this call receives from and sends to (left, right) */
     const unsigned char *sbuf;
     unsigned char *rbuf;
     size_t sbytes, rbytes, Ts;
@@ -131,7 +132,7 @@ static int post_recvs(struct xfer *x)
         int flag = 0;
         MPI_Message msg;
         MPI_Status st;
-        int rc = MPI_Improbe(r->left, MPI_ANY_TAG, r->parent, &flag, &msg, &st);
+        int rc = MPI_Improbe(x->src, MPI_ANY_TAG, r->parent, &flag, &msg, &st);
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
         if (!flag)
@@ -164,7 +165,7 @@ static int post_sends(struct xfer *x)
         const unsigned char *p = chunk_at(x, x->sent, true, &len);
         unsigned char *s = r->sstage + slot * r->chunk_bytes;
         memcpy(s, p, len * x->esize); /* invariant 6 */
-        int rc = MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, r->right, x->tag, r->parent, &r->sreq[slot]);
+        int rc = MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, x->dst, x->tag, r->parent, &r->sreq[slot]);
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
@@ -248,7 +249,9 @@ static int consume(struct xfer *x, int slot)
 
 /* Abort (invariants 2, 4 and 6): receives already matched and sends already posted keep
    their slots until MPI completes them (slots with a request still pending are retired,
-   never reused); the right neighbour is told. */
+   never reused); the member this call sends to is told (the right neighbour, or for a
+   shift by k the next member of the cycle rank, rank+k, ..., which reaches every member
+   that waits, directly or not, on this one). */
 static void abort_xfer(struct xfer *x, int why)
 {
     ring *r = x->r;
@@ -267,7 +270,7 @@ static void abort_xfer(struct xfer *x, int why)
         ring__stage_bury(r, pending);
     enum ring_token tok = why == RK_E_TIMEOUT ? RING_TOK_TIMEOUT
                           : why == RK_E_PEER_LOST ? RING_TOK_LOST : RING_TOK_MISMATCH;
-    ring__send_token(r, x->seq, tok);
+    ring__send_token(r, x->dst, x->seq, tok);
 }
 
 static int run(struct xfer *x)
@@ -341,23 +344,25 @@ static int finish(struct xfer *x, const char *fn)
                     x->valid, x->T, x->r->rank, x->r->size, (unsigned long long)x->r->epoch, why_text(rc));
 }
 
-int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
-               const ring_cancel *cancel)
+int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+                  const ring_cancel *cancel)
 {
     int rc = usable(r, "ring_shift");
     if (rc)
         return rc;
+    int k = r->size > 0 ? ((dist % r->size) + r->size) % r->size : 0;
     struct xfer x = {.r = r, .shift = true, .sbuf = send, .rbuf = recv, .sbytes = send_bytes, .rbytes = recv_bytes,
-                     .esize = 1, .ce = r->chunk_bytes, .seq = ++r->seq, .cancel = cancel};
+                     .esize = 1, .ce = r->chunk_bytes, .seq = ++r->seq, .cancel = cancel,
+                     .src = r->members[(r->rank + r->size - k) % r->size], .dst = r->members[(r->rank + k) % r->size]};
     if ((!send && send_bytes) || (!recv && recv_bytes)) {
-        if (r->size > 1)
-            ring__send_token(r, x.seq, RING_TOK_MISMATCH);
+        if (k != 0)
+            ring__send_token(r, x.dst, x.seq, RING_TOK_MISMATCH);
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_shift: NULL buffer");
     }
-    if (r->size == 1) {
+    if (k == 0) { /* alone, or a distance that is a multiple of the size: to itself */
         if (send_bytes != recv_bytes)
             return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_COLL_MISMATCH,
-                            "ring_shift: alone, %zu bytes sent to be received as %zu", send_bytes, recv_bytes);
+                            "ring_shift: to itself, %zu bytes sent to be received as %zu", send_bytes, recv_bytes);
         if (send_bytes)
             memmove(recv, send, send_bytes);
         return 0;
@@ -370,6 +375,12 @@ int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t 
     return finish(&x, "ring_shift");
 }
 
+int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+               const ring_cancel *cancel)
+{
+    return ring_shift_by(r, 1, send, send_bytes, recv, recv_bytes, cancel);
+}
+
 int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
                    const ring_cancel *cancel)
 {
@@ -377,7 +388,7 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
     if (rc)
         return rc;
     struct xfer x = {.r = r, .buf = buf, .count = count, .dtype = dtype, .op = op,
-                     .seq = ++r->seq, .cancel = cancel};
+                     .seq = ++r->seq, .cancel = cancel, .src = r->left, .dst = r->right};
     x.esize = rk__dtype_size(dtype);
     if (x.esize == 0)
         rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_DTYPE, "ring_allreduce: unknown dtype %d", (int)dtype);
@@ -390,7 +401,7 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
         rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_allreduce: NULL buffer with count %zu", count);
     if (rc != 0) {
         if (r->size > 1)
-            ring__send_token(r, x.seq, RING_TOK_MISMATCH); /* the others fail too (inv. 4) */
+            ring__send_token(r, x.dst, x.seq, RING_TOK_MISMATCH); /* the others fail too (inv. 4) */
         return rc;
     }
     if (r->size == 1)

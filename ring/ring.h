@@ -73,6 +73,16 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
    ends. send is never read after the call returns, recv never written. */
 int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
                const ring_cancel *cancel);
+/* ring_shift at distance dist: send goes to ring rank (rank + dist) mod size, recv comes
+   from (rank - dist) mod size (dist 1 is ring_shift; a multiple of the size copies send to
+   recv). The same contract; every member passes the same dist. An abort token follows
+   the sends, so it reaches every member of this member's cycle (rank + j*dist). A series
+   of shifts at dist = 1 .. size-1 is an all-to-all of point-to-point messages. A member
+   whose shift fails should still make the rest of the series: every call takes the next
+   sequence number, and a member that leaves a series early makes the ones that receive
+   from it wait for the deadline. */
+int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
+                  const ring_cancel *cancel);
 
 /* Rebuilds the ring over `members` (ranks of the communicator given to ring_create; the
    survivors of the current ring and/or spares) for membership epoch `epoch`. Collective

@@ -84,8 +84,9 @@ static inline int ring__ctrl_tag(uint64_t epoch, int kind)
    ring gets fresh ones. */
 int ring__stage_alloc(ring *r);
 int ring__stage_bury(ring *r, int npending);
-/* Sends a zero-byte abort token to the right neighbour and forgets the request. */
-void ring__send_token(ring *r, unsigned seq, enum ring_token tok);
+/* Sends a zero-byte abort token to parent rank dst (the member the aborted call sends to)
+   and forgets the request. */
+void ring__send_token(ring *r, int dst, unsigned seq, enum ring_token tok);
 /* 0, RK_E_PEER_LOST (changed) or RK_E_TIMEOUT (deadline). */
 static inline int ring__poll_cancel(const ring_cancel *c, int64_t deadline_ns)
 {

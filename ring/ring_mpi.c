@@ -30,11 +30,11 @@ int64_t ring__deadline(const ring *r, const ring_cancel *c)
     return rk__deadline_ns(r->timeout_ms);
 }
 
-void ring__send_token(ring *r, unsigned seq, enum ring_token tok)
+void ring__send_token(ring *r, int dst, unsigned seq, enum ring_token tok)
 {
     MPI_Request q;
-    if (r->rank >= 0 && r->size > 1 &&
-        MPI_Isend(NULL, 0, MPI_BYTE, r->right, ring__data_tag(r, seq, tok), r->parent, &q) == MPI_SUCCESS)
+    if (r->rank >= 0 && r->size > 1 && dst >= 0 && dst != r->prank &&
+        MPI_Isend(NULL, 0, MPI_BYTE, dst, ring__data_tag(r, seq, tok), r->parent, &q) == MPI_SUCCESS)
         MPI_Request_free(&q);
 }
 

@@ -199,6 +199,42 @@ static int *iota(int n)
     return v;
 }
 
+/* What member `from` sends at distance d in shift_exact: its length and byte i. */
+static size_t shift_len(int from, int d)
+{
+    static const size_t LEN[] = {0, 1, 4097, 300001};
+    return LEN[(size_t)(from + 3 * (d + 8)) % RK_ARRAY_LEN(LEN)];
+}
+static uint8_t shift_byte(int from, int d, size_t i)
+{
+    return (uint8_t)mix((uint64_t)from << 40 ^ (uint64_t)(d + 8) << 32 ^ i);
+}
+
+/* ring_shift_by at distances -1 .. size+1: every member gets exactly what member
+   rank - d sent it, of its length (0, 1, several chunks). */
+static void shift_exact(ring *r)
+{
+    int n = ring_size(r), me = ring_rank(r);
+    for (int d = -1; d <= n + 1; d++) {
+        int from = ((me - d) % n + n) % n;
+        size_t sn = shift_len(me, d), rn = shift_len(from, d);
+        uint8_t *snd = malloc(sn + 1), *rcv = malloc(rn + 1);
+        for (size_t i = 0; i < sn; i++)
+            snd[i] = shift_byte(me, d, i);
+        memset(rcv, 0, rn + 1);
+        int rc = ring_shift_by(r, d, snd, sn, rcv, rn, NULL);
+        if (rc != 0)
+            FAIL("ring_shift_by %d: %s", d, rk_last_error());
+        for (size_t i = 0; i < rn; i++)
+            if (rcv[i] != shift_byte(from, d, i))
+                FAIL("ring_shift_by %d: byte %zu of %zu from %d is %u", d, i, rn, from, rcv[i]);
+        if (rcv[rn] != 0)
+            FAIL("ring_shift_by %d: wrote past %zu bytes", d, rn);
+        free(snd);
+        free(rcv);
+    }
+}
+
 static int mode_exact(rk_ctx *ctx)
 {
     int *who = iota(g_world), checks = 0;
@@ -231,6 +267,8 @@ static int mode_exact(rk_ctx *ctx)
         check_one(via_ring, r, DTYPES[d], RK_AVG, 4099, who, g_world, g_rank, 3);
     check_one(via_ring, r, RK_F64, RK_SUM, (1u << 20) + 3, who, g_world, g_rank, 4);
     printf("ok pipelined rank %d\n", g_rank);
+    shift_exact(r);
+    printf("ok shift rank %d\n", g_rank);
     ring_destroy(&r);
     free(who);
     return 0;

@@ -208,11 +208,12 @@ static void job(int n, bool recovery, char *const args[], const char *tag, int w
     free(p);
 }
 
-/* Invariant 3 (exact, fixed order, reproducible), 6 (tiny chunks) on 1..5 ranks. */
+/* Invariant 3 (exact, fixed order, reproducible), 6 (tiny chunks) on 1..5 ranks, and
+   ring_shift_by at every distance. */
 static void exact(int n)
 {
     char *args[] = {"exact", NULL};
-    job(n, false, args, "ok exact ", n);
+    job(n, false, args, "ok shift ", n);
 }
 START_TEST(exact_1) { exact(1); }
 END_TEST
