@@ -10,7 +10,7 @@
     against the same job rolled back from disk (RK_ROLLBACK=disk) with a warm and with a
     dropped page cache, and against an O_DIRECT read of the lost rank's shard file alone.
 
-Environment: RK_BENCH_ZERO_HIDDEN (4096), RK_BENCH_ZERO_MIB (512: at 1024 the survivors, each about 5.8x its shard at its peak, need 19 GB), RK_BENCH_ZERO_PARTS
+Environment: RK_BENCH_ZERO_HIDDEN (4096), RK_BENCH_ZERO_MIB (512; at 1024 the survivors, each about 5x its shard at its peak, need about 17 GB), RK_BENCH_ZERO_PARTS
 ("mem rebuild"). RK_HEARTBEAT_MS / RK_TIMEOUT_MS pass through (defaults here: 1000 / 600000).
 """
 import glob
