@@ -95,11 +95,16 @@ def check_ended(job, plan, steps, timed_out):
 
 
 def killed_after_end(job, plan):
-    """Victims no survivor ever declared dead: killed after the job's last collective (a
-    late fault on a short job), so they belong to the final world but print no final line."""
-    declared = {e.get("peer") for e in job.events_named("peer_dead")}
+    """Victims killed after the job's last collective (a late fault on a short job): they
+    belong to the final world but print no final line. Either no survivor ever declared
+    them dead, or none recovered after it did: survivors that finished without a recovery
+    after the loss did not need the victim for any collective left."""
+    dead = {}
+    for e in job.events_named("peer_dead"):
+        dead[e.get("peer")] = min(dead.get(e.get("peer"), e["t_ns"]), e["t_ns"])
+    resumed = [e["t_ns"] for e in job.events_named("resumed")]
     return {v for f in plan["faults"] if f.get("fired") and f["kind"] in ("kill", "host_loss")
-            for v in f["victims"] if v not in declared}
+            for v in f["victims"] if v not in dead or not any(t > dead[v] for t in resumed)}
 
 
 def lost_ranks(job, plan):

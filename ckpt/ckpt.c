@@ -319,6 +319,14 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
             return busy_error(e, "gave up waiting for the checkpoint writer; it is left behind");
         }
         pthread_join(e->thr, NULL);
+        /* The last attempt was abandoned (a member lost at the end of the job, or the job
+           ending under it): no one will commit it, and no later job of this engine will
+           clean it, so rank 0 removes it now; every rank removes the '.trash-' left by a
+           removal that a killed worker did not finish. Only this attempt's own directory:
+           a minority's rank 0 never touches the attempts of the membership that went on
+           (another nonce). Followers never create it again (ckpt_persist.c). */
+        if (atomic_load(&e->job.fate) == JOB_ABANDONED)
+            ckpt__drop_attempt(e, &e->job, e->rank == 0);
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);

@@ -214,6 +214,14 @@ void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j)
     clean(e->dir, INT64_MAX, j->m.nonce);
 }
 
+void ckpt__drop_attempt(ckpt_engine *e, const struct ckpt_job *j, bool own)
+{
+    struct clean_arg c = {.dir = e->dir, .below = INT64_MAX, .keep = 0};
+    if (own && j->tmpname[0])
+        clean_one(&c, j->tmpname);
+    clean(e->dir, INT64_MIN, 0); /* '.trash-' names only: removals a killed worker left */
+}
+
 void ckpt__retain(const char *dir, int keep, int64_t newest)
 {
     ckpt_retain(dir, keep, NULL, NULL);

@@ -107,6 +107,10 @@ bool ckpt__claim_commit(struct ckpt_job *j);
 void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why);
 /* Removes the temporary directories of every attempt but j's (ckpt_request_clean). */
 void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
+/* At the end of a job whose last attempt j was abandoned (nobody will commit it): removes
+   j's temporary directory if `own` (rank 0 made it), and every '.trash-' directory (a
+   removal that a killed worker left half done). */
+void ckpt__drop_attempt(ckpt_engine *e, const struct ckpt_job *j, bool own);
 /* After the commit of `newest`: ckpt_retain, then the temporary directories of attempts
    labelled below it (ckpt_dir.c). */
 void ckpt__retain(const char *dir, int keep, int64_t newest);

@@ -164,7 +164,8 @@ static int post_sends(struct xfer *x)
         size_t len, slot = x->sent % (size_t)r->window;
         const unsigned char *p = chunk_at(x, x->sent, true, &len);
         unsigned char *s = r->sstage + slot * r->chunk_bytes;
-        memcpy(s, p, len * x->esize); /* invariant 6 */
+        if (len) /* (an empty shift may pass NULL) */
+            memcpy(s, p, len * x->esize); /* invariant 6 */
         int rc = MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, x->dst, x->tag, r->parent, &r->sreq[slot]);
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
@@ -228,7 +229,8 @@ static int consume(struct xfer *x, int slot)
     size_t t = x->valid, len;
     unsigned char *dst = chunk_at(x, t, false, &len);
     if (x->shift) {
-        memcpy(dst, r->stage + (size_t)slot * r->chunk_bytes, len);
+        if (len)
+            memcpy(dst, r->stage + (size_t)slot * r->chunk_bytes, len);
         x->valid++;
         return 0;
     }

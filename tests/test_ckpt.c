@@ -284,6 +284,46 @@ START_TEST(follower_never_creates_the_attempt)
 }
 END_TEST
 
+/* Rank 0's attempt abandoned at the end of the job (rank 1 of 2 lost: its shard never
+   comes): ckpt_destroy removes the attempt's directory, and the '.trash-' directory of a
+   removal a killed worker did not finish; nothing is left behind. */
+START_TEST(abandoned_last_attempt_is_removed)
+{
+    char *dir = th_tmpdir("abandoned"), trash[4300];
+    snprintf(trash, sizeof(trash), "%s/.trash-tmp-step-000000000007-00000000000000aa", dir);
+    ck_assert_int_eq(mkdir(trash, 0755), 0);
+    strncat(trash, "/shard-1.h5", sizeof(trash) - strlen(trash) - 1);
+    ck_assert_int_eq(th_write_file(trash, "x", 1), 0);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 2, .keep = 1, .timeout_ms = 20000, .nonce = 9};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    double v[5] = {1, 2, 3, 4, 5};
+    int64_t shape[1] = {5};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.tmp-' || true", dir);
+    for (int i = 0; i < 500; i++) { /* its directory is there, it waits for rank 1 */
+        th_sh(cmd, 10, &out);
+        bool there = out && atoi(out) == 1;
+        free(out);
+        out = NULL;
+        if (there)
+            break;
+        rk__sleep_ns(10 * 1000000LL);
+    }
+    rk__sleep_ns(100 * 1000000LL);
+    ck_assert(ckpt_abandon(e));
+    ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_ABORTED);
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -v '^\\.probe' || true", dir);
+    th_sh(cmd, 10, &out);
+    ck_assert_msg(out && !*out, "left in the directory: %s", out ? out : "?");
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
    was; the output goes to *out. */
 static void resume_untouched(const char *dir, const char *extra, char **out)
@@ -546,6 +586,7 @@ int main(void)
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
     tcase_add_test(tc, follower_never_creates_the_attempt);
+    tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
