@@ -258,29 +258,52 @@ START_TEST(probe_never_follows_a_planted_link)
 }
 END_TEST
 
+/* Starts a checkpoint of one small tensor on an engine that is `rank` of 2 in dir (the
+   other rank never comes). */
+static double two_rank_v[5] = {1, 2, 3, 4, 5};
+static int64_t two_rank_shape[1] = {5};
+
+static ckpt_engine *start_one_of_two(const char *dir, int rank, int timeout_ms)
+{
+    ckpt_config cfg = {.dir = dir, .rank = rank, .world = 2, .keep = 1, .timeout_ms = timeout_ms, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_tensor t = {.name = "w", .ptr = two_rank_v, .dtype = RK_F64, .ndim = 1, .shape = two_rank_shape,
+                     .nbytes = sizeof(two_rank_v)};
+    th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
+    return e;
+}
+
+/* The entries of dir matching the grep pattern, one per line ("" if none); malloc'd. */
+static char *entries(const char *dir, const char *grep)
+{
+    char cmd[4400], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep %s || true", dir, grep);
+    th_sh(cmd, 10, &out);
+    ck_assert(out);
+    return out;
+}
+
+static void assert_left_nothing(char *dir)
+{
+    char *out = entries(dir, "-v '^\\.probe'");
+    ck_assert_msg(!*out, "left in the directory: %s", out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+
 /* A rank other than 0 never creates its attempt's directory: alone (rank 1 of 2, rank 0
    never comes, as for a worker that wakes from SIGSTOP after the others removed the
    attempt), its checkpoint fails within its bound and leaves nothing in the directory. */
 START_TEST(follower_never_creates_the_attempt)
 {
     char *dir = th_tmpdir("follower");
-    ckpt_config cfg = {.dir = dir, .rank = 1, .world = 2, .keep = 1, .timeout_ms = 300, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
-    double v[5] = {1, 2, 3, 4, 5};
-    int64_t shape[1] = {5};
-    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
-    th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
+    ckpt_engine *e = start_one_of_two(dir, 1, 300);
     int rc = ckpt_wait(e, rk__deadline_ns(10000));
     ck_assert_msg(rc == RK_E_TIMEOUT, "ckpt_wait: %d (%s), want RK_E_TIMEOUT", rc, rk_last_error());
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
-    char cmd[4400], *out = NULL;
-    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -v '^\\.probe' || true", dir);
-    th_sh(cmd, 10, &out);
-    ck_assert_msg(out && !*out, "left in the directory: %s", out ? out : "?");
-    free(out);
-    th_rmrf(dir);
-    free(dir);
+    assert_left_nothing(dir);
 }
 END_TEST
 
@@ -294,20 +317,11 @@ START_TEST(abandoned_last_attempt_is_removed)
     ck_assert_int_eq(mkdir(trash, 0755), 0);
     strncat(trash, "/shard-1.h5", sizeof(trash) - strlen(trash) - 1);
     ck_assert_int_eq(th_write_file(trash, "x", 1), 0);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 2, .keep = 1, .timeout_ms = 20000, .nonce = 9};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
-    double v[5] = {1, 2, 3, 4, 5};
-    int64_t shape[1] = {5};
-    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
-    th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
-    char cmd[4400], *out = NULL;
-    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -c '^\\.tmp-' || true", dir);
+    ckpt_engine *e = start_one_of_two(dir, 0, 20000);
     for (int i = 0; i < 500; i++) { /* its directory is there, it waits for rank 1 */
-        th_sh(cmd, 10, &out);
-        bool there = out && atoi(out) == 1;
+        char *out = entries(dir, "-c '^\\.tmp-'");
+        bool there = atoi(out) == 1;
         free(out);
-        out = NULL;
         if (there)
             break;
         rk__sleep_ns(10 * 1000000LL);
@@ -315,12 +329,7 @@ START_TEST(abandoned_last_attempt_is_removed)
     rk__sleep_ns(100 * 1000000LL);
     ck_assert(ckpt_abandon(e));
     ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_ABORTED);
-    snprintf(cmd, sizeof(cmd), "ls -A '%s' | grep -v '^\\.probe' || true", dir);
-    th_sh(cmd, 10, &out);
-    ck_assert_msg(out && !*out, "left in the directory: %s", out ? out : "?");
-    free(out);
-    th_rmrf(dir);
-    free(dir);
+    assert_left_nothing(dir);
 }
 END_TEST
 
