@@ -293,7 +293,10 @@ def replay_hash(build, src, ckpt_from, step, world, train_args, scratch, mark, e
         return None, "replay timed out after %ds" % timeout
     hashes = {m.group(3) for m in map(FINAL_RE.match, r.stdout.splitlines()) if m}
     if r.returncode != 0 or len(hashes) != 1:
-        return None, "replay exit %d, hashes %s: %s" % (r.returncode, sorted(hashes), r.stderr.strip()[-300:])
+        with open(os.path.join(scratch, "replay.log"), "w") as f:  # kept with a failing run
+            f.write("$ %s\n--- stdout\n%s--- stderr\n%s" % (" ".join(cmd), r.stdout, r.stderr))
+        return None, "replay exit %d, hashes %s (whole output: %s): %s" % (
+            r.returncode, sorted(hashes), os.path.join(scratch, "replay.log"), r.stderr.strip()[-300:])
     return hashes.pop(), "replay from step %d on %d workers" % (step, world)
 
 
