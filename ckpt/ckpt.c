@@ -137,6 +137,8 @@ static void *persist_thread(void *arg)
         int rc = ckpt__persist(e, &e->job);
         emit_result(e, &e->job, rc); /* e->ev is the engine's own reference (I10) */
         pthread_mutex_lock(&e->mu);
+        e->job.rc = rc;
+        e->job.done_ns = rk__mono_ns();
         if (rc == 0 && e->job.step > e->last_committed)
             e->last_committed = e->job.step;
         if (rc != 0 && e->first_err == 0 && !ckpt__abandoned(&e->job))
@@ -320,13 +322,22 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
         }
         pthread_join(e->thr, NULL);
         /* The last attempt was abandoned (a member lost at the end of the job, or the job
-           ending under it): no one will commit it, and no later job of this engine will
-           clean it, so rank 0 removes it now; every rank removes the '.trash-' left by a
-           removal that a killed worker did not finish. Only this attempt's own directory:
-           a minority's rank 0 never touches the attempts of the membership that went on
-           (another nonce). Followers never create it again (ckpt_persist.c). */
-        if (atomic_load(&e->job.fate) == JOB_ABANDONED)
-            ckpt__drop_attempt(e, &e->job, e->rank == 0);
+           ending under it) or failed: no one will commit it, and no later job of this
+           engine will clean it, so rank 0 removes it now; every rank removes the
+           '.trash-' left by a removal that a killed worker did not finish. Only this
+           attempt's own directory: a minority's rank 0 never touches the attempts of the
+           membership that went on (another nonce). Followers never create it again
+           (ckpt_persist.c). A failed attempt's FAILED note is how the followers learn of
+           it (they look every 50 ms at most): it stays a quarter of a second first. */
+        struct ckpt_job *j = &e->job;
+        bool abandoned = atomic_load(&j->fate) == JOB_ABANDONED, failed = j->done_ns && j->rc != 0;
+        if (failed && !abandoned && e->rank == 0) {
+            int64_t left = j->done_ns + 250 * 1000000LL - rk__mono_ns();
+            if (left > 0)
+                rk__sleep_ns(left);
+        }
+        if (abandoned || failed)
+            ckpt__drop_attempt(e, j, e->rank == 0);
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);

@@ -27,6 +27,8 @@ struct ckpt_job {
     uint64_t bytes_all;  /* their bytes */
     int64_t dispatch_ns; /* when the snapshot was handed to the thread */
     double stall_ms;     /* how long the training thread was blocked */
+    int rc;              /* how the writer ended it (0: committed), and when (0: not yet) */
+    int64_t done_ns;
 };
 
 struct ckpt_engine {

@@ -293,15 +293,16 @@ static void assert_left_nothing(char *dir)
     free(dir);
 }
 
-/* A rank other than 0 never creates its attempt's directory: alone (rank 1 of 2, rank 0
-   never comes, as for a worker that wakes from SIGSTOP after the others removed the
-   attempt), its checkpoint fails within its bound and leaves nothing in the directory. */
-START_TEST(follower_never_creates_the_attempt)
+/* Alone of two ranks (the other never comes), the checkpoint fails within its bound and
+   the end of the job leaves nothing in the directory. Rank 1: a rank other than 0 never
+   creates its attempt's directory (as for a worker that wakes from SIGSTOP after the
+   others removed the attempt). Rank 0: its failed last attempt is removed at the end. */
+START_TEST(failed_last_attempt_leaves_nothing)
 {
-    char *dir = th_tmpdir("follower");
-    ckpt_engine *e = start_one_of_two(dir, 1, 300);
+    char *dir = th_tmpdir("alone");
+    ckpt_engine *e = start_one_of_two(dir, _i, 300);
     int rc = ckpt_wait(e, rk__deadline_ns(10000));
-    ck_assert_msg(rc == RK_E_TIMEOUT, "ckpt_wait: %d (%s), want RK_E_TIMEOUT", rc, rk_last_error());
+    ck_assert_msg(rc == RK_E_TIMEOUT, "rank %d: ckpt_wait: %d (%s), want RK_E_TIMEOUT", _i, rc, rk_last_error());
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     assert_left_nothing(dir);
 }
@@ -594,7 +595,7 @@ int main(void)
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
-    tcase_add_test(tc, follower_never_creates_the_attempt);
+    tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
