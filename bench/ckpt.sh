@@ -5,7 +5,7 @@ set -u
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
-work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-ckpt.XXXXXX")
+work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-ckpt.XXXXXX") || { echo "ckpt: cannot make a work directory under ${RK_BENCH_TMP:-/var/tmp}" >&2; exit 2; }
 trap 'rm -rf "$work"' EXIT
 export RK_JOB_SECRET=${RK_JOB_SECRET:-$(printf '%064d' 1)}
 for mib in ${RK_BENCH_CKPT_MIB:-1024 4096}; do

@@ -10,7 +10,7 @@ build=${1:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export RK_HOSTS_PREFIX=rkb RK_HOSTS_NET=10.80.0
 why=$("$here/scripts/hosts" check) || { echo "hosts: not measured: $why"; exit 0; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-hosts.XXXXXX") || { echo "hosts: cannot make a work directory"; exit 2; }
+work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-hosts.XXXXXX") || { echo "hosts: cannot make a work directory under ${TMPDIR:-/tmp}" >&2; exit 2; }
 trap '"$here/scripts/hosts" down; rm -rf "$work"' EXIT
 "$here/scripts/hosts" up 3 "$work/hostfile" 1
 eval "$("$here/scripts/hosts" env)"

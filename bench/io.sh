@@ -9,7 +9,7 @@ build=${1:?usage: bench/io.sh BUILD}
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$build/bench/bench_io
 [[ -x $bin ]] || { echo "io.sh: $bin not built"; exit 1; }
-dir=$(mktemp -d "${RK_BENCH_DIR:-$build}/bench-io.XXXXXX")
+dir=$(mktemp -d "${RK_BENCH_DIR:-$build}/bench-io.XXXXXX") || { echo "io: cannot make a directory under ${RK_BENCH_DIR:-$build}" >&2; exit 2; }
 trap 'rm -rf "$dir"' EXIT
 peer=()
 if /usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null; then

@@ -9,7 +9,7 @@ build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 "$py" -c 'import torch' 2>/dev/null || { echo "  skipped: $py cannot import torch (python3-torch)"; exit 0; }
-work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-torch.XXXXXX") || { echo "torch: cannot make a work directory"; exit 2; }
+work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-torch.XXXXXX") || { echo "torch: cannot make a work directory under ${RK_BENCH_TMP:-/var/tmp}" >&2; exit 2; }
 trap 'rm -rf "$work"' EXIT
 export RK_JOB_SECRET=${RK_JOB_SECRET:-$(printf '%064d' 1)}
 export REKINDLE_LIB=$build/lib/librekindle.so.0
