@@ -457,18 +457,25 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
     return root ? 0 : ckpt_hold(ctx->ckpt, dec->step, t, ctx->ntensors);
 }
 
-/* The even split of every sharded tensor over the current members (after a membership
-   change): rank r gets rows_global / world rows, one more if r < rows_global % world. A
-   slice whose size changed waits for rk_rebind (its restored rows stay in the held
-   snapshot); one of the same size is restored into its buffer. */
+/* The even split of `rows` over `world` members: member r gets rows / world of them, one
+   more if r < rows % world, in rank order. Returns its count, its first row in *row0. */
+static int64_t even_split(int64_t rows, int world, int r, int64_t *row0)
+{
+    int64_t q = rows / world, m = rows % world;
+    *row0 = r * q + (r < m ? r : m);
+    return q + (r < m);
+}
+
+/* Every sharded tensor split evenly over the current members (after a membership
+   change). A slice whose size changed waits for rk_rebind (its restored rows stay in the
+   held snapshot); one of the same size is restored into its buffer. */
 static void resplit(rk_ctx *ctx)
 {
     for (size_t i = 0; i < ctx->ntensors; i++) {
         struct rec_tensor *r = &ctx->tensors[i];
         if (!(r->flags & RK_SHARDED))
             continue;
-        int64_t q = r->rows_global / ctx->world, m = r->rows_global % ctx->world;
-        int64_t rows = q + (ctx->rank < m), row0 = ctx->rank * q + (ctx->rank < m ? ctx->rank : m);
+        int64_t row0, rows = even_split(r->rows_global, ctx->world, ctx->rank, &row0);
         if (rows != r->shape[0])
             r->pending = true;
         r->shape[0] = rows;
@@ -502,11 +509,11 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
 
 /* The plan of one tensor's rebuild. The old ranks' pieces laid end to end (old rank
    order: a sharded tensor's global rows, per-rank state rank after rank) form a vector;
-   old rank q's piece [at[q], at[q] + len[q]) is held now by the new member `holder(q)`:
-   q itself if it survived, else its right neighbour (the partner copy). Each new member
-   r takes the range tgt[r] of that vector: for a sharded tensor the even split resplit
-   made, for per-rank state the piece of old rank r (none for a rank beyond the old
-   world). Every member computes the same plan from the agreed sizes. */
+   old rank q's piece [at[q], at[q] + len[q]) is held now by a new member: q itself if it
+   survived, else its right neighbour (the partner copy; held_piece). Each new member r
+   takes the range [lo[r], hi[r]) of that vector: for a sharded tensor the even split
+   resplit made, for per-rank state the piece of old rank r (none for a rank beyond the
+   old world). Every member computes the same plan from the agreed sizes. */
 struct plan {
     int w0, w;              /* old and new world */
     const int32_t *nr;      /* old rank -> new rank + 1 (0: lost) */
@@ -533,6 +540,56 @@ static void take(const struct plan *p, int q, int r, int64_t *a, int64_t *b)
     int64_t pa = p->at[q], pb = p->at[q] + p->len[q];
     *a = pa > p->lo[r] ? pa : p->lo[r];
     *b = pb < p->hi[r] ? pb : p->hi[r];
+}
+
+/* Whether any member sends something at distance k from its held piece `slot`. */
+static bool plan_sends(const struct plan *p, int k, int slot)
+{
+    for (int h = 0; h < p->w; h++) {
+        int q = held_piece(p, h, slot);
+        int64_t a, b;
+        if (q >= 0 && (take(p, q, (h + k) % p->w, &a, &b), a < b))
+            return true;
+    }
+    return false;
+}
+
+/* One tensor's part of the rebuild on this member: what it holds of its own
+   range (src[slot]: its held pieces) is copied into dst (its range; NULL: received
+   nowhere), then the shifts at distance 1 .. w-1 send every other member its part. Every
+   member makes every shift of the plan, whatever failed before it: a member that left
+   the series early would keep the others waiting. Returns the first error; *sent counts
+   the bytes sent. */
+static int exchange(rk_ctx *ctx, const struct plan *p, const unsigned char *const src[2], unsigned char *dst,
+                    int64_t *sent)
+{
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    int rc = 0, w = p->w, me = ctx->rank;
+    for (int slot = 0; slot < 2 && dst; slot++) {
+        int q = held_piece(p, me, slot);
+        int64_t a, b;
+        if (q >= 0 && src[slot] && (take(p, q, me, &a, &b), a < b))
+            memcpy(dst + (a - p->lo[me]), src[slot] + (a - p->at[q]), (size_t)(b - a));
+    }
+    for (int k = 1; k < w; k++)
+        for (int slot = 0; slot < 2; slot++) {
+            if (!plan_sends(p, k, slot))
+                continue;
+            int to = (me + k) % w, qs = held_piece(p, me, slot), qr = held_piece(p, (me + w - k) % w, slot);
+            int64_t sa = 0, sb = 0, ra = 0, rb = 0;
+            if (qs >= 0)
+                take(p, qs, to, &sa, &sb);
+            if (qr >= 0)
+                take(p, qr, me, &ra, &rb);
+            size_t sn = sa < sb ? (size_t)(sb - sa) : 0, rn = ra < rb ? (size_t)(rb - ra) : 0;
+            const unsigned char *sp = sn && src[slot] ? src[slot] + (sa - p->at[qs]) : NULL;
+            unsigned char *rp = rn && dst ? dst + (ra - p->lo[me]) : NULL;
+            int r2 = ring_shift_by(ctx->ring, k, sp, sp ? sn : 0, rp, rp ? rn : 0, &cancel);
+            *sent += sp ? (int64_t)sn : 0;
+            if (r2 && !rc)
+                rc = r2;
+        }
+    return rc;
 }
 
 /* The rollback from memory of a job with sharded or per-rank state (docs/SHARDING.md):
@@ -600,7 +657,6 @@ static int rebuild(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
     if ((rc = ckpt_hold_open(ctx->ckpt, t, n, where)) != 0)
         goto out;
     struct plan p = {.w0 = w0, .w = w, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi};
-    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
     int64_t orphaned = 0, sent = 0;
     for (size_t i = 0; i < n; i++) {
         if (!t[i].flags) { /* replicated: every member holds it */
@@ -612,66 +668,33 @@ static int rebuild(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
         p.len = len + i * (size_t)w0;
         for (int q = 0; q < w0; q++)
             at[q + 1] = at[q] + p.len[q];
+        bool sharded = t[i].flags & RK_SHARDED;
         for (int r = 0; r < w; r++) {
-            if (t[i].flags & RK_SHARDED) {
-                int64_t rb = (int64_t)rec_row_bytes(reg), q = reg->rows_global / w, m = reg->rows_global % w;
-                lo[r] = (r * q + (r < m ? r : m)) * rb;
-                hi[r] = lo[r] + (q + (r < m)) * rb;
+            if (sharded) {
+                int64_t rb = (int64_t)rec_row_bytes(reg), row0, rows = even_split(reg->rows_global, w, r, &row0);
+                lo[r] = row0 * rb;
+                hi[r] = lo[r] + rows * rb;
             } else {
                 lo[r] = r < w0 ? at[r] : 0;
                 hi[r] = r < w0 ? at[r + 1] : 0;
             }
         }
         int64_t size = (int64_t)t[i].nbytes;
-        bool bad = hi[w - 1] > at[w0] || hi[ctx->rank] - lo[ctx->rank] != size;
-        if (!(t[i].flags & RK_SHARDED) && ctx->rank >= w0)
-            bad = false; /* a new rank with no per-rank state: its buffer stays as it is */
+        /* A new rank with no per-rank state keeps its buffer as it is (in the snapshot). */
+        bool keep = !sharded && ctx->rank >= w0;
+        bool bad = !keep && (hi[w - 1] > at[w0] || hi[ctx->rank] - lo[ctx->rank] != size);
         if (bad && !rc)
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MISMATCH, "rollback: tensor '%s' of %" PRId64 " bytes here "
                           "does not match the pieces held of step %" PRId64, t[i].name, size, dec->step);
-        if (!(t[i].flags & RK_SHARDED) && ctx->rank == 0)
+        if (!sharded && ctx->rank == 0)
             orphaned += w0 > w ? w0 - w : 0;
+        if (keep && size)
+            memcpy(where[i], t[i].ptr, (size_t)size);
         /* This member's range goes straight into the new snapshot. */
-        unsigned char *dst = bad ? NULL : where[i];
-        if (!(t[i].flags & RK_SHARDED) && ctx->rank >= w0) {
-            if (size)
-                memcpy(where[i], t[i].ptr, (size_t)size);
-            dst = NULL;
-        }
         const unsigned char *src[2] = {s->own[i].data, left_lost ? s->left[i].data : NULL};
-        for (int slot = 0; slot < 2 && dst; slot++) { /* what this member holds of its own range */
-            int q = held_piece(&p, ctx->rank, slot);
-            int64_t a, b;
-            if (q >= 0 && src[slot] && (take(&p, q, ctx->rank, &a, &b), a < b))
-                memcpy(dst + (a - lo[ctx->rank]), src[slot] + (a - at[q]), (size_t)(b - a));
-        }
-        /* Every member makes every shift of the plan, whatever failed before it: a
-           member that left the series early would keep the others waiting. */
-        for (int k = 1; k < w; k++)
-            for (int slot = 0; slot < 2; slot++) {
-                bool any = false;
-                for (int h = 0; h < w && !any; h++) {
-                    int q = held_piece(&p, h, slot);
-                    int64_t a, b;
-                    any = q >= 0 && (take(&p, q, (h + k) % w, &a, &b), a < b);
-                }
-                if (!any)
-                    continue;
-                int to = (ctx->rank + k) % w, from = (ctx->rank + w - k) % w;
-                int qs = held_piece(&p, ctx->rank, slot), qr = held_piece(&p, from, slot);
-                int64_t sa = 0, sb = 0, ra = 0, rb = 0;
-                if (qs >= 0)
-                    take(&p, qs, to, &sa, &sb);
-                if (qr >= 0)
-                    take(&p, qr, ctx->rank, &ra, &rb);
-                size_t sn = sa < sb ? (size_t)(sb - sa) : 0, rn = ra < rb ? (size_t)(rb - ra) : 0;
-                const unsigned char *sp = sn && src[slot] ? src[slot] + (sa - at[qs]) : NULL;
-                unsigned char *rp = rn && dst ? dst + (ra - lo[ctx->rank]) : NULL;
-                int r2 = ring_shift_by(ctx->ring, k, sp, sp ? sn : 0, rp, rp ? rn : 0, &cancel);
-                sent += sp ? (int64_t)sn : 0;
-                if (r2 && !rc)
-                    rc = r2;
-            }
+        int r2 = exchange(ctx, &p, src, bad || keep ? NULL : where[i], &sent);
+        if (r2 && !rc)
+            rc = r2;
     }
     if (rc)
         goto out;

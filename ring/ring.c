@@ -352,7 +352,7 @@ int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *
     int rc = usable(r, "ring_shift");
     if (rc)
         return rc;
-    int k = r->size > 0 ? ((dist % r->size) + r->size) % r->size : 0;
+    int k = ((dist % r->size) + r->size) % r->size; /* usable: a member, size >= 1 */
     struct xfer x = {.r = r, .shift = true, .sbuf = send, .rbuf = recv, .sbytes = send_bytes, .rbytes = recv_bytes,
                      .esize = 1, .ce = r->chunk_bytes, .seq = ++r->seq, .cancel = cancel,
                      .src = r->members[(r->rank + r->size - k) % r->size], .dst = r->members[(r->rank + k) % r->size]};
