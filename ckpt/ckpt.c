@@ -321,23 +321,33 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
             return busy_error(e, "gave up waiting for the checkpoint writer; it is left behind");
         }
         pthread_join(e->thr, NULL);
-        /* The last attempt was abandoned (a member lost at the end of the job, or the job
-           ending under it) or failed: no one will commit it, and no later job of this
-           engine will clean it, so rank 0 removes it now; every rank removes the
-           '.trash-' left by a removal that a killed worker did not finish. Only this
-           attempt's own directory: a minority's rank 0 never touches the attempts of the
-           membership that went on (another nonce). Followers never create it again
-           (ckpt_persist.c). A failed attempt's FAILED note is how the followers learn of
-           it (they look every 50 ms at most): it stays a quarter of a second first. */
+        /* No one commits an attempt this engine abandoned (a member lost, at the end of the
+           job or before it), nor a failed last attempt; no later job of this engine cleans
+           them, and rank 0, which makes and removes attempts, may be the member lost at the
+           end. So every rank removes the attempts it abandoned, and rank 0 a failed last
+           one (a quarter of a second after its FAILED note, which is how the followers
+           learn of it: they look every 50 ms at most); every rank also removes the
+           '.trash-' left by a removal that a killed worker did not finish. A removal is one
+           rename first (ckpt_dir.c): survivors removing an attempt together, or a rank 0
+           committing it meanwhile, leave it whole and committed or gone. Only this
+           engine's own attempts: a minority never touches those of the membership that
+           went on, nor of a later launch (other nonces). Followers never create an
+           attempt's directory again (ckpt_persist.c). */
         struct ckpt_job *j = &e->job;
         bool abandoned = atomic_load(&j->fate) == JOB_ABANDONED, failed = j->done_ns && j->rc != 0;
+        const char *names[9];
+        size_t n = 0;
+        for (int i = 0; i < e->ndropped; i++)
+            names[n++] = e->dropped[i];
         if (failed && !abandoned && e->rank == 0) {
             int64_t left = j->done_ns + 250 * 1000000LL - rk__mono_ns();
             if (left > 0)
                 rk__sleep_ns(left);
+            names[n++] = j->tmpname;
         }
-        if (abandoned || failed)
-            ckpt__drop_attempt(e, j, e->rank == 0);
+        ckpt__drop_attempts(e, names, n);
+        if (e->rank == 0)
+            ckpt__drop_skipped(e, deadline_ns);
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -785,6 +795,12 @@ bool ckpt_abandon(ckpt_engine *e)
     if (done) { /* its failure, reported once by ckpt_wait; a commit that began goes on (I10) */
         if (e->first_err == 0)
             e->first_err = RK_E_ABORTED;
+        int cap = (int)(sizeof(e->dropped) / sizeof(e->dropped[0]));
+        if (e->ndropped == cap) /* the oldest goes: rank 0 removed it at a later start */
+            memmove(e->dropped[0], e->dropped[1], sizeof(e->dropped[0]) * (size_t)(cap - 1));
+        else
+            e->ndropped++;
+        snprintf(e->dropped[e->ndropped - 1], sizeof(e->dropped[0]), "%s", e->job.tmpname);
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);

@@ -214,11 +214,12 @@ void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j)
     clean(e->dir, INT64_MAX, j->m.nonce);
 }
 
-void ckpt__drop_attempt(ckpt_engine *e, const struct ckpt_job *j, bool own)
+void ckpt__drop_attempts(ckpt_engine *e, const char *const *names, size_t n)
 {
     struct clean_arg c = {.dir = e->dir, .below = INT64_MAX, .keep = 0};
-    if (own && j->tmpname[0])
-        clean_one(&c, j->tmpname);
+    for (size_t i = 0; i < n; i++)
+        if (names[i][0])
+            clean_one(&c, names[i]);
     clean(e->dir, INT64_MIN, 0); /* '.trash-' names only: removals a killed worker left */
 }
 

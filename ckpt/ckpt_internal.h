@@ -54,6 +54,10 @@ struct ckpt_engine {
     size_t prev_cap;
     struct ckpt_job job;
     int first_err;       /* first failure since the last ckpt_wait */
+    char dropped[8][64]; /* the attempts it abandoned, newest last (at most 8 kept), */
+    int ndropped;        /* removed at the end of the job: nobody commits them */
+    char skipped[64];    /* rank 0: the attempt of its last skip note ("": none) */
+    int64_t skipped_step, skipped_ns;
     int64_t last_committed;
 
     char *staging;       /* mmap'd once, reused; grows only if the registry grows */
@@ -105,14 +109,20 @@ bool ckpt__claim_commit(struct ckpt_job *j);
    says so in the attempt's temporary directory so that rank 0 (or, from rank 0, the
    others) stops waiting at once. Written by a short-lived thread, so the training thread
    never waits on the disk; at most one at a time (a skip while one is still being written
-   is not noted: the waiters' deadline still bounds them). */
+   is not noted: the waiters' deadline still bounds them). Rank 0 creates the directory for
+   its note; another rank waits for rank 0's (bounded), and notes nothing if it never comes.
+   Rank 0 remembers the attempt (e->skipped) for ckpt__drop_skipped. */
 void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why);
+/* At the end of the job, rank 0: the attempt it skipped last, if newer than its last job,
+   was made only for the skip note and no one commits it: removed once its note was written
+   (bounded by deadline) and had a quarter of a second to be read. */
+void ckpt__drop_skipped(ckpt_engine *e, int64_t deadline_ns);
 /* Removes the temporary directories of every attempt but j's (ckpt_request_clean). */
 void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
-/* At the end of a job whose last attempt j was abandoned (nobody will commit it): removes
-   j's temporary directory if `own` (rank 0 made it), and every '.trash-' directory (a
-   removal that a killed worker left half done). */
-void ckpt__drop_attempt(ckpt_engine *e, const struct ckpt_job *j, bool own);
+/* At the end of the job: removes the temporary directories names[0..n) (attempts nobody
+   will commit), and every '.trash-' directory (a removal that a killed worker left half
+   done). */
+void ckpt__drop_attempts(ckpt_engine *e, const char *const *names, size_t n);
 /* After the commit of `newest`: ckpt_retain, then the temporary directories of attempts
    labelled below it (ckpt_dir.c). */
 void ckpt__retain(const char *dir, int keep, int64_t newest);

@@ -63,6 +63,21 @@ static bool failure_noted(const char *tmpdir, const char *name, uint64_t nonce, 
     return ours;
 }
 
+/* The attempt's directory is gone without a commit: a member that abandoned it removed
+   it at the end of the job (ckpt_destroy), or rank 0 after it failed. */
+static bool attempt_gone(const char *tmpdir)
+{
+    struct stat st;
+    return stat(tmpdir, &st) != 0 && errno == ENOENT;
+}
+
+static int removed(const struct ckpt_job *j, const char *tmpdir)
+{
+    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
+                    "step %" PRId64 ": %s was removed before a commit (another member abandoned the attempt)",
+                    j->step, tmpdir);
+}
+
 static int abandoned(const struct ckpt_job *j)
 {
     return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
@@ -73,7 +88,23 @@ static int abandoned(const struct ckpt_job *j)
 struct skip_note {
     char tmpdir[PATH_CAP], name[32], why[512];
     uint64_t nonce;
+    int64_t deadline; /* another rank than 0: how long it waits for rank 0's directory */
 };
+
+/* Waits (bounded) for rank 0's temporary directory; false at the deadline, or at once if
+   the job j (NULL: none) was abandoned. */
+static bool dir_appears(const char *tmpdir, int64_t deadline, struct ckpt_job *j)
+{
+    int64_t pause = 1000000;
+    for (;;) {
+        struct stat st;
+        if (stat(tmpdir, &st) == 0 && S_ISDIR(st.st_mode))
+            return true;
+        if ((j && ckpt__abandoned(j)) || rk__deadline_passed(deadline))
+            return false;
+        backoff(&pause);
+    }
+}
 
 /* A skip note is being written (by a thread that owns nothing of an engine's). */
 static atomic_bool note_busy;
@@ -81,7 +112,8 @@ static atomic_bool note_busy;
 static void *skip_note_thread(void *arg)
 {
     struct skip_note *n = arg;
-    if (mkdir(n->tmpdir, 0755) == 0 || errno == EEXIST)
+    bool there = n->deadline ? dir_appears(n->tmpdir, n->deadline, NULL) : mkdir(n->tmpdir, 0755) == 0 || errno == EEXIST;
+    if (there)
         note_failure(n->tmpdir, n->name, n->nonce, n->why);
     atomic_store(&note_busy, false);
     free(n);
@@ -106,6 +138,14 @@ void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, con
     snprintf(n->name, sizeof(n->name), rank == 0 ? "FAILED" : "FAILED-%d", rank);
     snprintf(n->why, sizeof(n->why), "%s", why);
     n->nonce = nonce;
+    n->deadline = rank == 0 ? 0 : rk__deadline_ns(e->timeout_ms);
+    if (rank == 0) {
+        pthread_mutex_lock(&e->mu);
+        snprintf(e->skipped, sizeof(e->skipped), "%s", tmpname);
+        e->skipped_step = step;
+        e->skipped_ns = rk__mono_ns();
+        pthread_mutex_unlock(&e->mu);
+    }
     pthread_attr_init(&a);
     pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&t, &a, skip_note_thread, n) != 0) {
@@ -113,6 +153,26 @@ void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, con
         atomic_store(&note_busy, false);
     }
     pthread_attr_destroy(&a);
+}
+
+void ckpt__drop_skipped(ckpt_engine *e, int64_t deadline_ns)
+{
+    pthread_mutex_lock(&e->mu);
+    char name[sizeof(e->skipped)];
+    snprintf(name, sizeof(name), "%s", e->skipped);
+    bool newer = name[0] && (!e->job.tmpname[0] || e->skipped_step > e->job.step);
+    int64_t left = e->skipped_ns + 250 * 1000000LL - rk__mono_ns();
+    pthread_mutex_unlock(&e->mu);
+    if (!newer)
+        return;
+    while (atomic_load(&note_busy) && !rk__deadline_passed(deadline_ns))
+        rk__sleep_ns(1000000);
+    if (atomic_load(&note_busy))
+        return; /* its note is stuck on the disk: the next start removes the attempt */
+    if (left > 0)
+        rk__sleep_ns(left);
+    const char *names[1] = {name};
+    ckpt__drop_attempts(e, names, 1);
 }
 
 /* Rank 0: every rank's manifest of this attempt, within the deadline. */
@@ -134,6 +194,8 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
             }
             if (ckpt__abandoned(j))
                 return abandoned(j);
+            if (attempt_gone(tmpdir))
+                return removed(j, tmpdir);
             if (failure_noted(tmpdir, note, j->m.nonce, why, sizeof(why)))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "step %" PRId64 ": rank %d could not write its shard: %s",
                                 j->step, r, why);
@@ -194,6 +256,9 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
     snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, j->m.rank);
     int64_t deadline = rk__deadline_ns(2 * (int64_t)e->timeout_ms + 1000), pause = 1000000;
     for (;;) {
+        /* The attempt's directory looked at first: a commit renames it, so the committed
+           manifest read after it is found gone was there if it was committed. */
+        bool gone = attempt_gone(tmpdir);
         fmt_manifest *m = NULL;
         if (fmt_manifest_read(mine, &m) == 0) {
             bool ours = m->nonce == j->m.nonce && m->step == j->step;
@@ -203,6 +268,8 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
         }
         if (ckpt__abandoned(j))
             return abandoned(j);
+        if (gone)
+            return removed(j, tmpdir);
         if (failure_noted(tmpdir, "FAILED", j->m.nonce, why, sizeof(why)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
                             "step %" PRId64 ": rank 0 could not commit the checkpoint: %s", j->step, why);
@@ -219,18 +286,12 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
    creating it anew after the job has moved on, or ended, without it. */
 static int await_dir(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
 {
-    int64_t deadline = rk__deadline_ns(e->timeout_ms), pause = 1000000;
-    for (;;) {
-        struct stat st;
-        if (stat(tmpdir, &st) == 0 && S_ISDIR(st.st_mode))
-            return 0;
-        if (ckpt__abandoned(j))
-            return abandoned(j);
-        if (rk__deadline_passed(deadline))
-            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
-                            "step %" PRId64 ": rank 0 did not create %s within %d ms", j->step, tmpdir, e->timeout_ms);
-        backoff(&pause);
-    }
+    if (dir_appears(tmpdir, rk__deadline_ns(e->timeout_ms), j))
+        return 0;
+    if (ckpt__abandoned(j))
+        return abandoned(j);
+    return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT, "step %" PRId64 ": rank 0 did not create %s within %d ms",
+                    j->step, tmpdir, e->timeout_ms);
 }
 
 int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)

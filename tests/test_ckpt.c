@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../formats/fmt.h"
 #include "common.h"
 #include "harness.h"
 
@@ -308,6 +309,24 @@ START_TEST(failed_last_attempt_leaves_nothing)
 }
 END_TEST
 
+/* Alone of two ranks, with the first checkpoint still waiting for the other rank, the
+   second is skipped (RK_E_BUSY after a quarter of the timeout) and noted for the others.
+   The end of the job leaves nothing: rank 0 removes the attempt it made for its note;
+   rank 1 never makes one (rank 0 never made the directory). */
+START_TEST(skipped_last_attempt_leaves_nothing)
+{
+    char *dir = th_tmpdir("skipped");
+    ckpt_engine *e = start_one_of_two(dir, _i, 2000);
+    ckpt_tensor t = {.name = "w", .ptr = two_rank_v, .dtype = RK_F64, .ndim = 1, .shape = two_rank_shape,
+                     .nbytes = sizeof(two_rank_v)};
+    int rc = ckpt_start(e, 1, &t, 1);
+    ck_assert_msg(rc == RK_E_BUSY, "rank %d: ckpt_start: %d (%s), want RK_E_BUSY", _i, rc, rk_last_error());
+    rk__sleep_ns(100 * 1000000LL); /* the note's thread has written it (or, rank 1, waits) */
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_TIMEOUT);
+    assert_left_nothing(dir);
+}
+END_TEST
+
 /* Rank 0's attempt abandoned at the end of the job (rank 1 of 2 lost: its shard never
    comes): ckpt_destroy removes the attempt's directory, and the '.trash-' directory of a
    removal a killed worker did not finish; nothing is left behind. */
@@ -328,6 +347,26 @@ START_TEST(abandoned_last_attempt_is_removed)
         rk__sleep_ns(10 * 1000000LL);
     }
     rk__sleep_ns(100 * 1000000LL);
+    ck_assert(ckpt_abandon(e));
+    ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_ABORTED);
+    assert_left_nothing(dir);
+}
+END_TEST
+
+/* Rank 0 made the last attempt's directory and was lost at the end of the job (it would
+   have removed the attempt); rank 1 wrote its shard into it and abandoned the commit:
+   rank 1 removes the attempt. */
+START_TEST(survivor_removes_abandoned_attempt_of_dead_rank0)
+{
+    char *dir = th_tmpdir("lead"), path[4400], name[64];
+    fmt_tmp_name(name, sizeof(name), 0, 7); /* start_one_of_two: step 0, nonce 7 */
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0755), 0); /* rank 0's, before it died */
+    ckpt_engine *e = start_one_of_two(dir, 1, 20000);
+    strncat(path, "/shard-1.ok", sizeof(path) - strlen(path) - 1);
+    for (int i = 0; i < 500 && access(path, F_OK) != 0; i++) /* its shard is in: it waits for rank 0 */
+        rk__sleep_ns(10 * 1000000LL);
+    ck_assert_msg(access(path, F_OK) == 0, "rank 1 never wrote %s", path);
     ck_assert(ckpt_abandon(e));
     ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_ABORTED);
     assert_left_nothing(dir);
@@ -597,6 +636,8 @@ int main(void)
     tcase_add_test(tc, probe_never_follows_a_planted_link);
     tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
+    tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);
+    tcase_add_test(tc, survivor_removes_abandoned_attempt_of_dead_rank0);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
