@@ -427,8 +427,20 @@ static int mode_kill(int victim, int phase, int step, bool deadline, bool spare)
         int rc = ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c);
         if (g_rank == victim)
             FAIL("the victim survived its hook");
-        expect(rc, deadline ? RK_E_TIMEOUT : RK_E_PEER_LOST, "allreduce with a dead member");
-        printf("ok aborted rank %d after %.0f ms\n", g_rank, rk__ms_since(t0));
+        if (rc == 0) {
+            /* The loss came too late for this member: everything it needed had arrived,
+               and its sends to the dead member were accepted (TCP takes them into the
+               kernel's buffers). Not all or nothing (docs/RING.md), but exact. */
+            float *ref = malloc(n * 4);
+            reference(ref, RK_F32, RK_SUM, n, members, m, 5);
+            if (memcmp(buf, ref, n * 4) != 0)
+                FAIL("rank %d finished the call its member died in, with a result that is not exact", g_rank);
+            free(ref);
+            printf("ok finished exactly rank %d after %.0f ms\n", g_rank, rk__ms_since(t0));
+        } else {
+            expect(rc, deadline ? RK_E_TIMEOUT : RK_E_PEER_LOST, "allreduce with a dead member");
+            printf("ok aborted rank %d after %.0f ms\n", g_rank, rk__ms_since(t0));
+        }
         /* Invariant 2: nothing writes into the buffer after the call returned. */
         memcpy(snap, buf, n * 4);
         rk__sleep_ns(200000000);
