@@ -29,7 +29,8 @@ after a run that had to stop; the reason is in the detail and in the report).
   no_temp      no '.'-prefixed entry in the checkpoint directory after a clean end
   no_false_dead no worker declared dead that the harness did not kill, stop or crash
                (declarations by a worker while or after it was stopped are its stale
-               view of the others, not false deaths)
+               view of the others, not false deaths; a worker wedged inside MPI by a
+               peer's death, which leaves with RK_EXIT_WEDGED, counts as lost and is named)
   events       every event-log line is one JSON object with t_ns, rank and event
 """
 import os
@@ -107,9 +108,16 @@ def killed_after_end(job, plan):
             for v in f["victims"] if v not in dead or not any(t > dead[v] for t in resumed)}
 
 
+def wedged(job):
+    """Workers that left with RK_EXIT_WEDGED: a call into MPI that never returned after a
+    peer died mid-send (docs/RING.md, "Transport"), a casualty of the run's kills."""
+    return {e["_file_rank"] for e in job.events if e["event"] == "wedged"}
+
+
 def lost_ranks(job, plan):
-    """The ranks the run's faults took out of the job (killed, stopped, cut off, crashed)."""
-    lost = set()
+    """The ranks the run's faults took out of the job (killed, stopped, cut off, crashed,
+    or wedged inside MPI by a peer's death)."""
+    lost = set(wedged(job))
     for f in plan["faults"]:
         if f.get("fired") and f["kind"] in ("kill", "stop", "host_loss", "partition"):
             lost |= set(f["victims"])
@@ -364,9 +372,11 @@ def check_no_false_dead(job, plan):
         return _skip("no_false_dead", "the whole job was killed")
     wrong = sorted({(e["rank"], e["peer"]) for e in job.events_named("peer_dead")
                     if e.get("peer") not in hit and e["rank"] not in stopped})
+    hit |= wedged(job)
+    wrong = [w for w in wrong if w[1] not in hit]
     if wrong:
         return _bad("no_false_dead", "declared dead but never killed or stopped (observer, peer): %s" % wrong[:6])
-    return _ok("no_false_dead")
+    return _ok("no_false_dead", "wedged inside MPI and left: %s" % sorted(wedged(job)) if wedged(job) else "")
 
 
 def check_events(job):

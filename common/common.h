@@ -40,6 +40,19 @@ bool rk__is_rk_error(int code);
 /* The one translation of an MPI error code (common/mpi.c, the MPI glue): rk__fail with
    the message "what: <MPI's text for mpi_rc>"; returns `code`. */
 int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what);
+/* A call into MPI that may never return: Open MPI's shared-memory transport leaves a
+   receiver spinning inside its progress engine forever when a sender died in the middle of
+   a send (docs/RING.md, "Transport"). Every MPI call of a polling loop (ring/, recover/) is
+   bracketed by rk__mpi_enter/rk__mpi_leave (one thread calls MPI: MPI_THREAD_SERIALIZED),
+   so that a watchdog on another thread sees one that never returns: rk__mpi_inside gives
+   when the call in progress began (CLOCK_MONOTONIC ns) and a number that changes with each
+   call, or 0 when none is in progress. */
+void rk__mpi_enter(void);
+void rk__mpi_leave(void);
+int64_t rk__mpi_inside(uint64_t *call);
+int rk__mpi_left(int mpi_rc); /* rk__mpi_leave, then mpi_rc */
+/* One MPI call of a polling loop, bracketed: RK_MPI(MPI_Test(&rq, &done, &st)). */
+#define RK_MPI(call) (rk__mpi_enter(), rk__mpi_left(call))
 
 /* ---- logging (common/log.c) ------------------------------------------------------------
  * RK_LOG=error|warn|info|debug (default warn) and RK_LOG_SUBSYS=det,ring,... (default all)

@@ -312,6 +312,8 @@ static void *det_thread(void *arg)
         detp_tick(d->proto, now);
         flush(d);
         pthread_mutex_unlock(&d->mu);
+        if (d->cfg.watch)
+            d->cfg.watch(d->cfg.watch_arg);
     }
     return NULL;
 }

@@ -42,6 +42,9 @@ typedef struct det_cfg {
     int heartbeat_ms;               /* period */
     const char *iface;              /* interface name, IPv4 address or subnet a.b.c.d/n; NULL: outward */
     rk__evlog *ev;                  /* event log (may be NULL); not owned */
+    void (*watch)(void *arg);       /* called by the detector's thread each turn (at least
+                                       every heartbeat), outside its lock; NULL: none */
+    void *watch_arg;
 } det_cfg;
 
 /* The membership as this worker sees it. */

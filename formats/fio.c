@@ -36,7 +36,8 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_SYNC] = "sync",         [FMT_OP_TRUNCATE] = "truncate", [FMT_OP_RENAME] = "rename",
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
     [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FMT_OP_LIST] = "list",
-    [FMT_OP_SWAP] = "swap",         [FMT_OP_MKDIR] = "mkdir",     [FIO_ANY] = "any",
+    [FMT_OP_SWAP] = "swap",         [FMT_OP_MKDIR] = "mkdir",     [FMT_OP_PROGRESS] = "progress",
+    [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -210,7 +211,7 @@ int fmt_fault(enum fmt_op op, const char *path)
 {
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
-    bool file_op = op != FMT_OP_REBUILD;
+    bool file_op = op != FMT_OP_REBUILD && op != FMT_OP_PROGRESS;
     if (file_op) {
         fio_power_check();
         note_activity(op, path);
@@ -251,6 +252,9 @@ int fmt_fault_apply(int fault)
 
 void fmt_fault_point(const char *op)
 {
+    ensure_loaded();
+    if (fio_nrules == 0)
+        return; /* the common case, on the ring's hot path: nothing asked for */
     for (int i = 0; i < FMT_OP_COUNT; i++)
         if (strcmp(op, op_names[i]) == 0 && fmt_fault((enum fmt_op)i, NULL) == FMT_FAULT_CRASH)
             fmt_fault_apply(FMT_FAULT_CRASH);

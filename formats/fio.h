@@ -5,14 +5,16 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress
  *           (unlink: removing a file or an empty directory; mkdir: creating a directory;
  *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
  *            list: reading a directory's entries; swap: exchanging two directories'
  *            names in one step; any: every file operation, N counted over all of them;
  *            rebuild: not a file operation but the ring's rebuild, between its handshake
  *            and its end, a point reached through fmt_fault_point (fmt.h) where only
- *            crash applies)
+ *            crash applies; progress: not a file operation either but each test of a
+ *            ring transfer, inside its MPI call, where hang stands for an MPI call that
+ *            never returns)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -69,6 +71,7 @@ enum fmt_op {
     FMT_OP_REBUILD, /* "rebuild": the ring's rebuild (fmt_fault_point); not counted by "any" */
     FMT_OP_LIST,   /* "list": opening and reading a directory (EACCES, an unmounted share) */
     FMT_OP_SWAP,   /* "swap": renameat2 RENAME_EXCHANGE of two directories */
+    FMT_OP_PROGRESS, /* "progress": a test of a ring transfer, inside the MPI call (fmt_fault_point) */
     FMT_OP_MKDIR,  /* "mkdir": creating a directory */
     FMT_OP_COUNT
 };

@@ -280,9 +280,10 @@ bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
 
 /* A fault point of RK_FAULT (formats/fio.h has the syntax) outside the file operations,
    named by its op: "rebuild", the ring's rebuild between its handshake and its end
-   (ring/ring_mpi.c). Counted like the file operations; only the crash kind applies there
-   (the process SIGKILLs itself, as one that dies at that instant), other kinds do
-   nothing. */
+   (ring/ring_mpi.c); "progress", each test of a ring transfer, inside its MPI call
+   (ring/ring.c). Counted like the file operations; the crash kind SIGKILLs the process, as
+   one that dies at that instant, and hang keeps the thread there, as an MPI call that
+   never returns; other kinds do nothing. */
 void fmt_fault_point(const char *op);
 
 /* XXH3-64 of a buffer (fmt_types.c). */

@@ -249,6 +249,13 @@ const char *rk_last_error(void);
    constants from the one table above. */
 const char *rk_error_name(int code);
 
+/* The exit status of a worker that Rekindle ended because its training thread stayed
+   inside one MPI call for RK_TIMEOUT_MS / 2: a call that will never return (Open MPI's
+   shared-memory transport spins forever when a peer died in the middle of a send;
+   docs/RING.md, "Transport"). Its peers declare it dead and recover without it, as for
+   any lost worker; a hang would have stopped them all. */
+#define RK_EXIT_WEDGED 75
+
 /* Library version, "MAJOR.MINOR.PATCH". */
 const char *rk_version(void);
 

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../detector/det.h"
 #include "rec_internal.h"
@@ -46,6 +47,37 @@ static int worst(const struct det_rec *all, int n, int *who)
     return 0;
 }
 
+/* The wedge watchdog, on the detector's thread at each of its turns: a training thread
+   inside one MPI call for RK_TIMEOUT_MS / 2 is in a call that will never return (Open
+   MPI's shared-memory transport spins forever on a message whose sender died half-way
+   through sending it: docs/RING.md, "Transport"). Every other wait of a worker ends at its
+   bound; this one cannot, and the worker still sends heartbeats, so its peers would wait
+   for it in vain. It leaves the job instead (RK_EXIT_WEDGED), and its peers recover
+   without it as from any lost worker, before their own RK_TIMEOUT_MS runs out. Counted in
+   the detector's turns as well as in time, so that a process stopped as a whole (SIGSTOP,
+   a frozen VM) is never taken for wedged when it wakes. */
+static void wedge_watch(void *arg)
+{
+    rk_ctx *ctx = arg;
+    uint64_t call = 0;
+    int64_t since = rk__mpi_inside(&call);
+    if (!since || call != ctx->wedge.call) {
+        ctx->wedge.call = call;
+        ctx->wedge.turns = 0;
+        return;
+    }
+    int64_t bound_ms = ctx->opt.timeout_ms / 2, stuck_ms = (rk__mono_ns() - since) / 1000000;
+    if (++ctx->wedge.turns < bound_ms / ctx->opt.heartbeat_ms / 2 || stuck_ms < bound_ms)
+        return;
+    RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR,
+              "the training thread has been inside one MPI call for %lld ms: it will not return (a peer that "
+              "died in the middle of a send, over Open MPI's shared-memory transport: docs/RING.md, "
+              "\"Transport\"); leaving the job with exit status %d so that the others go on without this worker",
+              (long long)stuck_ms, RK_EXIT_WEDGED);
+    RK_EVENT(ctx->ev, "wedged", RK_EV_D("ms", (double)stuck_ms), RK_EV_I("exit", RK_EXIT_WEDGED));
+    _exit(RK_EXIT_WEDGED);
+}
+
 int rec_det_open(rk_ctx *ctx)
 {
     int rc, mrc, who = -1;
@@ -55,7 +87,7 @@ int rec_det_open(rk_ctx *ctx)
     uint8_t key[DET_KEY_BYTES];
     const char *secret = ctx->job_secret;
     det_cfg cfg = {.rank = ctx->rank0, .world = ctx->world0, .heartbeat_ms = ctx->opt.heartbeat_ms,
-                   .iface = ctx->opt.det_iface, .ev = ctx->ev};
+                   .iface = ctx->opt.det_iface, .ev = ctx->ev, .watch = wedge_watch, .watch_arg = ctx};
 
     mine.status = det_open(&ctx->det, &cfg);
     if (mine.status == 0)

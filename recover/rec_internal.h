@@ -70,6 +70,10 @@ struct rk_ctx {
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
+    struct {                  /* the wedge watchdog (api_det.c), on the detector's thread */
+        uint64_t call;        /* the MPI call in progress at the last turn */
+        int turns;            /* turns it has been in progress */
+    } wedge;
 };
 
 /* Hooks; each returns 0 or a negative code, and *_close undoes *_open (safe on a ctx

@@ -233,7 +233,7 @@ bool rec_ring_changed(void *arg)
 static void xfer_release(MPI_Request *rq, void *buf)
 {
     if (*rq != MPI_REQUEST_NULL) {
-        MPI_Request_free(rq);
+        RK_MPI(MPI_Request_free(rq));
         rk__retain_forever(buf);
     } else {
         MPI_Free_mem(buf);
@@ -246,7 +246,7 @@ static void xfers_progress(rk_ctx *ctx)
     for (int i = 0; i < ctx->nxfers; i++) {
         int done = 0;
         struct rec_xfer *x = &ctx->xfers[i];
-        int mrc = MPI_Test(&x->rq, &done, MPI_STATUS_IGNORE);
+        int mrc = RK_MPI(MPI_Test(&x->rq, &done, MPI_STATUS_IGNORE));
         if (mrc == MPI_SUCCESS && !done)
             continue;
         if (mrc != MPI_SUCCESS && x->rq != MPI_REQUEST_NULL)
@@ -289,7 +289,7 @@ static int xfer_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
         return -ENOMEM;
     memcpy(copy, msg, len);
     MPI_Request rq = MPI_REQUEST_NULL;
-    int mrc = MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq);
+    int mrc = RK_MPI(MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq));
     if (mrc != MPI_SUCCESS) {
         MPI_Free_mem(copy); /* a failed MPI_Isend holds nothing */
         RK_LOG_DEBUG(RK_SUB_REC, "recovery: send (tag %#x) to rank %d refused (MPI error %d)", tag, dst, mrc);
@@ -308,7 +308,7 @@ static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64
     int flag = 0, count = 0, done = 0;
     MPI_Message msg;
     MPI_Status st;
-    if (MPI_Improbe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &msg, &st) != MPI_SUCCESS || !flag)
+    if (RK_MPI(MPI_Improbe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag)
         return 0;
     if (MPI_Get_count(&st, MPI_BYTE, &count) != MPI_SUCCESS || count < 0)
         count = 0;
@@ -318,11 +318,11 @@ static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64
         return 0; /* the matched message is lost; every wait for it is bounded */
     }
     MPI_Request rq = MPI_REQUEST_NULL;
-    if (MPI_Imrecv(copy, count, MPI_BYTE, &msg, &rq) != MPI_SUCCESS) {
+    if (RK_MPI(MPI_Imrecv(copy, count, MPI_BYTE, &msg, &rq)) != MPI_SUCCESS) {
         MPI_Free_mem(copy);
         return 0;
     }
-    while (MPI_Test(&rq, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && !rk__deadline_passed(deadline))
+    while (RK_MPI(MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !done && !rk__deadline_passed(deadline))
         rk__sleep_ns(POLL_NS);
     int n = 0;
     if (done && (size_t)count <= cap) {

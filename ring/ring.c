@@ -53,6 +53,7 @@
 #include <sched.h>
 #include <string.h>
 
+#include "../formats/fmt.h"
 #include "ring_internal.h"
 
 struct xfer {
@@ -108,7 +109,9 @@ static unsigned char *chunk_at(const struct xfer *x, size_t t, bool send, size_t
 
 static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_error)
 {
-    int rc = MPI_Test(req, done, st ? st : MPI_STATUS_IGNORE);
+    rk__mpi_enter();
+    fmt_fault_point("progress"); /* tests: RK_FAULT=progress@N=hang, a call that never returns */
+    int rc = rk__mpi_left(MPI_Test(req, done, st ? st : MPI_STATUS_IGNORE));
     if (rc == MPI_SUCCESS)
         return 0;
     int cls = 0;
@@ -132,7 +135,7 @@ static int post_recvs(struct xfer *x)
         int flag = 0;
         MPI_Message msg;
         MPI_Status st;
-        int rc = MPI_Improbe(x->src, MPI_ANY_TAG, r->parent, &flag, &msg, &st);
+        int rc = RK_MPI(MPI_Improbe(x->src, MPI_ANY_TAG, r->parent, &flag, &msg, &st));
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
         if (!flag)
@@ -141,12 +144,12 @@ static int post_recvs(struct xfer *x)
         chunk_at(x, x->pvalid, false, &len);
         int kind = classify(x, &st, len * x->esize);
         if (kind < 0 && kind != RK_E_COLL_MISMATCH)
-            MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE); /* a token: zero bytes */
+            RK_MPI(MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE)); /* a token: zero bytes */
         if (kind < 0)
             return kind; /* a mismatching message stays queued: stale for the next call */
         int slot = (int)(x->posted % (size_t)r->window);
-        rc = MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
-                        &r->rreq[slot]);
+        rc = RK_MPI(MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
+                        &r->rreq[slot]));
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Imrecv");
         x->drop[slot] = kind == 1;
@@ -166,7 +169,7 @@ static int post_sends(struct xfer *x)
         unsigned char *s = r->sstage + slot * r->chunk_bytes;
         if (len) /* (an empty shift may pass NULL) */
             memcpy(s, p, len * x->esize); /* invariant 6 */
-        int rc = MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, x->dst, x->tag, r->parent, &r->sreq[slot]);
+        int rc = RK_MPI(MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, x->dst, x->tag, r->parent, &r->sreq[slot]));
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
@@ -260,12 +263,12 @@ static void abort_xfer(struct xfer *x, int why)
     int pending = 0;
     for (size_t m = x->consumed; m < x->posted; m++) {
         int done = 0;
-        if (MPI_Test(&r->rreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+        if (RK_MPI(MPI_Test(&r->rreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || !done)
             pending++;
     }
     for (size_t m = x->sdone; m < x->sent; m++) {
         int done = 0;
-        if (MPI_Test(&r->sreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)
+        if (RK_MPI(MPI_Test(&r->sreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || !done)
             pending++;
     }
     if (pending > 0)

@@ -34,8 +34,8 @@ void ring__send_token(ring *r, int dst, unsigned seq, enum ring_token tok)
 {
     MPI_Request q;
     if (r->rank >= 0 && r->size > 1 && dst >= 0 && dst != r->prank &&
-        MPI_Isend(NULL, 0, MPI_BYTE, dst, ring__data_tag(r, seq, tok), r->parent, &q) == MPI_SUCCESS)
-        MPI_Request_free(&q);
+        RK_MPI(MPI_Isend(NULL, 0, MPI_BYTE, dst, ring__data_tag(r, seq, tok), r->parent, &q)) == MPI_SUCCESS)
+        RK_MPI(MPI_Request_free(&q));
 }
 
 /* Frees mem and reqs if every request is complete (after cancelling it); otherwise keeps
@@ -46,8 +46,8 @@ static void bury(ring *r, MPI_Request *reqs, int n, void *mem)
     for (int i = 0; i < n; i++) {
         int done = 1;
         if (reqs[i] != MPI_REQUEST_NULL) {
-            MPI_Cancel(&reqs[i]);
-            if (MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            RK_MPI(MPI_Cancel(&reqs[i]));
+            if (RK_MPI(MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS)
                 done = 0;
         }
         pending += !done;
@@ -76,7 +76,7 @@ static void reap_graves(ring *r, bool final)
     while (*link) {
         struct ring_grave *g = *link;
         int done = 0;
-        if (MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+        if (RK_MPI(MPI_Testall(g->nreqs, g->reqs, &done, MPI_STATUSES_IGNORE)) != MPI_SUCCESS)
             done = 0;
         if (!done && !final) {
             link = &g->next;
@@ -87,7 +87,7 @@ static void reap_graves(ring *r, bool final)
         } else {
             for (int i = 0; i < g->nreqs; i++)
                 if (g->reqs[i] != MPI_REQUEST_NULL)
-                    MPI_Request_free(&g->reqs[i]);
+                    RK_MPI(MPI_Request_free(&g->reqs[i]));
             rk__retain_forever(g->mem); /* MPI may still write it */
             RK_LOG_DEBUG(RK_SUB_RING, "ring_destroy: transfers still pending: their buffer is retained");
         }
@@ -272,14 +272,14 @@ static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring
     for (int i = 0; i < n && rc == 0; i++) {
         if (i == me)
             continue;
-        int m1 = MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]);
-        int m2 = MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]);
+        int m1 = RK_MPI(MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]));
+        int m2 = RK_MPI(MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]));
         if (m1 != MPI_SUCCESS || m2 != MPI_SUCCESS)
             rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, m1 != MPI_SUCCESS ? m1 : m2, "rebuild handshake: post");
     }
     int64_t deadline = ring__deadline(r, c);
     for (int done = 0; rc == 0 && !done;) {
-        int mrc = MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE);
+        int mrc = RK_MPI(MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE));
         if (mrc != MPI_SUCCESS)
             rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "rebuild handshake");
         else if (!done)

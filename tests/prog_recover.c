@@ -2,12 +2,15 @@
  * tests/prog_recover.c - a worker for the recovery rounds' integration tests, run under
  * mpirun by tests/test_recover.c.
  *
- *   prog_recover VICTIM LATE LATE_MS [die]
+ *   prog_recover VICTIM LATE LATE_MS [die|wedge]
  *
  * Every worker runs steps 0..11: rk_allreduce of 1.0 (checked: the sum is the world
  * size), then rk_step_done. At step 5 rank VICTIM raise(SIGKILL)s before its allreduce,
  * and rank LATE (-1: none) first sleeps LATE_MS, a long compute step, so it enters
- * recovery late; with "die" it then raise(SIGKILL)s too, dying while the others recover.
+ * recovery late; with "die" it then raise(SIGKILL)s too, dying while the others recover;
+ * with "wedge" its allreduce of step 5 never returns from its first test of a transfer
+ * (RK_FAULT=progress@0=hang: as Open MPI's shared-memory transport after a peer died in
+ * the middle of a send), and the wedge watchdog ends it (RK_EXIT_WEDGED).
  * Prints "rank R recovered world W step S" on RK_RECOVERED, "rank R done world W" at the
  * end, "rank R error: ..." (exit 2) on any other error, and after rk_finalize
  * "rank R alloc_mem outstanding N isend_refused K".
@@ -25,6 +28,7 @@
 #include <unistd.h>
 
 #include "prog_common.h"
+#include "../formats/fio.h"
 
 static long alloc_outstanding;
 static int isend_refused;
@@ -62,12 +66,12 @@ int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, 
 int main(int argc, char **argv)
 {
     if (argc < 4) {
-        fprintf(stderr, "usage: prog_recover VICTIM LATE LATE_MS [die]\n");
+        fprintf(stderr, "usage: prog_recover VICTIM LATE LATE_MS [die|wedge]\n");
         return 2;
     }
     int victim = atoi(argv[1]), late = atoi(argv[2]);
     long late_ms = atol(argv[3]);
-    bool die = argc > 4 && strcmp(argv[4], "die") == 0;
+    bool die = argc > 4 && strcmp(argv[4], "die") == 0, wedge = argc > 4 && strcmp(argv[4], "wedge") == 0;
     rk_ctx *ctx = prog_rk_init();
     if (!ctx)
         return 3;
@@ -81,6 +85,13 @@ int main(int argc, char **argv)
             usleep((useconds_t)late_ms * 1000);
             if (die)
                 raise(SIGKILL);
+            if (wedge) {
+                setenv("RK_FAULT", "progress@0=hang", 1);
+                if (fmt_fault_reset() != 0) {
+                    printf("rank %d error: RK_FAULT=progress@0=hang refused\n", me);
+                    return 2;
+                }
+            }
         }
         float x = 1.0f;
         int rc = rk_allreduce(ctx, &x, 1, RK_F32, RK_SUM);

@@ -291,6 +291,21 @@ static void assert_all_recovered(const char *out, int survivors, int world)
     ck_assert_msg(!strstr(out, "LeakSanitizer"), "leak:\n%s", out);
 }
 
+/* A worker whose MPI call never returns (rank 2: its first test of a transfer at step 5
+   hangs, as Open MPI's shared-memory transport does after a peer died mid-send) still
+   sends heartbeats, so its peers would wait for it until their own bound and stop. The
+   wedge watchdog ends it after half a round (RK_EXIT_WEDGED), and the others recover
+   without it and finish. */
+START_TEST(wedged_worker_leaves_and_others_recover)
+{
+    char *out = recover_job(4, NULL, "-1", "2", "0", "wedge");
+    assert_all_recovered(out, 3, 3);
+    ck_assert_msg(strstr(out, "inside one MPI call for ") != NULL, "no wedge reported:\n%s", out);
+    ck_assert_msg(count_lines(out, "rank 2 ") == 0, "rank 2 went on:\n%s", out);
+    free(out);
+}
+END_TEST
+
 /* R5: a survivor in a long compute step enters recovery 1.5 rounds after the others; they
    wait for it on the common schedule instead of giving up after one round. */
 START_TEST(rounds_R5_late_survivor_recovers)
@@ -391,6 +406,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, rounds_R5_member_dies_in_recovery);
     tcase_add_test(tc, rounds_R6_refused_send_leaves_nothing);
     tcase_add_test(tc, rounds_R5_timeout_after_last_round_alike);
+    tcase_add_test(tc, wedged_worker_leaves_and_others_recover);
     suite_add_tcase(s, tc);
     return s;
 }
