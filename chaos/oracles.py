@@ -103,15 +103,16 @@ def check_ended(job, plan, steps, timed_out):
 
 
 def killed_after_end(job, plan):
-    """Victims killed after the job's last collective (a late fault on a short job): they
-    belong to the final world but print no final line. Either no survivor ever declared
-    them dead, or none recovered after it did: survivors that finished without a recovery
-    after the loss did not need the victim for any collective left."""
+    """Victims killed (or stopped) after the job's last collective (a late fault on a short
+    job): they belong to the final world, and a killed one prints no final line. Either no
+    survivor ever declared them dead, or none recovered after it did: survivors that
+    finished without a recovery after the loss did not need the victim for any collective
+    left."""
     dead = {}
     for e in job.events_named("peer_dead"):
         dead[e.get("peer")] = min(dead.get(e.get("peer"), e["t_ns"]), e["t_ns"])
     resumed = [e["t_ns"] for e in job.events_named("resumed")]
-    return {v for f in plan["faults"] if f.get("fired") and f["kind"] in ("kill", "host_loss")
+    return {v for f in plan["faults"] if f.get("fired") and f["kind"] in ("kill", "host_loss", "stop")
             for v in f["victims"] if v not in dead or not any(t > dead[v] for t in resumed)}
 
 
@@ -148,13 +149,16 @@ def check_in_place(job, plan, workers):
         return _skip("in_place", "this kind may relaunch the job")
     if job.phase != 0 or job.relaunches():
         return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
-    lost -= killed_after_end(job, plan)
+    late = killed_after_end(job, plan)
+    lost -= late
     finals = last_finals(job)
     if finals and finals[0][2] != workers - len(lost):
         return _bad("in_place", "final world %d, want %d - %d lost" % (finals[0][2], workers, len(lost)))
     for f in plan["faults"]:
         if f.get("fired") and f["kind"] in ("stop", "partition"):
             for r in f["victims"]:
+                if r in late:
+                    continue  # stopped after the last collective: nobody waited for it
                 fenced = [e for e in job.events if e["_file_rank"] == r and e["event"] == "fenced"]
                 refused = re.search(r"\[rekindle r%d [^]]*\] recovery stopped: survivors are not a majority" % r,
                                     job.stderr_text())
