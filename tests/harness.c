@@ -134,8 +134,17 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int th_time_scale(void)
+{
+    const char *s = getenv("RK_TEST_TIME_SCALE");
+    int k = s ? atoi(s) : 1;
+    return k >= 1 && k <= 99 ? k : 1;
+}
+
 int th_run(char *const argv[], const char *const envp_extra[], int timeout_s, char **out)
 {
+    int scale = th_time_scale();
+    timeout_s *= scale;
     int pipefd[2];
     if (out)
         *out = NULL;
@@ -154,6 +163,11 @@ int th_run(char *const argv[], const char *const envp_extra[], int timeout_s, ch
         int devnull = open("/dev/null", O_RDONLY);
         if (devnull >= 0)
             dup2(devnull, STDIN_FILENO);
+        if (scale > 1 && !getenv("RK_HEARTBEAT_MS")) {
+            char hb[32];
+            snprintf(hb, sizeof(hb), "%d", 100 * scale);
+            setenv("RK_HEARTBEAT_MS", hb, 1);
+        }
         for (size_t i = 0; envp_extra && envp_extra[i]; i++)
             putenv((char *)envp_extra[i]);
         execvp(argv[0], argv);

@@ -36,9 +36,15 @@ int th_dot_entries(const char *dir);
 char *th_read_file(const char *path, size_t *len);
 int th_write_file(const char *path, const void *data, size_t len);
 
+/* RK_TEST_TIME_SCALE (1..99, default 1; tests/run sets 4 under TSan): the factor th_run
+   applies to its bounds and, unless the caller's environment or envp_extra sets one, to
+   the started job's heartbeat period (RK_HEARTBEAT_MS = 100 ms x scale). Tests that wait
+   with their own clocks multiply by it too. */
+int th_time_scale(void);
+
 /* Runs argv (argv[0] searched in PATH) in its own process group with stdout+stderr
    captured into *out (malloc'd, NUL-terminated; out may be NULL to discard). The whole
-   group is killed if it outlives timeout_s. Returns the exit status 0..255, 128+signal
+   group is killed if it outlives timeout_s x th_time_scale(). Returns the exit status 0..255, 128+signal
    if killed by a signal, or -1 if it timed out (or could not start). */
 int th_run(char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
 /* th_run of /bin/sh -c cmd. */

@@ -189,7 +189,8 @@ START_TEST(killed_worker_job_finishes)
     snprintf(pattern, sizeof(pattern), "^%s --steps 3000 --seed 4242$", bin);
     char *pgrep[] = {"pgrep", "-f", "--", pattern, NULL};
     long victim = 0;
-    for (int i = 0; i < 600 && victim == 0; i++) {
+    const int scale = th_time_scale();
+    for (int i = 0; i < 600 * scale && victim == 0; i++) {
         char probe[4300];
         snprintf(probe, sizeof(probe), "%s/step-000000000100", dir);
         if (access(probe, F_OK) == 0 && th_run(pgrep, NULL, 10, &pg) == 0) {
@@ -204,11 +205,11 @@ START_TEST(killed_worker_job_finishes)
     if (victim > 0)
         kill((pid_t)victim, SIGKILL);
     int status = 0, waited = 0;
-    for (; waited < 1200 && waitpid(pid, &status, WNOHANG) == 0; waited++) {
+    for (; waited < 1200 * scale && waitpid(pid, &status, WNOHANG) == 0; waited++) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (waited == 1200) {
+    if (waited == 1200 * scale) {
         kill(pid, SIGTERM);
         waitpid(pid, &status, 0);
     }
@@ -384,8 +385,15 @@ START_TEST(zero_moments_are_slices)
     th_assert_rc(TRAIN(4, env, &out, "--steps", "4", "--hidden", "2048", "--batch", "8", "--zero", "--mem"), 0);
     long long hwm = max_hwm(out, &p);
     ck_assert_msg(base > 0 && hwm > 0 && p > 1000000, "no memory lines:\n%s", out);
-    ck_assert_msg(hwm - base < 22 * p, "peak %lld - runtime %lld = %.1f bytes per parameter (P = %lld), want < 22",
-                  hwm, base, (double)(hwm - base) / (double)p, p);
+    /* ThreadSanitizer backs every touched byte with several bytes of shadow memory, so under
+       it the resident set says nothing about the layout: the job still has to run. */
+    const char *tsan = getenv("RK_TEST_TSAN");
+    if (tsan && strcmp(tsan, "1") == 0)
+        fprintf(stderr, "zero_moments_are_slices: under TSan %.1f bytes per parameter, not checked\n",
+                (double)(hwm - base) / (double)p);
+    else
+        ck_assert_msg(hwm - base < 22 * p, "peak %lld - runtime %lld = %.1f bytes per parameter (P = %lld), want < 22",
+                      hwm, base, (double)(hwm - base) / (double)p, p);
     free(out);
     th_rmrf(w);
     free(w);
