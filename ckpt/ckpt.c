@@ -16,7 +16,9 @@
  *  I3  A checkpoint due while the previous is still in flight waits for it up to
  *      timeout_ms / 4 (logged, event ckpt_delayed), then is skipped (logged, event
  *      ckpt_skipped, RK_E_BUSY): never a queue, and never long enough for the other
- *      ranks' collectives (bounded by timeout_ms) to give up on this one.
+ *      ranks' collectives (bounded by timeout_ms) to give up on this one. Every wait for
+ *      the writer asks the member_lost check (ckpt_config): a job whose commit waits for
+ *      a member that is gone is abandoned at once, not waited out.
  *  I4  Every replicated tensor is written by exactly one rank (fmt_assign), every
  *      sharded tensor's slice and every per-rank tensor by the rank that holds it, so the
  *      shards of one checkpoint are disjoint and together hold every tensor.
@@ -162,6 +164,27 @@ bool ckpt__claim_commit(struct ckpt_job *j)
     return atomic_compare_exchange_strong(&j->fate, &open, JOB_COMMITTING) || open == JOB_COMMITTING;
 }
 
+void ckpt__waiting(struct ckpt_job *j, int what)
+{
+    atomic_store(&j->waiting_since_ns, rk__mono_ns());
+    atomic_store(&j->waiting, what);
+}
+
+bool ckpt__describe_wait(struct ckpt_job *j, char *buf, size_t cap)
+{
+    int what = atomic_load(&j->waiting);
+    double ms = rk__ms_since(atomic_load(&j->waiting_since_ns));
+    if (what == CKPT_WAIT_NONE)
+        return false;
+    if (what == CKPT_WAIT_DIR)
+        snprintf(buf, cap, "waits for rank 0 to create the attempt's directory, since %.0f ms", ms);
+    else if (what == CKPT_WAIT_COMMIT)
+        snprintf(buf, cap, "has written its shard and waits for the commit by rank 0, since %.0f ms", ms);
+    else
+        snprintf(buf, cap, "waits for rank %d's shard, since %.0f ms", what, ms);
+    return true;
+}
+
 /* mkdir -p, then prove that files can be created there. */
 static int prepare_dir(const char *dir, int rank)
 {
@@ -229,6 +252,8 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->held_rank = cfg->rank;
     e->held_world = cfg->world;
     e->ev = rk__evlog_ref(cfg->ev);
+    e->member_lost = cfg->member_lost;
+    e->member_lost_arg = cfg->member_lost_arg;
     e->last_committed = -1;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -256,14 +281,18 @@ out_free:
 /* What the writer is doing, for an error that says where it is stuck. */
 static void describe_busy(ckpt_engine *e, char *buf, size_t cap)
 {
-    char op[640];
+    char op[640], wait[128];
     pthread_mutex_lock(&e->mu);
     int64_t step = e->job.step, since = e->busy_since_ns;
     pthread_mutex_unlock(&e->mu);
     if (!fmt_io_activity_describe(&e->act, op, sizeof(op)))
         snprintf(op, sizeof(op), "no file operation yet");
-    snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (writer's last operation: %s)",
-             step, rk__ms_since(since), op);
+    if (ckpt__describe_wait(&e->job, wait, sizeof(wait)))
+        snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (the writer %s; its last "
+                 "file operation: %s)", step, rk__ms_since(since), wait, op);
+    else
+        snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (writer's last operation: %s)",
+                 step, rk__ms_since(since), op);
 }
 
 static int busy_error(ckpt_engine *e, const char *what)
@@ -376,11 +405,6 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     return rc;
 }
 
-bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns)
-{
-    return wait_state(e, deadline_ns, true);
-}
-
 void ckpt_note_committed(ckpt_engine *e, int64_t step)
 {
     pthread_mutex_lock(&e->mu);
@@ -411,17 +435,30 @@ static bool settled_locked(ckpt_engine *e)
 }
 
 /* Waits until the deadline for the writer to be idle (or, if `settled`, for no live job:
-   an abandoned one may still be stuck); true if it is. */
+   an abandoned one may still be stuck); true if it is. With a member_lost check (I3), it
+   is asked every LOST_POLL_MS, and the job in flight is abandoned as soon as it says a
+   member is gone: a commit that waits for a dead member is never waited out. */
+#define LOST_POLL_MS 20
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled)
 {
-    struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
-    pthread_mutex_lock(&e->mu);
-    while (!(settled ? settled_locked(e) : e->state == CKPT_IDLE))
-        if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
-            break;
-    bool ok = settled ? settled_locked(e) : e->state == CKPT_IDLE;
-    pthread_mutex_unlock(&e->mu);
-    return ok;
+    for (;;) {
+        int64_t until = deadline_ns;
+        if (e->member_lost) {
+            int64_t poll = rk__deadline_ns(LOST_POLL_MS);
+            until = poll < deadline_ns ? poll : deadline_ns;
+        }
+        struct timespec ts = {.tv_sec = until / 1000000000, .tv_nsec = until % 1000000000};
+        pthread_mutex_lock(&e->mu);
+        while (!(settled ? settled_locked(e) : e->state == CKPT_IDLE))
+            if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
+                break;
+        bool ok = settled ? settled_locked(e) : e->state == CKPT_IDLE;
+        pthread_mutex_unlock(&e->mu);
+        if (ok || until == deadline_ns)
+            return ok;
+        if (e->member_lost(e->member_lost_arg))
+            ckpt_abandon(e); /* nothing if no job is open or its commit began (I10) */
+    }
 }
 
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns)
@@ -607,6 +644,8 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         free(e->mine[i].blocks);
     memset(j, 0, sizeof(*j));
     atomic_init(&j->fate, JOB_OPEN);
+    atomic_init(&j->waiting, CKPT_WAIT_NONE);
+    atomic_init(&j->waiting_since_ns, 0);
     j->step = step;
     j->m.step = step;
     j->m.rank = e->rank;

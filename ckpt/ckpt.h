@@ -28,6 +28,13 @@ typedef struct ckpt_config {
     const char *io;   /* RK_IO: "auto", "uring", "buffered" */
     uint64_t nonce;   /* the same on every rank of this job, different across jobs */
     rk__evlog *ev;    /* event log (may be NULL) */
+    /* Asked every 20 ms by whoever waits for the writer (ckpt_start, ckpt_wait,
+       ckpt_destroy): true once a member of the membership is lost or this worker is
+       fenced. The job in flight can then never commit (its commit waits for every
+       member, I9), so it is abandoned at once instead of waited out. Called on the
+       waiting thread, never with the engine's lock held. May be NULL. */
+    bool (*member_lost)(void *arg);
+    void *member_lost_arg;
 } ckpt_config;
 
 /* A tensor as the engine sees it (the registry's, pointers stay the caller's). */
@@ -72,11 +79,9 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Until no checkpoint is in flight, or deadline_ns (CLOCK_MONOTONIC); returns the first
    failure since the last call (and forgets it), 0 if every checkpoint since was committed,
    RK_E_TIMEOUT if one is still in flight at the deadline (rk_last_error() names the
-   step, how long, and the writer's last file operation and path; it stays in flight). */
+   step, how long, what the writer waits for on other ranks if anything, and its last
+   file operation and path; it stays in flight). */
 int ckpt_wait(ckpt_engine *e, int64_t deadline_ns);
-/* Whether the engine is idle (no checkpoint in flight) by the deadline (CLOCK_MONOTONIC
-   ns); lets a caller watch something else while it waits. */
-bool ckpt_idle_by(ckpt_engine *e, int64_t deadline_ns);
 /* Whether a checkpoint is in flight now (never waits). */
 bool ckpt_busy(ckpt_engine *e);
 /* Tells the engine that `step` is committed (after a restore), so it is not written again. */

@@ -29,7 +29,17 @@ struct ckpt_job {
     double stall_ms;     /* how long the training thread was blocked */
     int rc;              /* how the writer ended it (0: committed), and when (0: not yet) */
     int64_t done_ns;
+    /* What the writer waits for on other ranks (ckpt__describe_wait): CKPT_WAIT_NONE,
+       _DIR, _COMMIT, or r >= 1, rank r's shard; and since when. */
+    atomic_int waiting;
+    _Atomic int64_t waiting_since_ns;
 };
+enum { CKPT_WAIT_NONE = 0, CKPT_WAIT_DIR = -1, CKPT_WAIT_COMMIT = -2 };
+/* Sets what the writer of j waits for now (one of the above, or a rank). */
+void ckpt__waiting(struct ckpt_job *j, int what);
+/* "waits for the commit by rank 0 since N ms" and the like; false while it waits for
+   nothing. */
+bool ckpt__describe_wait(struct ckpt_job *j, char *buf, size_t cap);
 
 struct ckpt_engine {
     char *dir, *io;
@@ -37,6 +47,8 @@ struct ckpt_engine {
     uint64_t nonce;      /* of the current membership (I9) */
     uint64_t base_nonce; /* the job's */
     rk__evlog *ev;
+    bool (*member_lost)(void *arg); /* ckpt_config */
+    void *member_lost_arg;
 
     pthread_t thr;
     bool thr_started;

@@ -183,6 +183,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
     for (int r = 1; r < j->m.world; r++) {
         snprintf(path, sizeof(path), "%s/shard-%d.ok", tmpdir, r);
         snprintf(note, sizeof(note), "FAILED-%d", r);
+        ckpt__waiting(j, r);
         for (;;) {
             fmt_manifest *m = NULL;
             if (fmt_manifest_read(path, &m) == 0) {
@@ -206,6 +207,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
             backoff(&pause);
         }
     }
+    ckpt__waiting(j, CKPT_WAIT_NONE);
     size_t total = 0;
     for (int r = 0; r < j->m.world; r++)
         total += shards[r]->n;
@@ -255,6 +257,7 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
     fmt_step_name(final, sizeof(final), j->step);
     snprintf(mine, sizeof(mine), "%s/%s/shard-%d.ok", e->dir, final, j->m.rank);
     int64_t deadline = rk__deadline_ns(2 * (int64_t)e->timeout_ms + 1000), pause = 1000000;
+    ckpt__waiting(j, CKPT_WAIT_COMMIT); /* until the job ends: nothing follows this wait */
     for (;;) {
         /* The attempt's directory looked at first: a commit renames it, so the committed
            manifest read after it is found gone was there if it was committed. */
@@ -286,7 +289,10 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
    creating it anew after the job has moved on, or ended, without it. */
 static int await_dir(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
 {
-    if (dir_appears(tmpdir, rk__deadline_ns(e->timeout_ms), j))
+    ckpt__waiting(j, CKPT_WAIT_DIR);
+    bool there = dir_appears(tmpdir, rk__deadline_ns(e->timeout_ms), j);
+    ckpt__waiting(j, CKPT_WAIT_NONE);
+    if (there)
         return 0;
     if (ckpt__abandoned(j))
         return abandoned(j);

@@ -198,9 +198,11 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
    labelled step+1 (training blocks only for the snapshot; the buffers may be changed
    as soon as it returns). Bound: if the previous checkpoint is still being written it
    waits for it at most RK_TIMEOUT_MS / 4 (event ckpt_delayed), then skips this one
-   (event ckpt_skipped; a warning, reported by rk_wait only if it failed), plus the copy
-   into staging; a failure elsewhere first runs the recovery, bounded as docs/PROTOCOL.md
-   says. Never waits on the disk. May return RK_RECOVERED. */
+   (event ckpt_skipped; a warning, reported by rk_wait only if it failed); a member found
+   lost meanwhile abandons the previous one at once instead (its commit needs every
+   member), and this one goes ahead. Plus the copy into staging; a failure elsewhere
+   first runs the recovery, bounded as docs/PROTOCOL.md says. Never waits on the disk.
+   May return RK_RECOVERED. */
 int rk_step_done(rk_ctx *ctx, int64_t step);
 
 int64_t rk_next_step(const rk_ctx *ctx);
@@ -214,7 +216,8 @@ int rk_checkpoint(rk_ctx *ctx);
 /* Until every started checkpoint is committed or failed, at most RK_TIMEOUT_MS; returns
    the first failure since the last rk_wait (rk_last_error() and the event ckpt_failed say
    why), 0 if none. RK_E_TIMEOUT if one is still being written at the bound: rk_last_error()
-   names its step, how long it has been in flight and the writer's last file operation
+   names its step, how long it has been in flight, what the writer waits for (another
+   rank's shard, rank 0's directory or commit) if anything, and its last file operation
    with its path (a disk that stopped answering); it stays in flight, and a later rk_wait
    waits again. A member lost meanwhile abandons it at once (RK_E_ABORTED): nothing of an
    abandoned checkpoint is ever committed. */

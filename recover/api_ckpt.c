@@ -37,7 +37,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
-                       .ev = ctx->ev};
+                       .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx};
     /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     int rc = 0, worst = 0;
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
@@ -63,29 +63,14 @@ int rec_ckpt_open(rk_ctx *ctx)
     return 0;
 }
 
-/* Waits until the checkpoint in flight is committed or failed, or until the deadline; if
-   the detector sees a member go meanwhile, the commit (which would wait for that member's
-   shard) is abandoned at once instead of at its deadline. Returns like ckpt_wait. */
-static int settle(rk_ctx *ctx, int64_t deadline)
-{
-    for (;;) {
-        int64_t slice = rk__deadline_ns(20);
-        if (ckpt_idle_by(ctx->ckpt, slice < deadline ? slice : deadline) || rk__deadline_passed(deadline))
-            break;
-        if (rec_membership_changed(ctx)) {
-            ckpt_abandon(ctx->ckpt);
-            break;
-        }
-    }
-    return ckpt_wait(ctx->ckpt, deadline);
-}
-
 int rec_ckpt_close(rk_ctx *ctx)
 {
     if (!ctx->ckpt)
         return 0;
+    /* A commit that waits for a member the detector saw go is abandoned at once
+       (ckpt_config.member_lost), not at the deadline. */
     int64_t deadline = rk__deadline_ns(ctx->opt.timeout_ms);
-    int rc = settle(ctx, deadline);
+    int rc = ckpt_wait(ctx->ckpt, deadline);
     int drc = ckpt_destroy(&ctx->ckpt, deadline);
     return drc == RK_E_TIMEOUT || !rc ? drc : rc; /* a writer left behind first (rk_finalize) */
 }
@@ -278,7 +263,7 @@ int rk_wait(rk_ctx *ctx)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_wait: ctx is NULL");
     if (!ctx->ckpt)
         return 0;
-    return settle(ctx, rk__deadline_ns(ctx->opt.timeout_ms));
+    return ckpt_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
 }
 
 /* How every rank's attempt at one step ended, ordered so that MAX picks the worst. */
@@ -373,7 +358,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
         return 0; /* no checkpoint directory: nothing to restore */
     /* A checkpoint still in flight may commit a newer step first; it gets RK_TIMEOUT_MS,
        then it is abandoned (its failure is reported by rk_wait). */
-    if (ckpt_busy(ctx->ckpt) && settle(ctx, rk__deadline_ns(ctx->opt.timeout_ms)) == RK_E_TIMEOUT)
+    if (ckpt_busy(ctx->ckpt) && ckpt_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms)) == RK_E_TIMEOUT)
         ckpt_abandon(ctx->ckpt);
     ckpt_tensor *t = NULL;
     int64_t step = -1;

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,15 +265,21 @@ END_TEST
 static double two_rank_v[5] = {1, 2, 3, 4, 5};
 static int64_t two_rank_shape[1] = {5};
 
-static ckpt_engine *start_one_of_two(const char *dir, int rank, int timeout_ms)
+static ckpt_engine *start_one_of_two_watching(const char *dir, int rank, int timeout_ms, bool (*lost)(void *))
 {
-    ckpt_config cfg = {.dir = dir, .rank = rank, .world = 2, .keep = 1, .timeout_ms = timeout_ms, .nonce = 7};
+    ckpt_config cfg = {.dir = dir, .rank = rank, .world = 2, .keep = 1, .timeout_ms = timeout_ms, .nonce = 7,
+                       .member_lost = lost};
     ckpt_engine *e = NULL;
     th_assert_rc(ckpt_create(&e, &cfg), 0);
     ckpt_tensor t = {.name = "w", .ptr = two_rank_v, .dtype = RK_F64, .ndim = 1, .shape = two_rank_shape,
                      .nbytes = sizeof(two_rank_v)};
     th_assert_rc(ckpt_start(e, 0, &t, 1), 0);
     return e;
+}
+
+static ckpt_engine *start_one_of_two(const char *dir, int rank, int timeout_ms)
+{
+    return start_one_of_two_watching(dir, rank, timeout_ms, NULL);
 }
 
 /* The entries of dir matching the grep pattern, one per line ("" if none); malloc'd. */
@@ -310,7 +317,8 @@ START_TEST(failed_last_attempt_leaves_nothing)
 END_TEST
 
 /* Alone of two ranks, with the first checkpoint still waiting for the other rank, the
-   second is skipped (RK_E_BUSY after a quarter of the timeout) and noted for the others.
+   second is skipped (RK_E_BUSY after a quarter of the timeout, naming what the writer
+   waits for) and noted for the others.
    The end of the job leaves nothing: rank 0 removes the attempt it made for its note;
    rank 1 never makes one (rank 0 never made the directory). */
 START_TEST(skipped_last_attempt_leaves_nothing)
@@ -321,8 +329,41 @@ START_TEST(skipped_last_attempt_leaves_nothing)
                      .nbytes = sizeof(two_rank_v)};
     int rc = ckpt_start(e, 1, &t, 1);
     ck_assert_msg(rc == RK_E_BUSY, "rank %d: ckpt_start: %d (%s), want RK_E_BUSY", _i, rc, rk_last_error());
+    const char *waits = _i == 0 ? "waits for rank 1's shard" : "waits for rank 0 to create the attempt's directory";
+    ck_assert_msg(strstr(rk_last_error(), waits), "rank %d: the skip does not say what the writer %s: %s", _i, waits,
+                  rk_last_error());
     rk__sleep_ns(100 * 1000000LL); /* the note's thread has written it (or, rank 1, waits) */
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_TIMEOUT);
+    assert_left_nothing(dir);
+}
+END_TEST
+
+/* The other rank is lost while this one's checkpoint still waits for it (its shard, or
+   its commit): the next checkpoint does not wait out a quarter of the timeout (30 s here)
+   and get skipped. The job waited for is abandoned as soon as the member_lost check says
+   so, and the next one starts (ckpt.c I3). */
+static atomic_bool other_rank_lost;
+static bool other_rank_is_lost(void *arg)
+{
+    (void)arg;
+    return atomic_load(&other_rank_lost);
+}
+
+START_TEST(lost_member_abandons_the_job_waited_for)
+{
+    char *dir = th_tmpdir("lost");
+    atomic_store(&other_rank_lost, false);
+    ckpt_engine *e = start_one_of_two_watching(dir, _i, 120000, other_rank_is_lost);
+    rk__sleep_ns(100 * 1000000LL); /* its writer waits for the other rank */
+    atomic_store(&other_rank_lost, true);
+    ckpt_tensor t = {.name = "w", .ptr = two_rank_v, .dtype = RK_F64, .ndim = 1, .shape = two_rank_shape,
+                     .nbytes = sizeof(two_rank_v)};
+    int rc = ckpt_start(e, 1, &t, 1);
+    ck_assert_msg(rc == 0, "rank %d: ckpt_start after the loss: %d (%s), want 0 (the job waited for abandoned)", _i, rc,
+                  rk_last_error());
+    rc = ckpt_wait(e, rk__deadline_ns(120000)); /* the new job waits for the lost rank too */
+    ck_assert_msg(rc == RK_E_ABORTED, "rank %d: ckpt_wait: %d (%s), want RK_E_ABORTED", _i, rc, rk_last_error());
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     assert_left_nothing(dir);
 }
 END_TEST
@@ -367,6 +408,12 @@ START_TEST(survivor_removes_abandoned_attempt_of_dead_rank0)
     for (int i = 0; i < 500 && access(path, F_OK) != 0; i++) /* its shard is in: it waits for rank 0 */
         rk__sleep_ns(10 * 1000000LL);
     ck_assert_msg(access(path, F_OK) == 0, "rank 1 never wrote %s", path);
+    bool named = false; /* a wait that gives up says what the writer waits for */
+    for (int i = 0; i < 100 && !named; i++) {
+        ck_assert_int_eq(ckpt_wait(e, rk__deadline_ns(10)), RK_E_TIMEOUT);
+        named = strstr(rk_last_error(), "has written its shard and waits for the commit by rank 0") != NULL;
+    }
+    ck_assert_msg(named, "the error does not say the writer waits for the commit: %s", rk_last_error());
     ck_assert(ckpt_abandon(e));
     ck_assert_int_eq(ckpt_destroy(&e, rk__deadline_ns(10000)), RK_E_ABORTED);
     assert_left_nothing(dir);
@@ -637,6 +684,7 @@ int main(void)
     tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);
+    tcase_add_loop_test(tc, lost_member_abandons_the_job_waited_for, 0, 2);
     tcase_add_test(tc, survivor_removes_abandoned_attempt_of_dead_rank0);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, h5py_reads_index);
