@@ -7,7 +7,8 @@ trainers). The mark is how the harness finds the run's processes in /proc, signa
 workers it chose, and proves afterwards that none was left behind.
 
 While it runs, poll() reads what the job wrote so far: rank 0's 'step S ...' lines, every
-rank's 'final step=N world=W hash=H' line, and the event log (RK_EVENT_LOG=<dir>/ev,
+rank's 'final step=N world=W hash=H' line (by launch attempt: the wrapper's
+'chaos-attempt N' line comes first in each), and the event log (RK_EVENT_LOG=<dir>/ev,
 one file per rank at start: ev.<rank>).
 """
 import json
@@ -19,6 +20,7 @@ import time
 
 STEP_RE = re.compile(r"^step (\d+) loss \S+ world (\d+)")
 FINAL_RE = re.compile(r"^final step=(\d+) world=(\d+) hash=([0-9a-f]{16})")
+ATTEMPT_RE = re.compile(r"^chaos-attempt (\d+)$")  # chaos/worker.sh, rank 0, before the trainer
 
 
 # Open MPI as root, in a container (no CMA), more processes than cores.
@@ -138,7 +140,8 @@ class Job:
         self.rcs = []             # exit status of each harness launch
         self.last_step = -1       # highest 'step S' printed by rank 0 in any phase
         self.step_seen_ns = {}    # step -> when the harness first saw it
-        self.finals = []          # (phase, step, world, hash)
+        self.finals = []          # (phase, step, world, hash, launch attempt of `rekindle run`)
+        self.attempt = 0          # the current phase's latest attempt (its 'chaos-attempt N' line)
         self.events = []          # every event line parsed, with "_rank_file"
         self.bad_event_lines = [] # lines that are not one JSON object
         self._ev_off = {}
@@ -175,6 +178,7 @@ class Job:
             env.update(self.hosts.env)
         os.makedirs(env["RK_RUN_DIR"], exist_ok=True)
         self._out_off, self._out_part = 0, ""
+        self.attempt = 0
         self.out_path = os.path.join(self.dir, "stdout.%d" % self.phase)
         self.err_path = os.path.join(self.dir, "stderr.%d" % self.phase)
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
@@ -231,7 +235,11 @@ class Job:
                 continue
             m = FINAL_RE.match(ln)
             if m:
-                self.finals.append((self.phase, int(m.group(1)), int(m.group(2)), m.group(3)))
+                self.finals.append((self.phase, int(m.group(1)), int(m.group(2)), m.group(3), self.attempt))
+                continue
+            m = ATTEMPT_RE.match(ln)
+            if m:
+                self.attempt = max(self.attempt, int(m.group(1)))
         self._poll_events()
 
     def _poll_events(self):

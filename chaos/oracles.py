@@ -66,7 +66,11 @@ def committed_steps(ckpt):
 
 
 def last_finals(job):
-    return [f for f in job.finals if f[0] == job.phase]
+    """The final lines of the last attempt of the last harness launch. An earlier attempt's
+    workers can print theirs and then be killed while shutting down (a job_kill after the
+    job's last checkpoint): `rekindle run` relaunches, and the relaunch resumes from that
+    checkpoint and prints them again."""
+    return [f for f in job.finals if f[0] == job.phase and f[4] == job.attempt]
 
 
 def check_ended(job, plan, steps, timed_out):

@@ -5,10 +5,16 @@
 # harness sees and signals the trainer itself).
 #   CHAOS_FAULT_RANK     rank at start that keeps RK_FAULT (unset: every rank)
 #   CHAOS_FAULT_ATTEMPT  launch attempt (RK_RUN_ATTEMPT) that keeps it (unset: every one)
+# Rank 0 first prints 'chaos-attempt N' (N = RK_RUN_ATTEMPT): the harness counts only the
+# final lines of the last attempt, since workers killed after their final line (while
+# shutting down) make `rekindle run` relaunch a job that had finished.
 if [ -n "${CHAOS_FAULT_RANK:-}" ] && [ "${OMPI_COMM_WORLD_RANK:-}" != "$CHAOS_FAULT_RANK" ]; then
     unset RK_FAULT RK_FAULT_PATH
 fi
 if [ -n "${CHAOS_FAULT_ATTEMPT:-}" ] && [ "${RK_RUN_ATTEMPT:-0}" != "$CHAOS_FAULT_ATTEMPT" ]; then
     unset RK_FAULT RK_FAULT_PATH
+fi
+if [ "${OMPI_COMM_WORLD_RANK:-0}" = 0 ]; then
+    echo "chaos-attempt ${RK_RUN_ATTEMPT:-0}"
 fi
 exec "$@"
