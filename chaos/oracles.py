@@ -107,8 +107,9 @@ def check_ended(job, plan, steps, timed_out):
 
 
 def killed_after_end(job, plan):
-    """Victims killed (or stopped) after the job's last collective (a late fault on a short
-    job): they belong to the final world, and a killed one prints no final line. Either no
+    """Victims killed, crashed by an I/O fault, or stopped after the job's last collective
+    (a late fault on a short job): they belong to the final world, and a killed or crashed
+    one prints no final line. Either no
     survivor ever declared them dead, or none recovered after it did: survivors that
     finished without a recovery after the loss did not need the victim for any collective
     left."""
@@ -116,8 +117,20 @@ def killed_after_end(job, plan):
     for e in job.events_named("peer_dead"):
         dead[e.get("peer")] = min(dead.get(e.get("peer"), e["t_ns"]), e["t_ns"])
     resumed = [e["t_ns"] for e in job.events_named("resumed")]
-    return {v for f in plan["faults"] if f.get("fired") and f["kind"] in ("kill", "host_loss", "stop")
-            for v in f["victims"] if v not in dead or not any(t > dead[v] for t in resumed)}
+    victims = set()
+    for f in plan["faults"]:
+        if f.get("fired") and f["kind"] in ("kill", "host_loss", "stop"):
+            victims |= set(f["victims"])
+        victims |= io_crashed(job, f)
+    return {v for v in victims if v not in dead or not any(t > dead[v] for t in resumed)}
+
+
+def io_crashed(job, f):
+    """The rank an I/O fault '=crash' took out: {rank} when it fired and the rank died of
+    it, else empty (a drawn index the rank never reached does nothing)."""
+    if f.get("fired") and f["kind"] == "io" and f["spec"].endswith("=crash") and crashed(job, f["rank"]):
+        return {f["rank"]}
+    return set()
 
 
 def wedged(job):
@@ -133,8 +146,7 @@ def lost_ranks(job, plan):
     for f in plan["faults"]:
         if f.get("fired") and f["kind"] in ("kill", "stop", "host_loss", "partition"):
             lost |= set(f["victims"])
-        if f.get("fired") and f["kind"] == "io" and f["spec"].endswith("=crash") and crashed(job, f["rank"]):
-            lost.add(f["rank"])
+        lost |= io_crashed(job, f)
     return lost
 
 
