@@ -281,18 +281,18 @@ out_free:
 /* What the writer is doing, for an error that says where it is stuck. */
 static void describe_busy(ckpt_engine *e, char *buf, size_t cap)
 {
-    char op[640], wait[128];
+    char op[640], wait[128], writer[sizeof(op) + sizeof(wait) + 64];
     pthread_mutex_lock(&e->mu);
     int64_t step = e->job.step, since = e->busy_since_ns;
     pthread_mutex_unlock(&e->mu);
     if (!fmt_io_activity_describe(&e->act, op, sizeof(op)))
         snprintf(op, sizeof(op), "no file operation yet");
     if (ckpt__describe_wait(&e->job, wait, sizeof(wait)))
-        snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (the writer %s; its last "
-                 "file operation: %s)", step, rk__ms_since(since), wait, op);
+        snprintf(writer, sizeof(writer), "the writer %s; its last file operation: %s", wait, op);
     else
-        snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (writer's last operation: %s)",
-                 step, rk__ms_since(since), op);
+        snprintf(writer, sizeof(writer), "writer's last operation: %s", op);
+    snprintf(buf, cap, "the checkpoint of step %" PRId64 " has been in flight for %.0f ms (%s)", step,
+             rk__ms_since(since), writer);
 }
 
 static int busy_error(ckpt_engine *e, const char *what)
