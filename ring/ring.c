@@ -17,9 +17,9 @@
  *     call returns RK_E_PEER_LOST / RK_E_TIMEOUT when it fires; no MPI call that can
  *     block on a peer is made during an allreduce (only Isend, Irecv, Test, Cancel).
  *  2. The caller's buffer is written only by this thread, from ring-owned receive slots,
- *     after a receive completed. A receive is posted only for a message already matched
- *     (MPI_Improbe + MPI_Imrecv); after an abort, a slot whose receive is still pending
- *     is never reused (ring_grave) until MPI completes it.
+ *     after a receive completed. A receive is posted only for a message already probed
+ *     and matched (MPI_Iprobe, MPI_Improbe + MPI_Imrecv); after an abort, a slot whose
+ *     receive is still pending is never reused (ring_grave) until MPI completes it.
  *  3. Fixed order: segment s is reduced as (..((x_s op x_s+1) op x_s+2) .. op x_s-1)
  *     (indices mod N, out = acc op in, ring_reduce), the last hop dividing for avg. It
  *     depends only on (count, N), not on chunking or timing: bitwise reproducible.
@@ -31,7 +31,9 @@
  *  5. Messages are classified by their envelope before they are received: stale ones
  *     (an aborted call's, lower sequence number; another epoch's, an older ring's on the
  *     same parent communicator; a control message of an abandoned rebuild) are received
- *     into a slot and dropped; a message of a later call is never taken by an earlier one.
+ *     into a slot and dropped; a message of a later call is never taken by an earlier
+ *     one, nor the handshake of a rebuild the left member has begun (the call fails with
+ *     RK_E_PEER_LOST and the handshake stays queued for this member's rebuild).
  *  7. After a failure no collective MPI call is made: every ring of every epoch is the
  *     parent communicator with neighbours re-mapped over the members' parent ranks, and
  *     a rebuild is a bounded point-to-point handshake followed by local work only.
@@ -123,10 +125,18 @@ static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_err
                         "allreduce: transfer with a neighbour failed");
 }
 
-/* Receives: each next message from the left is matched with MPI_Improbe and classified
-   by its envelope before anything is received, so a message of a later call is never
-   taken by this one (invariant 5), and a mismatch is seen before a byte is written. */
-static int classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes);
+/* Receives: the next message from the left is probed (MPI_Iprobe) and classified by its
+   envelope before it is matched, so a message of a later call or of a rebuild this
+   member has not begun stays queued for it (invariant 5), and a mismatch is seen before
+   a byte is written; only then is it matched (MPI_Improbe on its exact tag: the oldest
+   message from that source, the one probed) and received. */
+enum rx {
+    RX_CHUNK, /* a chunk of this call: receive it into a slot */
+    RX_STALE, /* an aborted call's, an older epoch's, an abandoned rebuild's: drop it */
+    RX_TOKEN, /* an abort token of this call (zero bytes): take it, fail with *err */
+    RX_KEEP,  /* leave it queued (a later call's or a later rebuild's), fail with *err */
+};
+static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes, int *err);
 
 static int post_recvs(struct xfer *x)
 {
@@ -135,25 +145,33 @@ static int post_recvs(struct xfer *x)
         int flag = 0;
         MPI_Message msg;
         MPI_Status st;
-        int rc = RK_MPI(MPI_Improbe(x->src, MPI_ANY_TAG, r->parent, &flag, &msg, &st));
+        int rc = RK_MPI(MPI_Iprobe(x->src, MPI_ANY_TAG, r->parent, &flag, &st));
         if (rc != MPI_SUCCESS)
-            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Iprobe");
         if (!flag)
             return 0;
         size_t len;
         chunk_at(x, x->pvalid, false, &len);
-        int kind = classify(x, &st, len * x->esize);
-        if (kind < 0 && kind != RK_E_COLL_MISMATCH)
-            RK_MPI(MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE)); /* a token: zero bytes */
-        if (kind < 0)
-            return kind; /* a mismatching message stays queued: stale for the next call */
+        int err = 0;
+        enum rx kind = classify(x, &st, len * x->esize, &err);
+        if (kind == RX_KEEP)
+            return err;
+        rc = RK_MPI(MPI_Improbe(x->src, st.MPI_TAG, r->parent, &flag, &msg, &st));
+        if (rc != MPI_SUCCESS)
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Improbe");
+        if (!flag) /* only this thread receives on the parent: cannot happen; probe again */
+            return 0;
+        if (kind == RX_TOKEN) {
+            RK_MPI(MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+            return err;
+        }
         int slot = (int)(x->posted % (size_t)r->window);
         rc = RK_MPI(MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
                         &r->rreq[slot]));
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Imrecv");
-        x->drop[slot] = kind == 1;
-        x->pvalid += kind == 0;
+        x->drop[slot] = kind == RX_STALE;
+        x->pvalid += kind == RX_CHUNK;
         x->posted++;
     }
     return 0;
@@ -194,32 +212,46 @@ static int reap_sends(struct xfer *x, bool *progress)
     return 0;
 }
 
-/* What a matched message carries: 0 a chunk of this call, 1 a stale message (drop it:
-   an aborted call's, another epoch's, or a control message left over from an abandoned
-   rebuild), or the error the tag or length means. */
-static int classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes)
+/* What the next message from the left is, by its envelope (see enum rx). A control
+   message of a later epoch means the left member has begun a rebuild: it sends nothing
+   more in this epoch, so this call fails with RK_E_PEER_LOST and the message stays
+   queued for this member's own handshake (dropping it would leave that handshake
+   waiting until its deadline). Data of a later epoch cannot arrive in an earlier one:
+   the all-to-all handshake completes at no member before every member has left the
+   earlier epoch. */
+static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes, int *err)
 {
     unsigned tag = (unsigned)st->MPI_TAG, sig = tag & RING_SIG_MASK, mseq = (tag >> 13) & RING_SEQ_MASK;
-    if ((tag & RING_TAG_CTRL) || ((tag >> 18) & RING_EPOCH_MASK) != (x->r->epoch & RING_EPOCH_MASK))
-        return 1;
+    if (tag & RING_TAG_CTRL) {
+        unsigned ahead = (tag - (unsigned)x->r->epoch) & RING_CTRL_EPOCH_MASK;
+        if (ahead == 0 || ahead > RING_CTRL_EPOCH_MASK / 2)
+            return RX_STALE;
+        RK_LOG_DEBUG(RK_SUB_RING, "parent rank %d has begun the rebuild to epoch %u (this ring: epoch %llu)",
+                     x->src, tag & RING_CTRL_EPOCH_MASK, (unsigned long long)x->r->epoch);
+        *err = RK_E_PEER_LOST;
+        return RX_KEEP;
+    }
+    if (((tag >> 18) & RING_EPOCH_MASK) != (x->r->epoch & RING_EPOCH_MASK))
+        return RX_STALE;
     unsigned age = (x->seq - mseq) & RING_SEQ_MASK;
     if (age != 0 && age <= RING_SEQ_MASK / 2)
-        return 1;
+        return RX_STALE;
+    *err = RK_E_COLL_MISMATCH;
     if (age != 0) {
         RK_LOG_DEBUG(RK_SUB_RING, "a message of call %u arrived in call %u", mseq, x->seq & RING_SEQ_MASK);
-        return RK_E_COLL_MISMATCH;
+        return RX_KEEP;
     }
-    if (sig == RING_TOK_TIMEOUT)
-        return RK_E_TIMEOUT;
-    if (sig == RING_TOK_LOST)
-        return RK_E_PEER_LOST;
+    if (sig == RING_TOK_TIMEOUT || sig == RING_TOK_LOST) {
+        *err = sig == RING_TOK_TIMEOUT ? RK_E_TIMEOUT : RK_E_PEER_LOST;
+        return RX_TOKEN;
+    }
     int bytes = -1;
     MPI_Get_count(st, MPI_BYTE, &bytes);
     if (sig == ((unsigned)x->tag & RING_SIG_MASK) && bytes == (int)want_bytes)
-        return 0;
+        return RX_CHUNK;
     RK_LOG_DEBUG(RK_SUB_RING, "signature %#x and %d bytes from the left, %#x and %zu bytes here", sig,
                  bytes, (unsigned)x->tag & RING_SIG_MASK, want_bytes);
-    return RK_E_COLL_MISMATCH;
+    return RX_KEEP; /* stale for the next call, which drops it */
 }
 
 /* Processes the receive that completed into `slot`. Returns 0, or an error. */

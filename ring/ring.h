@@ -57,8 +57,9 @@ void ring_destroy(ring **r);
    Errors (every member returns one when any fails; the ring stays usable):
      -EINVAL (NULL buffer with count > 0), RK_E_DTYPE, RK_E_OP: bad arguments here;
      RK_E_COLL_MISMATCH: the members passed different count, dtype or op;
-     RK_E_PEER_LOST: cancel->changed() fired, a member aborted for that reason, or MPI
-     reported a failed transfer; RK_E_TIMEOUT: the deadline passed;
+     RK_E_PEER_LOST: cancel->changed() fired, a member aborted for that reason, a member
+     has begun a rebuild to a later epoch, or MPI reported a failed transfer;
+     RK_E_TIMEOUT: the deadline passed;
      RK_E_STATE: this process is not a member (a spare).
    On any error buf holds a mix of inputs and partial results: no receive writes into it
    after the call returns. */

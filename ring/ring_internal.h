@@ -19,6 +19,7 @@
 #define RING_CTRL_HANDSHAKE 0
 #define RING_CTRL_NCCL_ID 1
 #define RING_EPOCH_MASK 0xfu
+#define RING_CTRL_EPOCH_MASK 0x1fffffu
 #define RING_SEQ_MASK 0x1fu
 #define RING_SIG_MASK 0x1fffu
 #define RING_SIG_TOKENS 0x1ffdu /* signatures are 0 .. RING_SIG_TOKENS - 1 */
@@ -74,7 +75,7 @@ static inline int ring__data_tag(const ring *r, unsigned seq, unsigned sig)
 /* The tag of a control message of `kind` for `epoch`. */
 static inline int ring__ctrl_tag(uint64_t epoch, int kind)
 {
-    return RING_TAG_CTRL | kind << 21 | (int)(epoch & 0x1fffff);
+    return RING_TAG_CTRL | kind << 21 | (int)(epoch & RING_CTRL_EPOCH_MASK);
 }
 
 /* ring_mpi.c. MPI errors are translated by rk__mpi_fail (common/) at debug level: the

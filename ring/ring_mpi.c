@@ -253,6 +253,31 @@ void ring_destroy(ring **pr)
     *pr = NULL;
 }
 
+/* Names the members whose handshake message for `epoch` has not come (their receive is
+   still pending) when the wait ended with rc; returns rc. */
+static int handshake_missing(MPI_Request *q, const int *list, int n, int me, uint64_t epoch, int rc)
+{
+    char who[160] = "";
+    size_t len = 0;
+    int missing = 0;
+    for (int i = 0; i < n; i++) {
+        int done = 1;
+        if (i == me || q[2 * i] == MPI_REQUEST_NULL ||
+            (RK_MPI(MPI_Test(&q[2 * i], &done, MPI_STATUS_IGNORE)) == MPI_SUCCESS && done))
+            continue;
+        if (missing++ < 8 && len < sizeof(who))
+            len += (size_t)snprintf(who + len, sizeof(who) - len, "%s%d", missing > 1 ? ", " : "", list[i]);
+    }
+    const char *why = rc == RK_E_TIMEOUT ? "the deadline passed" : "the membership changed";
+    if (missing == 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, rc,
+                        "handshake for epoch %llu: %s with every member heard from and a send pending",
+                        (unsigned long long)epoch, why);
+    return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, rc,
+                    "handshake for epoch %llu: %s with %d of %d members not heard from (rank %s%s)",
+                    (unsigned long long)epoch, why, missing, n - 1, who, missing > 8 ? ", ..." : "");
+}
+
 /* The bounded handshake of a rebuild: every member sends the epoch to every other and
    waits for theirs. Nothing is created unless all answered with the same epoch. */
 static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring_cancel *c)
@@ -275,15 +300,16 @@ static int handshake(ring *r, const int *list, int n, uint64_t epoch, const ring
         int m1 = RK_MPI(MPI_Irecv(&val[i], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i]));
         int m2 = RK_MPI(MPI_Isend(&val[n], 1, MPI_UINT64_T, list[i], tag, r->parent, &q[2 * i + 1]));
         if (m1 != MPI_SUCCESS || m2 != MPI_SUCCESS)
-            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, m1 != MPI_SUCCESS ? m1 : m2, "rebuild handshake: post");
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, m1 != MPI_SUCCESS ? m1 : m2,
+                              "rebuild handshake: post");
     }
     int64_t deadline = ring__deadline(r, c);
     for (int done = 0; rc == 0 && !done;) {
         int mrc = RK_MPI(MPI_Testall((int)nq, q, &done, MPI_STATUSES_IGNORE));
         if (mrc != MPI_SUCCESS)
             rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "rebuild handshake");
-        else if (!done)
-            rc = ring__poll_cancel(c, deadline);
+        else if (!done && (rc = ring__poll_cancel(c, deadline)) != 0)
+            rc = handshake_missing(q, list, n, me, epoch, rc);
     }
     for (int i = 0; i < n && rc == 0; i++)
         if (i != me && val[i] != epoch)

@@ -17,6 +17,11 @@
  *                   rebuild, after its handshake (RK_FAULT=rebuild@0=crash). Survivors
  *                   must not freeze: the rebuild returns, the next allreduce reports the
  *                   loss, and a rebuild over the survivors is exact (ring.c inv. 7).
+ *   rebuild-early V rank V begins a rebuild to epoch 1 while every other rank is in an
+ *                   allreduce of epoch 0 (deadline only, no oracle): the call of V's right
+ *                   neighbour sees V's handshake, fails with RK_E_PEER_LOST at once and
+ *                   leaves the handshake queued; the others fail through its abort token;
+ *                   then all rebuild to epoch 1 and are exact (ring.c inv. 5).
  * The test-only membership oracle: all ranks run on this host, so a peer is dead once
  * /proc/<pid> is gone or a zombie. It stands in for the detector's view.
  */
@@ -512,10 +517,34 @@ static int mode_rebuild_kill(int victim)
     return 0;
 }
 
+static int mode_rebuild_early(int first)
+{
+    int *members = iota(g_world);
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 4096, 4) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    check_one(via_ring, r, RK_F32, RK_SUM, 10007, members, g_world, g_rank, 5);
+    if (g_rank != first) {
+        size_t n = 65536 + 5;
+        float *buf = malloc(n * 4);
+        fill(buf, RK_F32, n, g_rank, 5);
+        ring_cancel c = {.deadline_ns = rk__deadline_ns(20000)};
+        int64_t t0 = rk__mono_ns();
+        expect(ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c), RK_E_PEER_LOST,
+               "allreduce while a member rebuilds");
+        printf("ok left-epoch rank %d after %.0f ms\n", g_rank, rk__ms_since(t0));
+        free(buf);
+    }
+    rebuild_exact(&r, members, g_world, 1);
+    free(members);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]|rebuild-kill V\n");
+        fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]|rebuild-kill V"
+                        "|rebuild-early V\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -543,6 +572,8 @@ int main(int argc, char **argv)
         rc = mode_rebuild_kill(atoi(argv[2]));
         fflush(stdout);
         _exit(rc);
+    } else if (strcmp(argv[1], "rebuild-early") == 0 && argc >= 3) {
+        rc = mode_rebuild_early(atoi(argv[2]));
     } else {
         fprintf(stderr, "prog_ring: unknown mode %s\n", argv[1]);
         rc = 2;

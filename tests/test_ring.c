@@ -284,6 +284,16 @@ START_TEST(kill_in_rebuild)
 }
 END_TEST
 
+/* Invariant 5: a member that begins a rebuild while the others are still in a call of
+   the old epoch: its handshake ends their call at once (RK_E_PEER_LOST, not the
+   deadline) and stays queued for their own rebuild, which completes. */
+START_TEST(rebuild_begun_elsewhere)
+{
+    char *args[] = {"rebuild-early", "1", NULL};
+    job(4, false, args, "ok rebuilt ", 4);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ring");
@@ -310,6 +320,7 @@ int main(void)
     tcase_add_test(tj, kill_deadline_only);
     tcase_add_test(tj, kill_spare_joins);
     tcase_add_test(tj, kill_in_rebuild);
+    tcase_add_test(tj, rebuild_begun_elsewhere);
     suite_add_tcase(s, tj);
     return th_main(s);
 }
