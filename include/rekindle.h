@@ -114,8 +114,13 @@ void rk_options_init(rk_options *o);
    it sets OMPI_MCA_async_mpi_finalize=1 unless already set, so that rk_finalize never
    waits in Open MPI's final barrier for a lost peer); works as a single process started
    without mpirun. Validates every option and names the bad one (RK_E_OPTION). Once per
-   process: after rk_finalize has finalized MPI, RK_E_STATE (MPI cannot start again). On success *ctx is a new context, owned by the caller and
-   released with rk_finalize(). */
+   process: after rk_finalize has finalized MPI, RK_E_STATE (MPI cannot start again).
+   If SIGPIPE has its default action, installs an empty handler for it: a write to the
+   socket of a peer that died then fails with EPIPE instead of killing this survivor
+   (Open MPI's TCP transport cannot ask for MSG_NOSIGNAL). exec resets it in the programs
+   the worker starts; a program's own handler or SIG_IGN is left alone; rk_finalize puts
+   the default back once MPI has ended. On success *ctx is a new context, owned by the
+   caller and released with rk_finalize(). */
 int rk_init(rk_ctx **ctx, const rk_options *o);
 
 /* Flags of rk_register (docs/SHARDING.md). 0: a host tensor with the same value on every

@@ -3,6 +3,7 @@
  * rk_step_done and the accessors. Each part's own functions are in its api_*.c file.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,50 @@
 static char *dup_opt(const char *s)
 {
     return s ? strdup(s) : NULL;
+}
+
+/* A write to a socket whose peer has died raises SIGPIPE, whose default action ends the
+   process. Open MPI's TCP transport writes with writev(), which cannot ask for
+   MSG_NOSIGNAL: a worker killed on another host could take down the survivors that were
+   sending to it. Where the program left SIGPIPE at its default, rk_init installs an
+   empty handler, so such a write fails with EPIPE and MPI reports the peer as lost. A
+   handler rather than SIG_IGN: exec resets a handler, so the programs a worker starts
+   get the default back. A program's own choice (a handler, or SIG_IGN as Python sets)
+   is left alone. The default comes back once MPI no longer runs (sigpipe_release). */
+static void sigpipe_noop(int sig)
+{
+    (void)sig;
+}
+
+static bool sigpipe_harmless(void)
+{
+    struct sigaction cur, sa;
+    if (sigaction(SIGPIPE, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL)
+        return false;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = sigpipe_noop;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGPIPE, &sa, NULL) == 0;
+}
+
+/* Puts the default back if rk_init set the handler, it is still in place, and MPI is not
+   running (never started, or finalized): while the program's MPI runs, a dead peer can
+   still raise SIGPIPE. */
+static void sigpipe_release(rk_ctx *ctx)
+{
+    int started = 0, ended = 0;
+    struct sigaction cur;
+    MPI_Initialized(&started);
+    MPI_Finalized(&ended);
+    if (!ctx->sigpipe_set || (started && !ended) || sigaction(SIGPIPE, NULL, &cur) != 0 ||
+        (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != sigpipe_noop)
+        return;
+    memset(&cur, 0, sizeof(cur));
+    cur.sa_handler = SIG_DFL;
+    sigemptyset(&cur.sa_mask);
+    sigaction(SIGPIPE, &cur, NULL);
+    ctx->sigpipe_set = false;
 }
 
 int rk_init(rk_ctx **out, const rk_options *o)
@@ -66,6 +111,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
     }
     unsetenv("RK_JOB_SECRET");
     ctx->comm = MPI_COMM_NULL;
+    ctx->sigpipe_set = sigpipe_harmless();
 
     MPI_Initialized(&flag);
     if (!flag) {
@@ -134,6 +180,7 @@ out_mpi:
     if (ctx->mpi_owned)
         MPI_Finalize();
 out_free:
+    sigpipe_release(ctx);
     rec_det_forget_secret(ctx);
     free(ctx->ckpt_dir);
     free(ctx->event_log);
@@ -165,6 +212,7 @@ int rk_finalize(rk_ctx **pctx)
         if (!finalized)
             MPI_Finalize();
     }
+    sigpipe_release(ctx);
     free(ctx->ckpt_dir);
     free(ctx->event_log);
     free(ctx->det_iface);

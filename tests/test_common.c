@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,6 +427,67 @@ START_TEST(init_single_process_without_mpirun)
 }
 END_TEST
 
+/* Whether SIGPIPE is ignored in a program started now (its SigIgn mask). */
+static bool child_ignores_sigpipe(void)
+{
+    char *out = NULL;
+    ck_assert_int_eq(th_sh("grep '^SigIgn:' /proc/self/status", 10, &out), 0);
+    unsigned long long mask = 0;
+    ck_assert_msg(out && sscanf(out, "SigIgn: %llx", &mask) == 1, "status: %s", out ? out : "");
+    free(out);
+    return mask & (1ull << (SIGPIPE - 1));
+}
+
+typedef void (*sig_fn)(int);
+
+static sig_fn sigpipe_now(void)
+{
+    struct sigaction sa;
+    ck_assert_int_eq(sigaction(SIGPIPE, NULL, &sa), 0);
+    return sa.sa_handler;
+}
+
+/* rk_init in a process whose SIGPIPE disposition is `before`. */
+static rk_ctx *init_with_sigpipe(sig_fn before)
+{
+    clear_rk_env();
+    signal(SIGPIPE, before);
+    rk_ctx *ctx = NULL;
+    th_assert_rc(rk_init(&ctx, NULL), 0);
+    return ctx;
+}
+
+/* A write to a dead peer's socket must not kill a survivor: rk_init replaces SIGPIPE's
+   default action by an empty handler (so the write fails with EPIPE), which exec resets
+   for the programs a worker starts; rk_finalize puts the default back once MPI ended. */
+START_TEST(init_makes_sigpipe_harmless)
+{
+    rk_ctx *ctx = init_with_sigpipe(SIG_DFL);
+    ck_assert(sigpipe_now() != SIG_DFL && sigpipe_now() != SIG_IGN);
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    close(p[0]);
+    errno = 0;
+    ck_assert_int_eq(write(p[1], "x", 1), -1); /* with the default, the process ends here */
+    ck_assert_int_eq(errno, EPIPE);
+    close(p[1]);
+    ck_assert(!child_ignores_sigpipe());
+    th_assert_rc(rk_finalize(&ctx), 0);
+    ck_assert(sigpipe_now() == SIG_DFL);
+}
+END_TEST
+
+/* A program's own choice for SIGPIPE (here SIG_IGN, as Python sets it) is left alone. */
+START_TEST(init_keeps_the_programs_sigpipe)
+{
+    rk_ctx *ctx = init_with_sigpipe(SIG_IGN);
+    ck_assert(sigpipe_now() == SIG_IGN);
+    th_assert_rc(rk_finalize(&ctx), 0);
+    ck_assert(sigpipe_now() == SIG_IGN);
+    signal(SIGPIPE, SIG_DFL);
+}
+END_TEST
+
 START_TEST(init_min_world_refused)
 {
     clear_rk_env();
@@ -525,6 +587,8 @@ static Suite *common_suite(void)
     tcase_set_timeout(tc, 180);
     tcase_add_test(tc, init_single_process_without_mpirun);
     tcase_add_test(tc, init_min_world_refused);
+    tcase_add_test(tc, init_makes_sigpipe_harmless);
+    tcase_add_test(tc, init_keeps_the_programs_sigpipe);
     tcase_add_test(tc, init_checks_spares);
     tcase_add_test(tc, init_under_mpirun);
     suite_add_tcase(s, tc);
