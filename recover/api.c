@@ -28,16 +28,25 @@ static void sigpipe_noop(int sig)
     (void)sig;
 }
 
-static bool sigpipe_harmless(void)
+static bool sigpipe_is(void (*h)(int))
 {
-    struct sigaction cur, sa;
-    if (sigaction(SIGPIPE, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL)
-        return false;
+    struct sigaction cur;
+    return sigaction(SIGPIPE, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == h;
+}
+
+static int sigpipe_set_to(void (*h)(int))
+{
+    struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = sigpipe_noop;
+    sa.sa_handler = h;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    return sigaction(SIGPIPE, &sa, NULL) == 0;
+    return sigaction(SIGPIPE, &sa, NULL);
+}
+
+static bool sigpipe_harmless(void)
+{
+    return sigpipe_is(SIG_DFL) && sigpipe_set_to(sigpipe_noop) == 0;
 }
 
 /* Puts the default back if rk_init set the handler, it is still in place, and MPI is not
@@ -46,17 +55,10 @@ static bool sigpipe_harmless(void)
 static void sigpipe_release(rk_ctx *ctx)
 {
     int started = 0, ended = 0;
-    struct sigaction cur;
     MPI_Initialized(&started);
     MPI_Finalized(&ended);
-    if (!ctx->sigpipe_set || (started && !ended) || sigaction(SIGPIPE, NULL, &cur) != 0 ||
-        (cur.sa_flags & SA_SIGINFO) || cur.sa_handler != sigpipe_noop)
-        return;
-    memset(&cur, 0, sizeof(cur));
-    cur.sa_handler = SIG_DFL;
-    sigemptyset(&cur.sa_mask);
-    sigaction(SIGPIPE, &cur, NULL);
-    ctx->sigpipe_set = false;
+    if (ctx->sigpipe_set && (!started || ended) && sigpipe_is(sigpipe_noop) && sigpipe_set_to(SIG_DFL) == 0)
+        ctx->sigpipe_set = false;
 }
 
 int rk_init(rk_ctx **out, const rk_options *o)
