@@ -109,10 +109,9 @@ def check_ended(job, plan, steps, timed_out):
 def killed_after_end(job, plan):
     """Victims killed, crashed by an I/O fault, or stopped after the job's last collective
     (a late fault on a short job): they belong to the final world, and a killed or crashed
-    one prints no final line. Either no
-    survivor ever declared them dead, or none recovered after it did: survivors that
-    finished without a recovery after the loss did not need the victim for any collective
-    left."""
+    one prints no final line. Either no survivor ever declared them dead, or none
+    recovered after it did: survivors that finished without a recovery after the loss did
+    not need the victim for any collective left."""
     dead = {}
     for e in job.events_named("peer_dead"):
         dead[e.get("peer")] = min(dead.get(e.get("peer"), e["t_ns"]), e["t_ns"])

@@ -34,31 +34,32 @@ static bool sigpipe_is(void (*h)(int))
     return sigaction(SIGPIPE, NULL, &cur) == 0 && !(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == h;
 }
 
-static int sigpipe_set_to(void (*h)(int))
+static void sigpipe_set_to(void (*h)(int))
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = h;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    return sigaction(SIGPIPE, &sa, NULL);
+    sigaction(SIGPIPE, &sa, NULL);
 }
 
-static bool sigpipe_harmless(void)
+static void sigpipe_harmless(void)
 {
-    return sigpipe_is(SIG_DFL) && sigpipe_set_to(sigpipe_noop) == 0;
+    if (sigpipe_is(SIG_DFL))
+        sigpipe_set_to(sigpipe_noop);
 }
 
-/* Puts the default back if rk_init set the handler, it is still in place, and MPI is not
-   running (never started, or finalized): while the program's MPI runs, a dead peer can
-   still raise SIGPIPE. */
-static void sigpipe_release(rk_ctx *ctx)
+/* Puts the default back if the handler in place is rk_init's (only this file installs
+   it) and MPI is not running (never started, or finalized): while the program's MPI
+   runs, a dead peer can still raise SIGPIPE. */
+static void sigpipe_release(void)
 {
     int started = 0, ended = 0;
     MPI_Initialized(&started);
     MPI_Finalized(&ended);
-    if (ctx->sigpipe_set && (!started || ended) && sigpipe_is(sigpipe_noop) && sigpipe_set_to(SIG_DFL) == 0)
-        ctx->sigpipe_set = false;
+    if ((!started || ended) && sigpipe_is(sigpipe_noop))
+        sigpipe_set_to(SIG_DFL);
 }
 
 int rk_init(rk_ctx **out, const rk_options *o)
@@ -113,7 +114,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
     }
     unsetenv("RK_JOB_SECRET");
     ctx->comm = MPI_COMM_NULL;
-    ctx->sigpipe_set = sigpipe_harmless();
+    sigpipe_harmless();
 
     MPI_Initialized(&flag);
     if (!flag) {
@@ -182,7 +183,7 @@ out_mpi:
     if (ctx->mpi_owned)
         MPI_Finalize();
 out_free:
-    sigpipe_release(ctx);
+    sigpipe_release();
     rec_det_forget_secret(ctx);
     free(ctx->ckpt_dir);
     free(ctx->event_log);
@@ -214,7 +215,7 @@ int rk_finalize(rk_ctx **pctx)
         if (!finalized)
             MPI_Finalize();
     }
-    sigpipe_release(ctx);
+    sigpipe_release();
     free(ctx->ckpt_dir);
     free(ctx->event_log);
     free(ctx->det_iface);

@@ -54,7 +54,6 @@ struct rk_ctx {
     struct rec_tensor *tensors; /* registration order */
     size_t ntensors, cap_tensors;
     bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
-    bool sigpipe_set;     /* rk_init made SIGPIPE harmless (api.c, sigpipe_harmless) */
     MPI_Comm comm;        /* duplicate of MPI_COMM_WORLD, errors returned not fatal */
     rk__evlog *ev;
     /* recovery (recover/recovery.c) */
