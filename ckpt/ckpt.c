@@ -32,6 +32,11 @@
  *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).
  *  I7  Every failure of a started checkpoint is reported once: by ckpt_wait (rk_wait),
  *      the log and the event ckpt_failed with its reason. Earlier checkpoints stay intact.
+ *      A checkpoint abandoned because the membership changed (ckpt_abandon: a member lost,
+ *      the recovery's new membership, or another member that abandoned the attempt) did
+ *      not fail on its own: it is only the event (ckpt_failed with "abandoned": true), never
+ *      an error of ckpt_wait. A failure is no longer reported once a checkpoint of the
+ *      same or a later step commits: that state is safe on disk.
  *  I8  Staging holds a complete snapshot of every registered tensor (the held snapshot,
  *      one copy of the registered bytes), of which this rank writes only its share: after
  *      a failure any survivor can give the whole replicated state of that step back
@@ -106,7 +111,7 @@ static size_t hdr_bytes(size_t n)
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
 
-static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
+static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
 {
     if (rc == 0) {
         RK_EVENT(e->ev, "ckpt_committed", RK_EV_I("step", j->step), RK_EV_I("bytes", j->bytes_all),
@@ -114,10 +119,24 @@ static void emit_result(ckpt_engine *e, const struct ckpt_job *j, int rc)
                  RK_EV_S("io_path", j->m.io_path));
         return;
     }
-    RK_LOG_ERR(RK_SUB_CKPT, "checkpoint of step %" PRId64 " failed: %s (%s)", j->step, rk_last_error(),
-               rk_strerror(rc));
+    bool abandoned = ckpt__abandoned(j);
+    if (abandoned) /* by a change of membership: the recovery's event, not a failure (I7) */
+        RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " not committed: %s", j->step, rk_last_error());
+    else
+        RK_LOG_ERR(RK_SUB_CKPT, "checkpoint of step %" PRId64 " failed: %s (%s)", j->step, rk_last_error(),
+                   rk_strerror(rc));
     RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", j->step), RK_EV_S("reason", rk_last_error()),
-             RK_EV_S("error", rk_strerror(rc)));
+             RK_EV_S("error", rk_strerror(rc)), RK_EV_B("abandoned", abandoned));
+}
+
+/* A checkpoint that failed on its own (I7): the first since the last ckpt_wait is kept for
+   it to report. Called with e->mu held. */
+static void note_failure(ckpt_engine *e, int64_t step, int rc)
+{
+    if (e->first_err)
+        return;
+    e->first_err = rc;
+    e->first_err_step = step;
 }
 
 static void *persist_thread(void *arg)
@@ -143,8 +162,10 @@ static void *persist_thread(void *arg)
         e->job.done_ns = rk__mono_ns();
         if (rc == 0 && e->job.step > e->last_committed)
             e->last_committed = e->job.step;
-        if (rc != 0 && e->first_err == 0 && !ckpt__abandoned(&e->job))
-            e->first_err = rc; /* an abandoned job's failure was recorded by ckpt_abandon */
+        if (rc == 0 && e->first_err && e->job.step >= e->first_err_step)
+            e->first_err = 0; /* superseded: a later state is committed (I7) */
+        if (rc != 0 && !ckpt__abandoned(&e->job))
+            note_failure(e, e->job.step, rc);
         e->state = CKPT_IDLE;
         pthread_cond_broadcast(&e->cv);
     }
@@ -615,8 +636,8 @@ static int not_started(ckpt_engine *e, int64_t step, int rc)
     pthread_mutex_lock(&e->mu);
     int rank = e->rank, world = e->world;
     uint64_t nonce = e->nonce;
-    if (rc != RK_E_BUSY && e->first_err == 0)
-        e->first_err = rc;
+    if (rc != RK_E_BUSY)
+        note_failure(e, step, rc);
     pthread_mutex_unlock(&e->mu);
     if (rc != RK_E_BUSY)
         RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", step), RK_EV_S("reason", rk_last_error()),
@@ -831,9 +852,7 @@ bool ckpt_abandon(ckpt_engine *e)
     int fate = JOB_OPEN;
     bool done = e->state != CKPT_IDLE && atomic_compare_exchange_strong(&e->job.fate, &fate, JOB_ABANDONED);
     int64_t step = e->job.step;
-    if (done) { /* its failure, reported once by ckpt_wait; a commit that began goes on (I10) */
-        if (e->first_err == 0)
-            e->first_err = RK_E_ABORTED;
+    if (done) { /* an event, not a failure for ckpt_wait (I7); a commit that began goes on (I10) */
         int cap = (int)(sizeof(e->dropped) / sizeof(e->dropped[0]));
         if (e->ndropped == cap) /* the oldest goes: rank 0 removed it at a later start */
             memmove(e->dropped[0], e->dropped[1], sizeof(e->dropped[0]) * (size_t)(cap - 1));

@@ -65,7 +65,8 @@ struct ckpt_engine {
     char *prev;          /* the old snapshot's staging while ckpt_hold_open's new one fills */
     size_t prev_cap;
     struct ckpt_job job;
-    int first_err;       /* first failure since the last ckpt_wait */
+    int first_err;       /* first failure since the last ckpt_wait, not yet superseded (I7) */
+    int64_t first_err_step; /* its step */
     char dropped[8][64]; /* the attempts it abandoned, newest last (at most 8 kept), */
     int ndropped;        /* removed at the end of the job: nobody commits them */
     char skipped[64];    /* rank 0: the attempt of its last skip note ("": none) */

@@ -71,8 +71,10 @@ static bool attempt_gone(const char *tmpdir)
     return stat(tmpdir, &st) != 0 && errno == ENOENT;
 }
 
-static int removed(const struct ckpt_job *j, const char *tmpdir)
+static int removed(struct ckpt_job *j, const char *tmpdir)
 {
+    int open = JOB_OPEN; /* abandoned by another member: so it is here too (ckpt.c I7) */
+    atomic_compare_exchange_strong(&j->fate, &open, JOB_ABANDONED);
     return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
                     "step %" PRId64 ": %s was removed before a commit (another member abandoned the attempt)",
                     j->step, tmpdir);

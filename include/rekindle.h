@@ -220,12 +220,16 @@ int rk_checkpoint(rk_ctx *ctx);
 
 /* Until every started checkpoint is committed or failed, at most RK_TIMEOUT_MS; returns
    the first failure since the last rk_wait (rk_last_error() and the event ckpt_failed say
-   why), 0 if none. RK_E_TIMEOUT if one is still being written at the bound: rk_last_error()
-   names its step, how long it has been in flight, what the writer waits for (another
-   rank's shard, rank 0's directory or commit) if anything, and its last file operation
-   with its path (a disk that stopped answering); it stays in flight, and a later rk_wait
-   waits again. A member lost meanwhile abandons it at once (RK_E_ABORTED): nothing of an
-   abandoned checkpoint is ever committed. */
+   why), 0 if none. Only a checkpoint that failed on its own counts (I/O, a full disk,
+   another rank that could not write its shard), and only while no checkpoint of the same
+   or a later step has committed since: that state is safe on disk. RK_E_TIMEOUT if one is
+   still being written at the bound: rk_last_error() names its step, how long it has been
+   in flight, what the writer waits for (another rank's shard, rank 0's directory or
+   commit) if anything, and its last file operation with its path (a disk that stopped
+   answering); it stays in flight, and a later rk_wait waits again. A member lost
+   meanwhile abandons it at once: nothing of an abandoned checkpoint is ever committed, and
+   its abandonment (by a recovery, or by rk_wait seeing the member go) is the event
+   ckpt_failed with "abandoned": true, not an error. */
 int rk_wait(rk_ctx *ctx);
 
 /* This worker's rank in the current ring (dense, renumbered in the old order after a
