@@ -4,7 +4,8 @@
  *
  * Each part has one glue file here that owns its hooks and its public functions:
  *   api_ckpt.c  - checkpoint engine: rk_register, rk_resume, rk_checkpoint, rk_wait,
- *                 rec_ckpt_open/close/step_done
+ *                 rec_ckpt_open/close/step_done, rec_ckpt_rollback (its rollback from
+ *                 memory of sharded and per-rank state: rebuild.c)
  *   api_det.c   - failure detector: rec_det_open/close
  *   api_ring.c  - allreduce ring:   rk_allreduce, rec_ring_open/close
  * api.c holds what is common: rk_init, rk_finalize, rk_step_done, rk_rank/world/next_step.
@@ -133,6 +134,20 @@ int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 /* Whether the job has sharded or per-rank state (rec_report.partnered). */
 int rec_ckpt_partnered(rk_ctx *ctx);
 int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
+/* A collective among the current members over the ring, abandoned as soon as the
+   detector sees another member go (api_ckpt.c). */
+int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
+/* The partner copy of the held snapshot (api_ckpt.c; ckpt.c I14): collective over the
+   ring, after every snapshot of a job with sharded or per-rank state. */
+int rec_ckpt_mirror(rk_ctx *ctx);
+
+/* The rollback from memory of sharded and per-rank state (recover/rebuild.c). */
+struct ckpt_tensor;
+/* The even split of `rows` over `world` members: member r's count, its first row in *row0. */
+int64_t rec_even_split(int64_t rows, int world, int r, int64_t *row0);
+/* Rebuilds the held snapshot of dec->step over the new ring and restores it into t[0..n)
+   of the registry; collective over the ring. */
+int rec_rebuild(rk_ctx *ctx, const struct rec_decision *dec, const struct ckpt_tensor *t);
 /* A member is lost for good (recovery stopped, or the program finalizes without
    recovering): the checkpoint in flight stops waiting for it. */
 void rec_ckpt_abandon(rk_ctx *ctx);
