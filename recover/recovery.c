@@ -46,9 +46,11 @@
  *      peer may still read it. Received messages land in such a copy too.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../detector/det.h"
 #include "../ring/ring.h"
@@ -751,6 +753,22 @@ static int recover_rounds(rk_ctx *ctx)
 
 /* ---- spares ------------------------------------------------------------------------------ */
 
+/* Under `rekindle run`, a spare brought in leaves RK_RUN_RECORDS/joined-<rank at start>: the
+   launcher then counts its exit 0 as the job's completion, and an unused spare's not
+   (docs/LAUNCHER.md). Best effort: without it the launcher only waits on the members. */
+static void note_joined(const rk_ctx *ctx)
+{
+    const char *dir = getenv("RK_RUN_RECORDS");
+    char path[4096];
+    if (!dir || !*dir || snprintf(path, sizeof(path), "%s/joined-%d", dir, ctx->rank0) >= (int)sizeof(path))
+        return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+    else
+        RK_LOG_WARN(RK_SUB_REC, "cannot note in %s that this spare joined: %s", path, strerror(errno));
+}
+
 int rec_spare_wait(rk_ctx *ctx)
 {
     if (!ctx->det || !ctx->ring)
@@ -785,6 +803,7 @@ int rec_spare_wait(rk_ctx *ctx)
             rc = apply_decision(ctx, dec, t0, rk__deadline_ns(ctx->opt.timeout_ms));
             free(dec);
             if (rc == RK_RECOVERED) {
+                note_joined(ctx);
                 RK_EVENT(ctx->ev, "spare_joined", RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("rank", ctx->rank),
                          RK_EV_I("world", ctx->world), RK_EV_I("step", ctx->next_step));
                 rc = 0;

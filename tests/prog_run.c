@@ -11,6 +11,9 @@
  *   fail      exits 3
  *   hang      writes its pid to DIR/pid-<rank>, ignores SIGINT and SIGTERM and sleeps
  *             forever (only SIGKILL ends it)
+ *   slow0     rank 0 works 8 s (past the launcher's grace after another's completion)
+ *             before it writes DIR/done-0 and exits 0; the others exit 0 at once
+ *   spares    the last RK_SPARES ranks (spares never brought in) exit 0, the others 3
  */
 #include <fcntl.h>
 #include <mpi.h>
@@ -40,7 +43,7 @@ static int put(const char *dir, const char *name, const char *rank, const char *
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: prog_run env|kill1|fail|hang DIR\n");
+        fprintf(stderr, "usage: prog_run env|kill1|fail|hang|slow0|spares DIR\n");
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
@@ -75,6 +78,18 @@ int main(int argc, char **argv)
     }
     if (strcmp(mode, "fail") == 0)
         return 3;
+    if (strcmp(mode, "slow0") == 0) {
+        if (strcmp(rank, "0") == 0) {
+            struct timespec ts = {8, 0};
+            nanosleep(&ts, NULL);
+            return put(dir, "done-", rank, "done\n", O_TRUNC) == 0 ? 0 : 2;
+        }
+        return 0;
+    }
+    if (strcmp(mode, "spares") == 0) {
+        const char *size = getenv("OMPI_COMM_WORLD_SIZE"), *spares = getenv("RK_SPARES");
+        return atoi(rank) >= atoi(size ? size : "0") - atoi(spares ? spares : "0") ? 0 : 3;
+    }
     if (strcmp(mode, "hang") == 0) {
         signal(SIGINT, SIG_IGN);
         signal(SIGTERM, SIG_IGN);

@@ -254,6 +254,42 @@ START_TEST(failing_job_relaunched)
 }
 END_TEST
 
+/* A worker that exited 0 means "done", not "the others may die now": rank 0, still at
+   work 8 s after the others completed (its last commit, the program's export), is waited
+   for while its wrapper beats. (Before: killed 5 s after the first completion, and the run
+   exited 0 with rank 0 listed as lost.) */
+START_TEST(late_worker_is_waited_for)
+{
+    char *dir = th_tmpdir("run-slow"), *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, "slow0", dir, "-n", "3"), 0);
+    char *d0 = read_in(dir, "done-0");
+    ck_assert_msg(d0 != NULL, "rank 0 was stopped before it finished:\n%s", out);
+    ck_assert_msg(!strstr(out, "lost") && !strstr(out, "stopping it"), "a worker at work was counted lost:\n%s", out);
+    free(d0);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* Spares that exited 0 without being brought in say nothing of the job: every member
+   failed, so the job failed and is relaunched. (Before: "job completed by 1 of 4
+   workers", exit 0, no relaunch.) */
+START_TEST(unused_spares_do_not_complete_a_failed_job)
+{
+    char *dir = th_tmpdir("run-spares"), *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, "spares", dir, "-n", "3", "--spares", "1", "--max-restarts", "1"), 3);
+    char *launches = read_in(dir, "launches");
+    ck_assert_msg(launches && count_lines(launches, "start ") == 8, "want 2 launches of 4:\n%s\n%s", launches, out);
+    ck_assert_msg(!strstr(out, "job completed"), "a failed job reported as completed:\n%s", out);
+    ck_assert_msg(strstr(out, "no restarts left"), "no final failure line:\n%s", out);
+    free(launches);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* A PROGRAM that cannot be started fails like a job that died (exit 127), no hang. */
 START_TEST(missing_program_fails)
 {
@@ -402,6 +438,8 @@ static Suite *run_suite(void)
     tcase_add_test(jobs, hostfile_passed_through);
     tcase_add_test(jobs, lost_worker_survivors_finish);
     tcase_add_test(jobs, failing_job_relaunched);
+    tcase_add_test(jobs, late_worker_is_waited_for);
+    tcase_add_test(jobs, unused_spares_do_not_complete_a_failed_job);
     tcase_add_test(jobs, missing_program_fails);
     tcase_add_test(jobs, sigint_leaves_nothing_behind);
     suite_add_tcase(s, jobs);

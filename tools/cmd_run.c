@@ -17,8 +17,8 @@
  *   3. Completion: with `--enable-recovery --mca orte_abort_on_non_zero_status 0`,
  *      mpirun (Open MPI 4.1) exits 0 whatever its processes did, even when every one of
  *      them failed. So the launcher judges by the records: the job completed if at least
- *      one worker's PROGRAM exited 0 (workers that were lost along the way are reported
- *      on stderr). Otherwise the job died; with restarts left it is relaunched (and
+ *      one worker's PROGRAM exited 0, a spare's only if it joined the job (workers that
+ *      were lost along the way are reported on stderr). Otherwise the job died; with restarts left it is relaunched (and
  *      resumes from its latest checkpoint), else the launcher exits with the job's status:
  *      the exit code of the lowest failing rank, or 128+signal. mpirun itself may never
  *      exit after a process on another host died: once the records say the job is over,
@@ -54,7 +54,9 @@ extern char **environ;
 enum {
     RUN_GRACE_MS = 5000,  /* after a forwarded signal, before SIGKILL of the session */
     DONE_GRACE_MS = 2000, /* every worker recorded its end: mpirun's time to notice */
-    LATE_GRACE_MS = 5000, /* a worker completed the job: the others' time to record theirs */
+    LATE_GRACE_MS = 5000, /* a worker completed the job: how long another one may go without
+                             a sign of life (its wrapper's beat) before it counts as lost */
+    BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
     SECRET_BYTES = 32,
     MAX_WORKERS = 1 << 16,
@@ -82,8 +84,10 @@ static void run_usage(FILE *f)
             "  --max-restarts R  relaunch a job that died up to R times (default 0)\n\n"
             "The workers get every RK_* variable of this environment, a job secret\n"
             "RK_JOB_SECRET (generated unless set: 64 hex digits), RK_RUN_DIR and\n"
-            "RK_RUN_ATTEMPT. The job completed if at least one worker exited 0; lost\n"
-            "workers are reported on stderr. SIGINT/SIGTERM stop every worker.\n\n"
+            "RK_RUN_ATTEMPT. The job completed if at least one worker exited 0 (a spare\n"
+            "only if it was brought into the job); lost workers are reported on stderr.\n"
+            "Workers still at work after another completed are waited for.\n"
+            "SIGINT/SIGTERM stop every worker.\n\n"
             "exit status: 0 the job completed; the job's status (the lowest failing rank's\n"
             "exit code, or 128+signal) if it died with no restarts left; 128+signal if\n"
             "stopped by a signal; 2 usage or environment error.\n");
@@ -178,21 +182,36 @@ static int worker_main(const char *dir, char **prog)
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t wrapper = getpid();
     pid_t child = fork();
     if (child < 0)
         return tool_error(TOOL_USAGE, "run: rank %s: fork: %s", rank, strerror(errno));
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper lost: its program goes too */
+        if (getppid() != wrapper)
+            raise(SIGKILL); /* it was lost before the line above: as if it had been after */
         sigprocmask(SIG_SETMASK, &old, NULL);
+        setenv("RK_RUN_RECORDS", dir, 1); /* where a spare notes that it joined (recover/) */
         execvp(prog[0], prog);
         fprintf(stderr, "rekindle: run: rank %s: cannot start %s: %s\n", rank, prog[0], strerror(errno));
         _exit(127);
     }
-    /* Pass on what is sent to the wrapper; end when the program ends. */
+    /* Pass on what is sent to the wrapper; end when the program ends; beat meanwhile, so the
+       launcher can tell a worker still at work from one whose host is gone. */
     int status = 0;
+    char alive[PATH_MAX];
+    snprintf(alive, sizeof(alive), "%s/alive-%s", dir, rank);
     for (;;) {
         siginfo_t si;
-        int sig = sigwaitinfo(&all, &si);
+        struct timespec beat = {BEAT_MS / 1000, (BEAT_MS % 1000) * 1000000L};
+        int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (afd >= 0) {
+            futimens(afd, NULL);
+            close(afd);
+        }
+        int sig = sigtimedwait(&all, &si, &beat);
+        if (sig < 0)
+            continue; /* the beat's time */
         if (sig == SIGCHLD) {
             pid_t w = waitpid(child, &status, WNOHANG);
             if (w == child)
@@ -391,13 +410,32 @@ static void session_sweep(pid_t sid)
 /* How the workers of one attempt ended, from their records. */
 struct verdict {
     int recorded;  /* workers that recorded how they ended */
-    int ok;        /* workers whose PROGRAM exited 0 */
+    int ok;        /* workers whose PROGRAM exited 0 (a spare only if it joined the job) */
+    int unused;    /* spares that exited 0 without having joined: they say nothing of the job */
+    int64_t last_beat_ns; /* the newest sign of life of a worker with no record (0: none) */
     int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
     char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
 };
 
-/* with_host: name each lost worker's host (a job started with --hostfile). */
-static void judge(const char *dir, int nproc, bool with_host, struct verdict *v)
+/* CLOCK_MONOTONIC ns of a file's last change, as far as it is from now in CLOCK_REALTIME;
+   0 if it has none. */
+static int64_t mono_mtime(const char *dir, const char *name, int r)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    struct timespec now;
+    if (snprintf(path, sizeof(path), "%s/%s%d", dir, name, r) >= (int)sizeof(path) || stat(path, &st) != 0)
+        return 0;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t age = (now.tv_sec - st.st_mtim.tv_sec) * 1000000000LL + (now.tv_nsec - st.st_mtim.tv_nsec);
+    return rk__mono_ns() - (age > 0 ? age : 0);
+}
+
+/* with_host: name each lost worker's host (a job started with --hostfile). Ranks from
+   `members` on are the spares: one that exited 0 without having joined (no joined-<R>
+   note, written by the library when recovery brings it in) is unused, and an unused
+   spare's 0 is not the job's completion (its members may all have failed). */
+static void judge(const char *dir, int nproc, int members, bool with_host, struct verdict *v)
 {
     memset(v, 0, sizeof(*v));
     size_t len = 0;
@@ -414,8 +452,15 @@ static void judge(const char *dir, int nproc, bool with_host, struct verdict *v)
             fclose(f);
         }
         v->recorded += kind[0] != '\0';
+        if (!kind[0]) {
+            int64_t beat = mono_mtime(dir, "alive-", r);
+            v->last_beat_ns = beat > v->last_beat_ns ? beat : v->last_beat_ns;
+        }
         if (strcmp(kind, "exit") == 0 && code == 0) {
-            v->ok++;
+            if (r >= members && !mono_mtime(dir, "joined-", r))
+                v->unused++;
+            else
+                v->ok++;
             continue;
         }
         if (host[0] && with_host)
@@ -445,9 +490,12 @@ static void judge(const char *dir, int nproc, bool with_host, struct verdict *v)
    mpirun (Open MPI 4.1 with --enable-recovery) never exits once a process on another
    host has died, even after every other one ended: so when the records of rec_dir say
    the job is over (every one of nproc workers recorded its end: DONE_GRACE_MS; or one
-   completed it and LATE_GRACE_MS passed), mpirun is stopped as on SIGTERM. */
+   completed it and no other has shown a sign of life for LATE_GRACE_MS: the rest were
+   lost with their hosts), mpirun is stopped as on SIGTERM. A worker still at work after
+   another completed (rank 0 committing the last checkpoint, the program's own export)
+   beats, and is waited for. */
 static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
-                      const char *rec_dir, int nproc)
+                      const char *rec_dir, int nproc, int members)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -460,7 +508,7 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         _exit(127);
     }
     int status = 0;
-    int64_t kill_at = INT64_MAX, end_at = INT64_MAX;
+    int64_t kill_at = INT64_MAX, end_at = INT64_MAX, ok_since = 0, all_since = 0;
     bool done = false, killed = false, ended = false;
     while (!done) {
         struct timespec tick = {0, 100 * 1000 * 1000};
@@ -484,11 +532,15 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         }
         if (!done && !ended && *stop_sig == 0) {
             struct verdict v;
-            judge(rec_dir, nproc, false, &v);
-            int64_t at = v.recorded == nproc ? rk__deadline_ns(DONE_GRACE_MS)
-                         : v.ok > 0          ? rk__deadline_ns(LATE_GRACE_MS)
-                                             : INT64_MAX;
-            end_at = at < end_at ? at : end_at;
+            judge(rec_dir, nproc, members, false, &v);
+            if (v.ok > 0 && !ok_since)
+                ok_since = rk__mono_ns();
+            if (v.recorded == nproc && !all_since)
+                all_since = rk__mono_ns();
+            int64_t life = v.last_beat_ns > ok_since ? v.last_beat_ns : ok_since; /* of the rest */
+            end_at = all_since ? all_since + DONE_GRACE_MS * 1000000LL
+                     : v.ok > 0 ? life + LATE_GRACE_MS * 1000000LL
+                                : INT64_MAX;
             if (rk__mono_ns() >= end_at) {
                 fprintf(stderr, "rekindle: run: %s, but mpirun is still running: stopping it\n",
                         v.recorded == nproc ? "every worker has ended" : "the job completed");
@@ -545,11 +597,11 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
     char **argv = mpirun_argv(mpirun, self, a, rec_dir, nbuf);
     if (!argv)
         return tool_error(TOOL_USAGE, "run: out of memory");
-    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares);
+    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares, a->n);
     free_argv(argv);
     if (status < 0)
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
-    judge(rec_dir, a->n + a->spares, a->hostfile != NULL, v);
+    judge(rec_dir, a->n + a->spares, a->n, a->hostfile != NULL, v);
     if (*stop_sig)
         return 128 + *stop_sig;
     if (v->recorded == 0) {
@@ -611,7 +663,7 @@ int cmd_run(int argc, char **argv)
         if (v.ok > 0) {
             if (v.lost[0])
                 fprintf(stderr, "rekindle: run: job completed by %d of %d workers; lost: %s\n", v.ok,
-                        a.n + a.spares, v.lost);
+                        a.n + a.spares - v.unused, v.lost);
             status = 0;
             break;
         }
