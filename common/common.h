@@ -163,6 +163,12 @@ int rk__evlog_format(char *buf, size_t cap, int64_t t_ns, int rank, const char *
  * rk_options_init() (public) fills defaults and reads the RK_* table; rk__options_validate
  * checks every field's range and names the bad one. */
 int rk__options_validate(const rk_options *o);
+/* A copy of validated options that owns its strings, for a context that outlives the
+   caller's (a binding passes temporaries): every path is duplicated and every choice points
+   at the table's own constant. 0 or -ENOMEM (nothing left to free). Released with
+   rk__options_free, which frees only those copies. */
+int rk__options_keep(rk_options *dst, const rk_options *o);
+void rk__options_free(rk_options *o);
 /* Strict integer parse of an environment-style value: decimal, optional sign, no junk,
    within [lo, hi]. Returns 0 or RK_E_OPTION with a reason in why (if why != NULL). */
 int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why);

@@ -169,3 +169,36 @@ int rk__options_validate(const rk_options *o)
         return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION, "option RK_CKPT_DIR: empty path (use NULL for no checkpoints)");
     return 0;
 }
+
+int rk__options_keep(rk_options *dst, const rk_options *o)
+{
+    *dst = *o;
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
+        const struct opt *d = &opts[i];
+        const char **f = str_field(dst, d);
+        if (d->kind == OPT_STR)
+            *f = NULL; /* until copied: rk__options_free frees only copies */
+        else if (d->kind == OPT_CHOICE)
+            for (const char *const *c = d->choices; *c; c++)
+                if (*f && strcmp(*c, *f) == 0)
+                    *f = *c; /* the table's own string */
+    }
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
+        const struct opt *d = &opts[i];
+        const char *v = *str_field((rk_options *)o, d);
+        if (d->kind == OPT_STR && v && !(*str_field(dst, d) = strdup(v))) {
+            rk__options_free(dst);
+            return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, -ENOMEM, "options: no memory for a copy of %s", d->env);
+        }
+    }
+    return 0;
+}
+
+void rk__options_free(rk_options *o)
+{
+    for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++)
+        if (opts[i].kind == OPT_STR) {
+            free((char *)*str_field(o, &opts[i]));
+            *str_field(o, &opts[i]) = NULL;
+        }
+}

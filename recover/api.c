@@ -10,11 +10,6 @@
 
 #include "rec_internal.h"
 
-static char *dup_opt(const char *s)
-{
-    return s ? strdup(s) : NULL;
-}
-
 /* A write to a socket whose peer has died raises SIGPIPE, whose default action ends the
    process. Open MPI's TCP transport writes with writev(), which cannot ask for
    MSG_NOSIGNAL: a worker killed on another host could take down the survivors that were
@@ -93,18 +88,10 @@ int rk_init(rk_ctx **out, const rk_options *o)
     rk_ctx *ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return -ENOMEM;
-    ctx->opt = *o;
-    ctx->ckpt_dir = dup_opt(o->ckpt_dir);
-    ctx->event_log = dup_opt(o->event_log);
-    ctx->det_iface = dup_opt(o->det_iface);
-    if ((o->ckpt_dir && !ctx->ckpt_dir) || (o->event_log && !ctx->event_log) ||
-        (o->det_iface && !ctx->det_iface)) {
-        rc = -ENOMEM;
-        goto out_free;
+    if ((rc = rk__options_keep(&ctx->opt, o)) != 0) {
+        free(ctx);
+        return rc;
     }
-    ctx->opt.ckpt_dir = ctx->ckpt_dir;
-    ctx->opt.event_log = ctx->event_log;
-    ctx->opt.det_iface = ctx->det_iface;
     /* The job's secret is read once and removed from the environment, so that no process
        the program starts inherits it (docs/DETECTOR.md, "Threat model"). */
     const char *secret = getenv("RK_JOB_SECRET");
@@ -156,7 +143,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
                       "rk_init: world size %d is below RK_MIN_WORLD=%d", ctx->world, ctx->opt.min_world);
         goto out_comm;
     }
-    if ((rc = rk__evlog_open(&ctx->ev, ctx->event_log, ctx->rank0)) != 0)
+    if ((rc = rk__evlog_open(&ctx->ev, ctx->opt.event_log, ctx->rank0)) != 0)
         goto out_comm;
     if ((rc = rec_det_open(ctx)) != 0)
         goto out_evlog;
@@ -185,9 +172,7 @@ out_mpi:
 out_free:
     sigpipe_release();
     rec_det_forget_secret(ctx);
-    free(ctx->ckpt_dir);
-    free(ctx->event_log);
-    free(ctx->det_iface);
+    rk__options_free(&ctx->opt);
     free(ctx);
     return rc;
 }
@@ -216,9 +201,7 @@ int rk_finalize(rk_ctx **pctx)
             MPI_Finalize();
     }
     sigpipe_release();
-    free(ctx->ckpt_dir);
-    free(ctx->event_log);
-    free(ctx->det_iface);
+    rk__options_free(&ctx->opt);
     free(ctx);
     *pctx = NULL;
     return rc;

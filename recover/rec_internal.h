@@ -44,8 +44,8 @@ struct rec_xfer;
 struct ring;
 
 struct rk_ctx {
-    rk_options opt;       /* validated copy; its strings point into the owned copies below */
-    char *ckpt_dir, *event_log, *det_iface;
+    rk_options opt;       /* validated copy that owns its strings (rk__options_keep): the
+                             caller's may go as soon as rk_init returns */
     char *job_secret;     /* RK_JOB_SECRET as read at rk_init (then removed from the
                              environment); wiped and freed once the detector has its key */
     int rank0;            /* rank at start: event-log file name, log prefix */

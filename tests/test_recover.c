@@ -251,6 +251,36 @@ START_TEST(held_snapshot_not_offered_after_a_new_tensor)
 }
 END_TEST
 
+/* The context keeps its own copy of every option string: a caller's (Python's bytes
+   objects) may go as soon as rk_init returns. (Before: rollback and io kept the caller's
+   pointers, and every recovery read the freed RK_ROLLBACK.) */
+START_TEST(options_strings_are_the_contexts_own)
+{
+    char *dir = th_tmpdir("recover-opts"), ev[4200];
+    snprintf(ev, sizeof(ev), "%s/events", dir);
+    char *s[4] = {strdup(dir), strdup(ev), strdup("buffered"), strdup("disk")};
+    quiet_stderr();
+    rk_options o;
+    rk_options_init(&o);
+    o.ckpt_dir = s[0];
+    o.event_log = s[1];
+    o.io = s[2];
+    o.rollback = s[3];
+    ck_assert_int_eq(rk_init(&ctx, &o), 0);
+    for (int i = 0; i < 4; i++) { /* the caller's strings go */
+        memset(s[i], 'x', strlen(s[i]));
+        free(s[i]);
+    }
+    ck_assert_str_eq(ctx->opt.ckpt_dir, dir);
+    ck_assert_str_eq(ctx->opt.event_log, ev);
+    ck_assert_str_eq(ctx->opt.io, "buffered");
+    ck_assert_str_eq(ctx->opt.rollback, "disk");
+    th_assert_rc(rk_finalize(&ctx), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* ---- the rounds on real jobs (recover/recovery.c, R5, R6) ------------------------------ */
 
 #define ROUND_MS "2000" /* RK_TIMEOUT_MS: one round */
@@ -382,6 +412,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, register_rejects_bad_arguments);
     tcase_add_test(tc, allreduce_checks_arguments);
     tcase_add_test(tc, init_after_finalize_is_an_error);
+    tcase_add_test(tc, options_strings_are_the_contexts_own);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("rollback");
