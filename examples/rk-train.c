@@ -596,6 +596,17 @@ static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64
     return rc;
 }
 
+/* After RK_RECOVERED from any collective (the last one too): the state was rolled back;
+   --zero takes its new slice, and the loop goes on at rk_next_step(). */
+static int recovered(rk_ctx *ctx, struct model *md, int64_t *step)
+{
+    int rc;
+    if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
+        return fail("rk_rebind", rc);
+    *step = rk_next_step(ctx);
+    return 0;
+}
+
 static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_on)
 {
     int64_t step = 0;
@@ -606,6 +617,8 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     }
     if (ckpt_on && rc != 0)
         return fail("rk_resume", rc);
+    uint64_t h = 0;
+again:
     while (step < a->steps) {
         float loss = 0;
         rc = step_grads(ctx, md, a, step, &loss);
@@ -617,9 +630,8 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
             adam_update(md, 1.0f / (float)a->batch);
         }
         if (rc == RK_RECOVERED) {
-            if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
-                return fail("rk_rebind", rc);
-            step = rk_next_step(ctx);
+            if (recovered(ctx, md, &step) != 0)
+                return 1;
             continue;
         }
         if (rc != 0)
@@ -630,9 +642,8 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
         }
         rc = rk_step_done(ctx, step);
         if (rc == RK_RECOVERED) {
-            if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
-                return fail("rk_rebind", rc);
-            step = rk_next_step(ctx);
+            if (recovered(ctx, md, &step) != 0)
+                return 1;
             continue;
         }
         if (rc != 0)
@@ -646,8 +657,12 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
                 rk_strerror(rc), rk_last_error());
     if (a->mem)
         print_memory(ctx, md);
-    uint64_t h = 0;
-    if ((rc = state_hash(ctx, md, &h)) != 0)
+    if ((rc = state_hash(ctx, md, &h)) == RK_RECOVERED) { /* a member lost in the hash's allgather */
+        if (recovered(ctx, md, &step) != 0)
+            return 1;
+        goto again;
+    }
+    if (rc != 0)
         return fail("the final hash's allgather", rc);
     printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), h);
     fflush(stdout);
