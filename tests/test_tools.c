@@ -121,6 +121,13 @@ START_TEST(restore_self_contained)
     flip("step-000000000006/shard-0.h5", 1048576 + 3);
     EXPECT("restore \"$D\" --out \"$D/bad.h5\"", 1, "checksum mismatch");
     EXPECT("test -e \"$D/bad.h5\" || echo absent", 0, "absent");
+    /* The new name is made durable too (an fsync of its directory after the rename); when
+       that fails, the restore fails and leaves neither the file nor its .part. (Before:
+       no fsync of the directory, and a power cut could leave only the .part.) */
+    setenv("RK_FAULT", "syncdir@0=eio", 1);
+    EXPECT("restore \"$D\" --step 4 --out \"$D/nodir.h5\"", 2, "fsync of its directory");
+    unsetenv("RK_FAULT");
+    EXPECT("ls \"$D\" | grep -c nodir", 1, "0");
 }
 END_TEST
 

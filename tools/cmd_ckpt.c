@@ -6,6 +6,8 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -369,6 +371,16 @@ out_file:
         status = tool_error(TOOL_USAGE, "restore: %s: close failed", part);
     if (!status && (fmt_fsync_path(part, false) != 0 || rename(part, a.out) != 0))
         status = tool_error(TOOL_USAGE, "restore: cannot make %s durable: %s", a.out, strerror(errno));
+    if (!status) { /* the rename too: a power cut must not leave only the .part */
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof(parent), "%s", a.out);
+        int frc = fmt_fsync_path(dirname(parent), true);
+        if (frc != 0) {
+            status = tool_error(TOOL_USAGE, "restore: cannot make the new name %s durable (fsync of its directory): %s",
+                                a.out, strerror(-frc));
+            unlink(a.out);
+        }
+    }
     if (status)
         unlink(part);
     else
