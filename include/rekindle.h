@@ -152,9 +152,11 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
    tensor and its number of rows; *global_rows (may be NULL) the global tensor's rows.
    After a membership change (RK_RECOVERED with a new world) the library splits every
    sharded tensor evenly over the new members (rank r gets G/W rows, one more if
-   r < G % W, in rank order) and restores each rank's new rows from disk; a slice whose
-   size changed is not written into the old buffer: the program allocates one of the new
-   size and hands it over with rk_rebind, which copies the restored rows into it.
+   r < G % W, in rank order) and restores each rank's new rows: from the survivors'
+   memory (their own slices and the partner copies of the lost ones, docs/SHARDING.md)
+   when they hold the step, else from disk. A slice whose size changed is not written
+   into the old buffer: the program allocates one of the new size and hands it over with
+   rk_rebind, which copies the restored rows into it.
    -ENOENT if no sharded tensor has that name. */
 int rk_shard_rows(const rk_ctx *ctx, const char *name, int64_t *offset, int64_t *rows,
                   int64_t *global_rows);
