@@ -7,7 +7,8 @@
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
  *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress
  *           (unlink: removing a file or an empty directory; mkdir: creating a directory;
- *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring;
+ *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring,
+ *            or the checkpoint reader submitting reads to it;
  *            list: reading a directory's entries; swap: exchanging two directories'
  *            names in one step; any: every file operation, N counted over all of them;
  *            rebuild: not a file operation but the ring's rebuild, between its handshake
@@ -67,7 +68,8 @@ enum fmt_op {
     FMT_OP_SYNCDIR,
     FMT_OP_UNLINK,
     FMT_OP_DIRECT, /* "odirect": open with O_DIRECT (EINVAL: the file system refuses it) */
-    FMT_OP_URING,  /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp) */
+    FMT_OP_URING,  /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp), or a
+                      submission of the checkpoint reader's reads (fmt_readdirect.c) */
     FMT_OP_REBUILD, /* "rebuild": the ring's rebuild (fmt_fault_point); not counted by "any" */
     FMT_OP_LIST,   /* "list": opening and reading a directory (EACCES, an unmounted share) */
     FMT_OP_SWAP,   /* "swap": renameat2 RENAME_EXCHANGE of two directories */

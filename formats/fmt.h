@@ -157,8 +157,14 @@ typedef struct fmt_write_stats {
 int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode,
                     fmt_write_stats *st);
 /* The block checksums of a sharded piece t (t->data, t->shape[0] rows of t->nbytes):
-   block_rows, nblocks, blocks (malloc'd, the previous array freed). 0 or -ENOMEM. */
+   block_rows (fmt_block_rows), nblocks, blocks (malloc'd, the previous array freed).
+   0 or -ENOMEM. */
 int fmt_piece_blocks(fmt_tensor *t);
+/* Rows per checksummed block of a sharded piece of `rows` rows and `nbytes` bytes: as many
+   whole rows as fit in FMT_BLOCK_BYTES, at least one (1 for a piece of no bytes). What the
+   writer uses and the only block size a manifest may give (a reader buffers one block: a
+   size from an untrusted file would size that buffer). */
+uint64_t fmt_block_rows(uint64_t rows, uint64_t nbytes);
 /* Root attributes step, world_size, format_version, io_path, and commit_time_ns if
    commit_ns > 0, on an open file (or -1). */
 int fmt_h5_root_attrs(hid_t f, int64_t step, int world, const char *io_path, int64_t commit_ns);

@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "fio.h"
-#include "fmt.h"
+#include "fmt_internal.h"
 
-static int cmp_order(const void *a, const void *b)
+int fmt__cmp_order(const void *a, const void *b)
 {
     const fmt_tensor *x = *(const fmt_tensor *const *)a, *y = *(const fmt_tensor *const *)b;
     if (x->order != y->order)
@@ -98,7 +98,7 @@ int fmt_index_write(const char *dir, int64_t step, int world, fmt_manifest *cons
     for (int r = 0; r < world; r++)
         for (size_t i = 0; i < shards[r]->n; i++)
             all[k++] = &shards[r]->t[i];
-    qsort(all, total, sizeof(*all), cmp_order);
+    qsort(all, total, sizeof(*all), fmt__cmp_order);
 
     snprintf(path, sizeof(path), "%s/" FMT_INDEX, dir);
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE), f = -1;

@@ -4,6 +4,10 @@
 
 #include "fmt.h"
 
+/* qsort order of manifest entries (const fmt_tensor *): by registration order, then by
+   rank (fmt_index.c; the index writer and the reader list tensors alike). */
+int fmt__cmp_order(const void *a, const void *b);
+
 /* The O_DIRECT reader of large tensors at restore (fmt_readdirect.c). */
 typedef struct fmt_direct fmt_direct;
 #define FMT_DIRECT_MIN (1u << 20) /* smaller tensors are read with pread */

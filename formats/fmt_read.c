@@ -62,14 +62,6 @@ void fmt_ckpt_close(fmt_ckpt **pc)
     *pc = NULL;
 }
 
-static int cmp_order(const void *a, const void *b)
-{
-    const fmt_tensor *x = *(const fmt_tensor *const *)a, *y = *(const fmt_tensor *const *)b;
-    if (x->order != y->order)
-        return (x->order > y->order) - (x->order < y->order);
-    return (x->rank > y->rank) - (x->rank < y->rank);
-}
-
 static int check_links(fmt_ckpt *c, hid_t f, const char *path)
 {
     char file[32];
@@ -127,7 +119,9 @@ static int read_index(fmt_ckpt *c, const char *path, const fmt_commit *k)
 /* The reader's entries of one registered tensor, from its n manifest entries p[0..n)
    (by rank): a replicated tensor is one entry; a per-rank tensor one per rank, named
    ranks/<r>/<name>; a sharded tensor one of the global shape over its pieces, which must
-   be one per rank, alike, and tile the global rows in rank order. RK_E_CORRUPT if not. */
+   be one per rank, alike, and tile the global rows in rank order (alike, their rows are
+   of one size, and so are the blocks of those with bytes: the manifest reader accepts
+   only the writer's block size, fmt_block_rows). RK_E_CORRUPT if not. */
 static int add_entries(fmt_ckpt *c, const fmt_tensor **p, size_t n)
 {
     int kind = p[0]->kind;
@@ -259,7 +253,7 @@ static int load_manifests(fmt_ckpt *c, const fmt_commit *k)
     for (int r = 0; r < c->world; r++)
         for (size_t i = 0; i < c->shards[r]->n; i++)
             all[at++] = &c->shards[r]->t[i];
-    qsort(all, total, sizeof(*all), cmp_order);
+    qsort(all, total, sizeof(*all), fmt__cmp_order);
     int rc = 0;
     uint32_t order = 0;
     for (size_t i = 0, n; i < total && !rc; i += n, order++) {
@@ -393,24 +387,41 @@ static int shard_fd(fmt_ckpt *c, int rank, uint64_t off, uint64_t len, const cha
     return 0;
 }
 
+/* A buffer for the blocks that a read of some rows holds only in part, grown to each
+   piece's block (pieces of one tensor share a block size, fmt_block_rows, but the
+   buffer never relies on it). */
+struct bounce {
+    char *p;
+    size_t cap;
+};
+
 /* Rows [lo, hi) of piece q (its own rows) into dst: the blocks that hold them, each read
-   whole (into dst when it lies inside, else through bounce) and checked. */
-static int read_piece_rows(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_t hi, char *dst, char **bounce)
+   whole (into dst when it lies inside, else through b) and checked. */
+static int read_piece_rows(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_t hi, char *dst, struct bounce *b)
 {
     char path[4096];
     uint64_t rows = (uint64_t)q->shape[0], rb = q->nbytes / rows, br = q->block_rows;
+    size_t need; /* its largest block */
     int fd, rc = shard_fd(c, q->rank, q->offset, q->nbytes, q->name, path, &fd);
     if (rc)
         return rc;
-    for (uint64_t b = lo / br; b * br < hi; b++) {
-        uint64_t b0 = b * br, b1 = b0 + br < rows ? b0 + br : rows;
+    if (__builtin_mul_overflow(br < rows ? br : rows, rb, &need))
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                        "%s: tensor '%s': blocks of %" PRIu64 " rows of %" PRIu64 " bytes", path, q->name, br, rb);
+    for (uint64_t k = lo / br; k * br < hi; k++) {
+        uint64_t b0 = k * br, b1 = br < rows - b0 ? b0 + br : rows;
         bool inside = b0 >= lo && b1 <= hi;
-        if (!inside && !*bounce && !(*bounce = malloc(br * rb)))
-            return -ENOMEM;
-        char *p = inside ? dst + (b0 - lo) * rb : *bounce;
+        if (!inside && b->cap < need) {
+            free(b->p);
+            b->cap = 0;
+            if (!(b->p = malloc(need)))
+                return -ENOMEM;
+            b->cap = need;
+        }
+        char *p = inside ? dst + (b0 - lo) * rb : b->p;
         if ((rc = fmt_io_pread_all(fd, p, (b1 - b0) * rb, (off_t)(q->offset + b0 * rb), path)) != 0)
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, q->name, strerror(-rc));
-        if (fmt_xxh3(p, (b1 - b0) * rb) != q->blocks[b])
+        if (fmt_xxh3(p, (b1 - b0) * rb) != q->blocks[k])
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
                             "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64 " of its piece", path,
                             q->name, b0, b1 - 1);
@@ -428,7 +439,7 @@ int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void
     if (!t || t->kind != FMT_SHARDED || first < 0 || nrows < 0 || first > t->rows || nrows > t->rows - first)
         return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -EINVAL, "rows %" PRId64 "+%" PRId64 " of tensor %zu: not a sharded "
                         "tensor, or out of range", first, nrows, i);
-    char *bounce = NULL;
+    struct bounce b = {NULL, 0};
     int rc = 0;
     for (size_t k = 0; k < t->npieces && !rc; k++) {
         const fmt_tensor *q = c->pieces[t->piece0 + k];
@@ -439,9 +450,9 @@ int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void
             continue;
         uint64_t rb = q->nbytes / (uint64_t)q->shape[0];
         rc = read_piece_rows(c, q, (uint64_t)(lo - q->row0), (uint64_t)(hi - q->row0), (char *)buf + (uint64_t)(lo - first) * rb,
-                             &bounce);
+                             &b);
     }
-    free(bounce);
+    free(b.p);
     return rc;
 }
 

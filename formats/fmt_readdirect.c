@@ -15,6 +15,9 @@
  * the file, instead of blocking rk_resume or a rollback from disk for ever. The kernel
  * still owns the bounce buffers then: they are retained for the life of the process
  * (rk__retain_forever), never freed or reused, and the reader refuses further reads.
+ * Only reads the kernel took are waited for: when io_uring_submit takes none (fails), the
+ * reads in flight are collected, the ring is closed (what it still queues must never go
+ * out with a later read) and this read and every later one take pread, said once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -142,9 +145,11 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
             return fd == -ENOENT ? RK_E_INCOMPLETE : give_up(d, c->dir, "O_DIRECT open refused", fd);
         d->fds[t->rank] = fd;
     }
-    uint64_t npieces = (t->nbytes + DIRECT_PIECE - 1) / DIRECT_PIECE, sub = 0, got = 0;
+    /* pieces prepared (sub), handed to the kernel (sent), completed and used (got) */
+    uint64_t npieces = (t->nbytes + DIRECT_PIECE - 1) / DIRECT_PIECE, sub = 0, sent = 0, got = 0;
     int32_t res[DIRECT_DEPTH];
     bool done[DIRECT_DEPTH] = {false};
+    int refused = 0; /* the error of a submission that handed the kernel nothing */
     XXH3_64bits_reset(d->xs);
     rc = 0;
     while (got < npieces && rc == 0) {
@@ -163,9 +168,14 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
             done[sub % DIRECT_DEPTH] = false;
             sub++;
         }
-        int s = io_uring_submit(&d->ring);
-        if (s < 0 && rc == 0)
-            rc = s;
+        if (sub > sent) {
+            int s = fmt_fault(FMT_OP_URING, path);
+            s = s ? fmt_fault_apply(s) : io_uring_submit(&d->ring);
+            if (s > 0)
+                sent += (uint64_t)s;
+            else if (rc == 0 && sent <= got)
+                rc = refused = s < 0 ? s : -EAGAIN; /* nothing in flight to wait for */
+        }
         if (rc)
             break;
         while (!done[got % DIRECT_DEPTH] && (rc = reap(d, res, done)) == 0)
@@ -188,15 +198,24 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
         memcpy((char *)buf + got * DIRECT_PIECE, p, (size_t)plen);
         got++;
     }
-    /* Never return while the kernel may still write a buffer: collect what is in flight
-       (unless the disk stopped: then the buffers are never reused, see the header). */
-    for (uint64_t k = got; k < sub && !d->stuck; k++)
+    /* Never return while the kernel may still write a buffer: collect what is in flight,
+       the reads handed to it and no others (unless the disk stopped: then the buffers are
+       never reused, see the header). */
+    for (uint64_t k = got; k < sent && !d->stuck; k++)
         while (!done[k % DIRECT_DEPTH] && reap(d, res, done) == 0)
             ;
     if (d->stuck)
         return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "%s: reading tensor '%s': no read completed for %d ms (the disk stopped answering)", path,
                         t->name, DIRECT_STALL_MS);
+    if (sent < sub) { /* reads left in the submission queue would go out with the next
+                         read's: the ring goes, and every read takes pread from now on */
+        io_uring_queue_exit(&d->ring);
+        d->ring_ok = false;
+        int off = give_up(d, c->dir, "io_uring refused the reads", refused ? refused : rc);
+        if (refused)
+            return off; /* this read too */
+    }
     if (rc)
         return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, t->name, rk_strerror(rc));
     *hash = XXH3_64bits_digest(d->xs);

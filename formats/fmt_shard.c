@@ -137,10 +137,16 @@ out:
     return rc;
 }
 
+uint64_t fmt_block_rows(uint64_t rows, uint64_t nbytes)
+{
+    uint64_t rb = rows ? nbytes / rows : 0;
+    return rb && rb < FMT_BLOCK_BYTES ? FMT_BLOCK_BYTES / rb : 1;
+}
+
 int fmt_piece_blocks(fmt_tensor *t)
 {
     uint64_t rows = t->shape[0] > 0 ? (uint64_t)t->shape[0] : 0, rb = rows ? t->nbytes / rows : 0;
-    t->block_rows = rb && rb < FMT_BLOCK_BYTES ? FMT_BLOCK_BYTES / rb : 1;
+    t->block_rows = fmt_block_rows(rows, t->nbytes);
     t->nblocks = rb ? (rows + t->block_rows - 1) / t->block_rows : 0;
     free(t->blocks);
     t->blocks = NULL;
@@ -423,7 +429,8 @@ static bool parse_tensor(char *line, fmt_tensor *t)
 
 /* The line after a t line in a version-2 manifest, if it is one: a sharded piece's
    "s ..." or a per-rank tensor's "p". Returns 1 if line was such a line (parsed into t),
-   0 if it is not one (t stays replicated), -1 if it is malformed. */
+   0 if it is not one (t stays replicated), -1 if it is malformed (a block size other than
+   the writer's, fmt_block_rows, included). */
 static int parse_kind(char *line, fmt_tensor *t)
 {
     struct cur c = {line};
@@ -439,8 +446,9 @@ static int parse_kind(char *line, fmt_tensor *t)
     if (t->ndim < 1 || !word(&c, "s") || !num(&c, 10, 0, INT64_MAX, &t->rows) || !num(&c, 10, 0, INT64_MAX, &t->row0) ||
         t->row0 > t->rows || t->shape[0] > t->rows - t->row0 || !num(&c, 10, 1, INT64_MAX, &v))
         return -1;
-    t->block_rows = (uint64_t)v;
-    if (!num(&c, 10, 0, INT64_MAX, &v) || (uint64_t)v != (rb ? (rows + t->block_rows - 1) / t->block_rows : 0))
+    t->block_rows = (uint64_t)v; /* the writer's, or the reader's block buffer would be sized by the file */
+    if (t->block_rows != fmt_block_rows(rows, t->nbytes) || !num(&c, 10, 0, INT64_MAX, &v) ||
+        (uint64_t)v != (rb ? (rows + t->block_rows - 1) / t->block_rows : 0))
         return -1;
     t->nblocks = (uint64_t)v;
     if (t->nblocks && !(t->blocks = malloc(t->nblocks * sizeof(*t->blocks))))

@@ -1,6 +1,7 @@
 /*
  * tests/test_vfd.c - the checkpoint I/O path of formats/: the fault-injectable file
- * operations (fio.h) and the HDF5 driver over io_uring + O_DIRECT (vfd_uring.h).
+ * operations (fio.h), the HDF5 driver over io_uring + O_DIRECT (vfd_uring.h), and the
+ * reader of a checkpoint's tensors (fmt_read.c, fmt_readdirect.c) on crafted manifests.
  * Invariant numbers refer to the header of formats/vfd_uring.c.
  */
 #include <errno.h>
@@ -671,6 +672,217 @@ START_TEST(crash_in_driver_write)
 }
 END_TEST
 
+/* ---- reading a checkpoint back (formats/fmt_read.c, fmt_readdirect.c) ------------------------ */
+
+/* A checkpoint of 3 ranks written by the formats' own writer: sharded sh/f (f32 rows, all
+   in one checksummed block) and sh/wide (rows of WIDE bytes, 3 to a block), rank 1 holding
+   no rows of either; replicated `big` in shard 0, read with O_DIRECT in pieces of 4 MiB
+   (more of them than the reader keeps in flight). */
+#define NRANK 3
+#define WIDE 300000
+#define BIG (33 * MIB + 12)
+static const int64_t f_rows[NRANK] = {16, 0, 16}, wide_rows[NRANK] = {5, 0, 4};
+
+typedef struct {
+    char *top, step[4200], io_path[FMT_IO_PATH_LEN];
+    unsigned char *f, *wide, *big; /* the global tensors */
+    fmt_manifest *m[NRANK];
+} written;
+
+static int64_t sum_rows(const int64_t *rows)
+{
+    return rows[0] + rows[1] + rows[2];
+}
+
+static fmt_tensor piece(const char *name, rk_dtype dt, int64_t row_bytes, const int64_t *rows, int r, uint32_t order,
+                        const unsigned char *global)
+{
+    int64_t row0 = 0;
+    for (int k = 0; k < r; k++)
+        row0 += rows[k];
+    fmt_tensor t = {.name = strdup(name), .dtype = dt, .ndim = 2, .shape = {rows[r], row_bytes / (int64_t)rk__dtype_size(dt)},
+                    .nbytes = (uint64_t)(rows[r] * row_bytes), .order = order, .rank = r, .data = global + row0 * row_bytes,
+                    .kind = FMT_SHARDED, .rows = sum_rows(rows), .row0 = row0};
+    return t;
+}
+
+static void write_ckpt(written *w)
+{
+    clear_env();
+    memset(w, 0, sizeof(*w));
+    w->top = th_tmpdir("rd");
+    snprintf(w->step, sizeof(w->step), "%s/step-000000000006", w->top);
+    ck_assert_int_eq(mkdir(w->step, 0755), 0);
+    ck_assert_ptr_nonnull(w->f = malloc((size_t)sum_rows(f_rows) * 4));
+    ck_assert_ptr_nonnull(w->wide = malloc((size_t)sum_rows(wide_rows) * WIDE));
+    ck_assert_ptr_nonnull(w->big = malloc(BIG));
+    pattern(w->f, (size_t)sum_rows(f_rows) * 4, 1);
+    pattern(w->wide, (size_t)sum_rows(wide_rows) * WIDE, 2);
+    pattern(w->big, BIG, 3);
+    for (int r = 0; r < NRANK; r++) {
+        fmt_manifest *m = calloc(1, sizeof(*m));
+        ck_assert_ptr_nonnull(m);
+        *m = (fmt_manifest){.version = FMT_VERSION, .step = 6, .rank = r, .world = NRANK, .nonce = 42, .n = r ? 2 : 3};
+        ck_assert_ptr_nonnull(m->t = calloc(m->n, sizeof(*m->t)));
+        m->t[0] = piece("sh/f", RK_F32, 4, f_rows, r, 0, w->f);
+        m->t[1] = piece("sh/wide", RK_U8, WIDE, wide_rows, r, 1, w->wide);
+        if (r == 0)
+            m->t[2] = (fmt_tensor){.name = strdup("big"), .dtype = RK_U8, .ndim = 1, .shape = {BIG}, .nbytes = BIG,
+                                   .order = 2, .data = w->big};
+        char path[4300];
+        fmt_write_stats st;
+        snprintf(path, sizeof(path), "%s/shard-%d.h5", w->step, r);
+        ck_assert_msg(fmt_shard_write(path, m, "auto", &st) == 0, "%s", rk_last_error());
+        snprintf(m->io_path, sizeof(m->io_path), "%s", st.io_path);
+        snprintf(w->io_path, sizeof(w->io_path), "%s", st.io_path);
+        snprintf(path, sizeof(path), "%s/shard-%d.ok", w->step, r);
+        ck_assert_int_eq(fmt_manifest_write(path, m), 0);
+        w->m[r] = m;
+    }
+    ck_assert_msg(fmt_index_write(w->step, 6, NRANK, w->m, w->io_path, 1) == 0, "%s", rk_last_error());
+}
+
+/* Rank r's manifest written again from w->m[r] (a crafted one), the commit record with it. */
+static void rewrite_manifest(written *w, int r)
+{
+    char path[4300];
+    snprintf(path, sizeof(path), "%s/shard-%d.ok", w->step, r);
+    ck_assert_int_eq(fmt_manifest_write(path, w->m[r]), 0);
+    ck_assert_int_eq(fmt_commit_write(w->step, 6, NRANK, w->m, w->io_path, 1), 0);
+}
+
+static void written_free(written *w)
+{
+    for (int r = 0; r < NRANK; r++)
+        fmt_manifest_free(&w->m[r]);
+    free(w->f);
+    free(w->wide);
+    free(w->big);
+    th_rmrf(w->top);
+    free(w->top);
+    clear_env();
+}
+
+/* Every row range of both sharded tensors (blocks read whole or in part, across pieces and
+   the empty one) and the large replicated tensor, bitwise. */
+START_TEST(sharded_rows_read_back)
+{
+    written w;
+    write_ckpt(&w);
+    ck_assert_uint_eq(w.m[0]->t[1].block_rows, MIB / WIDE);
+    fmt_ckpt *c = NULL;
+    ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
+    const struct {
+        const char *name;
+        int64_t rows, rb;
+        const unsigned char *want;
+    } ts[] = {{"sh/f", sum_rows(f_rows), 4, w.f}, {"sh/wide", sum_rows(wide_rows), WIDE, w.wide}};
+    unsigned char *buf = malloc(BIG);
+    ck_assert_ptr_nonnull(buf);
+    for (size_t k = 0; k < RK_ARRAY_LEN(ts); k++) {
+        long i = fmt_ckpt_find(c, ts[k].name);
+        ck_assert_int_ge(i, 0);
+        for (int64_t first = 0; first <= ts[k].rows; first++)
+            for (int64_t n = 0; first + n <= ts[k].rows; n++) {
+                th_assert_rc(fmt_ckpt_read_rows(c, (size_t)i, first, n, buf), 0);
+                ck_assert_msg(memcmp(buf, ts[k].want + first * ts[k].rb, (size_t)(n * ts[k].rb)) == 0,
+                              "%s rows %ld+%ld differ", ts[k].name, (long)first, (long)n);
+            }
+    }
+    long i = fmt_ckpt_find(c, "big");
+    ck_assert_int_ge(i, 0);
+    th_assert_rc(fmt_ckpt_read(c, (size_t)i, buf), 0);
+    ck_assert(memcmp(buf, w.big, BIG) == 0);
+    free(buf);
+    fmt_ckpt_close(&c);
+    written_free(&w);
+}
+END_TEST
+
+/* A manifest whose block size is not the writer's is refused, naming it, with its checksums
+   (the block's and the file's, which are plain XXH3) right: 2^62 rows of 4 bytes (the buffer
+   of a block, 2^64 bytes, wrapped to 0), and one piece's blocks smaller than the other's
+   (the buffer sized for the first piece's). Before: both opened, and a read of those rows
+   wrote past the buffer. */
+static const struct {
+    int rank;
+    uint64_t block_rows;
+    int64_t first, nrows; /* the read that overflowed */
+} crafted[] = {{2, 1ull << 62, 17, 2}, {0, 2, 1, 30}};
+
+START_TEST(block_size_not_the_writers_refused)
+{
+    written w;
+    write_ckpt(&w);
+    fmt_tensor *t = &w.m[crafted[_i].rank]->t[0]; /* its piece of sh/f: 16 rows of 4 bytes */
+    ck_assert_uint_eq(t->block_rows, MIB / 4);
+    ck_assert_uint_eq(t->nblocks, 1);
+    t->block_rows = crafted[_i].block_rows;
+    t->nblocks = (16 + t->block_rows - 1) / t->block_rows;
+    ck_assert_ptr_nonnull(t->blocks = realloc(t->blocks, t->nblocks * sizeof(*t->blocks)));
+    for (uint64_t b = 0; b < t->nblocks; b++)
+        t->blocks[b] = fmt_xxh3(w.f + t->row0 * 4 + b * t->block_rows * 4, t->nblocks > 1 ? t->block_rows * 4 : 64);
+    rewrite_manifest(&w, crafted[_i].rank);
+    fmt_ckpt *c = NULL;
+    int rc = fmt_ckpt_open(w.step, &c);
+    if (rc == 0) {
+        float buf[32];
+        fmt_ckpt_read_rows(c, (size_t)fmt_ckpt_find(c, "sh/f"), crafted[_i].first, crafted[_i].nrows, buf);
+        fmt_ckpt_close(&c);
+    }
+    th_assert_rc(rc, RK_E_CORRUPT);
+    char want[32];
+    snprintf(want, sizeof(want), "shard-%d.ok", crafted[_i].rank);
+    ck_assert_msg(strstr(rk_last_error(), want), "'%s' does not name %s", rk_last_error(), want);
+    written_free(&w);
+}
+END_TEST
+
+/* A submission of the O_DIRECT reader that io_uring refuses: the first (nothing in flight)
+   ends the ring, and this read and the next take pread, with one warning; a later one
+   (reads in flight) is tried again with the next. Never a wait for reads that were never
+   submitted. Before: the reader waited 60 s for them, then failed with RK_E_TIMEOUT. */
+static const struct {
+    const char *fault; /* uring@0 is the ring's setup */
+    bool fallback;
+} refused[] = {{"uring@1=eio", true}, {"uring@2=eperm", false}};
+
+START_TEST(refused_submission_waits_for_none)
+{
+    written w;
+    write_ckpt(&w);
+    setenv("RK_FAULT", refused[_i].fault, 1);
+    ck_assert_int_eq(fmt_fault_reset(), 0);
+    fmt_ckpt *c = NULL;
+    ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
+    long i = fmt_ckpt_find(c, "big");
+    ck_assert_int_ge(i, 0);
+    unsigned char *buf = malloc(BIG);
+    ck_assert_ptr_nonnull(buf);
+    capture cap;
+    cap_begin(&cap);
+    int64_t t0 = rk__mono_ns();
+    int rc = fmt_ckpt_read(c, (size_t)i, buf);
+    double ms = rk__ms_since(t0);
+    uint64_t submits = fmt_fault_count(FMT_OP_URING);
+    char *log = cap_end(&cap);
+    th_assert_rc(rc, 0);
+    ck_assert_msg(ms < 10000, "the read took %.0f ms", ms);
+    ck_assert(memcmp(buf, w.big, BIG) == 0);
+    ck_assert_uint_ge(submits, refused[_i].fallback ? 2 : 3); /* the fault was reached */
+    ck_assert_msg(!refused[_i].fallback == !strstr(log, "io_uring refused the reads"), "log: '%s'", log);
+    free(log);
+    memset(buf, 0, BIG);
+    th_assert_rc(fmt_ckpt_read(c, (size_t)i, buf), 0);
+    ck_assert(memcmp(buf, w.big, BIG) == 0);
+    if (refused[_i].fallback)
+        ck_assert_uint_eq(fmt_fault_count(FMT_OP_URING), submits); /* the ring is gone */
+    free(buf);
+    fmt_ckpt_close(&c);
+    written_free(&w);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("vfd");
@@ -696,6 +908,13 @@ int main(void)
     tcase_add_test(tc, crash_in_driver_write);
     tcase_add_test(tc, plain_h5fclose_fails);
     tcase_add_test(tc, plain_h5fclose_after_failed_write);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("read");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, sharded_rows_read_back);
+    tcase_add_loop_test(tc, block_size_not_the_writers_refused, 0, (int)RK_ARRAY_LEN(crafted));
+    tcase_add_loop_test(tc, refused_submission_waits_for_none, 0, (int)RK_ARRAY_LEN(refused));
     suite_add_tcase(s, tc);
     return th_main(s);
 }
