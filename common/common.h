@@ -21,6 +21,13 @@
 
 #define RK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* qsort's comparison of two ints, ascending (member lists: ring/, recover/). */
+static inline int rk__cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
 #if defined(__GNUC__)
 #define RK_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else

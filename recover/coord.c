@@ -21,12 +21,6 @@
 #include "../common/common.h"
 #include "rec.h"
 
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
 static const rec_report *report_of(const rec_report *rep, int nrep, int rank0)
 {
     for (int i = 0; i < nrep; i++)
@@ -46,7 +40,7 @@ static bool partners_cover(const int *prev, int nprev, const rec_report *rep, in
     if (!ring)
         return false;
     memcpy(ring, prev, (size_t)nprev * sizeof(int));
-    qsort(ring, (size_t)nprev, sizeof(int), cmp_int);
+    qsort(ring, (size_t)nprev, sizeof(int), rk__cmp_int);
     bool ok = true;
     for (int i = 0; i < nprev && ok; i++)
         ok = report_of(rep, nrep, ring[i]) || report_of(rep, nrep, ring[(i + 1) % nprev]);
@@ -88,7 +82,7 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
             max_next = rep[i].next_step;
         partnered |= rep[i].partnered != 0;
     }
-    qsort(out->members, (size_t)out->nmembers, sizeof(int), cmp_int);
+    qsort(out->members, (size_t)out->nmembers, sizeof(int), rk__cmp_int);
 
     /* I1 */
     bool has_lowest = out->nmembers > 0 && out->members[0] == lowest_prev;

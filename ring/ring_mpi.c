@@ -141,12 +141,6 @@ static int refail(int level, int rc, const char *what)
     return rk__fail(RK_SUB_RING, level, rc, "%s: %s", what, why);
 }
 
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
 /* A sorted, checked copy of a member list of parent ranks; NULL/0 means all. */
 static int member_list(const ring *r, const int *in, int n, int **out)
 {
@@ -157,7 +151,7 @@ static int member_list(const ring *r, const int *in, int n, int **out)
         return -ENOMEM;
     for (int i = 0; i < m; i++)
         v[i] = all ? i : in[i];
-    qsort(v, (size_t)m, sizeof(*v), cmp_int);
+    qsort(v, (size_t)m, sizeof(*v), rk__cmp_int);
     for (int i = 0; i < m; i++) {
         if (v[i] < 0 || v[i] >= r->psize || (i > 0 && v[i] == v[i - 1])) {
             int bad = v[i];
