@@ -27,7 +27,12 @@
  *     sequence number in its tag, and its length is checked; a member that sees a
  *     different signature, a wrong length, bad local arguments or any abort sends an
  *     abort token to its right neighbour, which forwards it: every member returns an
- *     error, none writes past its buffer.
+ *     error, none writes past its buffer. A shift checks lengths before any data moves:
+ *     each member first tells the member it receives from what length it expects
+ *     (struct ring_wants), and a sender sends its data only once that length is its own;
+ *     otherwise it sends a mismatch token instead, and both ends of that pair fail with
+ *     RK_E_COLL_MISMATCH while finishing their other half of the call (the other pairs
+ *     are not disturbed, and nobody waits for a deadline).
  *  5. Messages are classified by their envelope before they are received: stale ones
  *     (an aborted call's, lower sequence number; another epoch's, an older ring's on the
  *     same parent communicator; a control message of an abandoned rebuild) are received
@@ -69,6 +74,13 @@ struct xfer {
     const unsigned char *sbuf;
     unsigned char *rbuf;
     size_t sbytes, rbytes, Ts;
+    /* a shift's length check (invariant 4): its first send (nctl = 1) is what this member
+       expects, to src; its data waits until dst's has been heard; late: an error found
+       that ends this side only (returned once the rest of the call is done, no abort) */
+    size_t nctl;
+    bool heard;
+    uint64_t wanted;
+    int late;
     rk_dtype dtype;
     rk_op op;
     unsigned seq;
@@ -88,7 +100,7 @@ static unsigned signature(size_t count, rk_dtype dtype, rk_op op)
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ull;
     h ^= h >> 32;
-    return (unsigned)(h % RING_SIG_SHIFT);
+    return (unsigned)(h % RING_SIG_WANTS);
 }
 
 /* The chunk (k, j) on the side that sends (send=true) or receives it. */
@@ -138,6 +150,15 @@ enum rx {
 };
 static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes, int *err);
 
+/* The receive side of a shift learned from the token that replaced its data that the
+   member it receives from found another length here (or could not take part): this end
+   fails too, and the call goes on only for what is already posted and for its sends. */
+static void end_receiving(struct xfer *x, int why)
+{
+    x->late = why;
+    x->T = x->pvalid;
+}
+
 static int post_recvs(struct xfer *x)
 {
     ring *r = x->r;
@@ -163,7 +184,10 @@ static int post_recvs(struct xfer *x)
             return 0;
         if (kind == RX_TOKEN) {
             RK_MPI(MPI_Mrecv(NULL, 0, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
-            return err;
+            if (!x->shift || err != RK_E_COLL_MISMATCH)
+                return err;
+            end_receiving(x, err);
+            return 0;
         }
         int slot = (int)(x->posted % (size_t)r->window);
         rc = RK_MPI(MPI_Imrecv(r->stage + (size_t)slot * r->chunk_bytes, (int)r->chunk_bytes, MPI_BYTE, &msg,
@@ -181,16 +205,74 @@ static int post_sends(struct xfer *x)
 {
     ring *r = x->r;
     while (x->sent < x->Ts && x->sent - x->sdone < (size_t)r->window &&
-           (x->shift || x->sent < x->nch || x->valid > x->sent - x->nch)) {
+           (x->shift ? x->sent < x->nctl || x->heard : x->sent < x->nch || x->valid > x->sent - x->nch)) {
         size_t len, slot = x->sent % (size_t)r->window;
-        const unsigned char *p = chunk_at(x, x->sent, true, &len);
         unsigned char *s = r->sstage + slot * r->chunk_bytes;
-        if (len) /* (an empty shift may pass NULL) */
-            memcpy(s, p, len * x->esize); /* invariant 6 */
-        int rc = RK_MPI(MPI_Isend(s, (int)(len * x->esize), MPI_BYTE, x->dst, x->tag, r->parent, &r->sreq[slot]));
+        int to = x->dst, tag = x->tag;
+        if (x->sent < x->nctl) { /* a shift's length check, first: what this member expects */
+            struct ring_wants w = {.epoch = r->epoch, .seq = x->seq, .bytes = x->rbytes};
+            memcpy(s, &w, sizeof(w));
+            len = sizeof(w);
+            to = x->src;
+            tag = ring__data_tag(r, x->seq, RING_SIG_WANTS);
+        } else {
+            const unsigned char *p = chunk_at(x, x->sent - x->nctl, true, &len);
+            len *= x->esize;
+            if (len) /* (an empty shift may pass NULL) */
+                memcpy(s, p, len); /* invariant 6 */
+        }
+        int rc = RK_MPI(MPI_Isend(s, (int)len, MPI_BYTE, to, tag, r->parent, &r->sreq[slot]));
         if (rc != MPI_SUCCESS)
             return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "allreduce: MPI_Isend");
         x->sent++;
+    }
+    return 0;
+}
+
+/* The sender's half of a shift's length check (invariant 4): the length message of this
+   call from the member this one sends to (probed by its exact tag: it travels against the
+   data, so no other receive of this member meets it in order). One of an earlier call,
+   left queued by an abort here, carries the same tag only every 32 calls and is dropped
+   by its payload (a refusal has none: one left queued, by a call refused while this
+   member aborted, would refuse the call 32 later). A length other than send_bytes, or a refusal, ends the sending side:
+   no data goes, a mismatch token goes instead, and this end fails once its receives are
+   done. *progress is set when a message was taken. */
+static int hear_wants(struct xfer *x, bool *progress)
+{
+    ring *r = x->r;
+    int tag = ring__data_tag(r, x->seq, RING_SIG_WANTS);
+    while (x->shift && !x->heard) {
+        int flag = 0, bytes = -1, rc;
+        MPI_Status st;
+        MPI_Message msg;
+        if ((rc = RK_MPI(MPI_Iprobe(x->dst, tag, r->parent, &flag, &st))) != MPI_SUCCESS)
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "ring_shift: MPI_Iprobe");
+        if (!flag)
+            return 0;
+        MPI_Get_count(&st, MPI_BYTE, &bytes);
+        if (bytes != 0 && bytes != (int)sizeof(struct ring_wants))
+            return rk__fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_COLL_MISMATCH,
+                            "ring_shift: a length message of %d bytes from parent rank %d", bytes, x->dst);
+        struct ring_wants w = {0};
+        /* matched first: a small message, complete on arrival, so Mrecv cannot wait */
+        if ((rc = RK_MPI(MPI_Improbe(x->dst, tag, r->parent, &flag, &msg, &st))) == MPI_SUCCESS && flag)
+            rc = RK_MPI(MPI_Mrecv(bytes ? &w : NULL, bytes, MPI_BYTE, &msg, MPI_STATUS_IGNORE));
+        if (rc != MPI_SUCCESS)
+            return rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, rc, "ring_shift: a length message");
+        if (!flag)
+            return 0;
+        *progress = true;
+        if (bytes && (w.epoch != r->epoch || w.seq != x->seq))
+            continue; /* an earlier call's */
+        x->heard = true;
+        x->wanted = bytes ? w.bytes : UINT64_MAX;
+        if (x->wanted == (uint64_t)x->sbytes)
+            return 0;
+        RK_LOG_DEBUG(RK_SUB_RING, "ring_shift: parent rank %d %s, %zu bytes here: sending a mismatch token instead",
+                     x->dst, bytes ? "expects another length" : "cannot take part", x->sbytes);
+        x->late = RK_E_COLL_MISMATCH;
+        x->Ts = x->sent; /* the length message only: the data is not sent */
+        ring__send_token(r, x->dst, x->seq, RING_TOK_MISMATCH);
     }
     return 0;
 }
@@ -222,6 +304,7 @@ static int reap_sends(struct xfer *x, bool *progress)
 static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_bytes, int *err)
 {
     unsigned tag = (unsigned)st->MPI_TAG, sig = tag & RING_SIG_MASK, mseq = (tag >> 13) & RING_SEQ_MASK;
+    const ring *r = x->r;
     if (tag & RING_TAG_CTRL) {
         unsigned ahead = (tag - (unsigned)x->r->epoch) & RING_CTRL_EPOCH_MASK;
         if (ahead == 0 || ahead > RING_CTRL_EPOCH_MASK / 2)
@@ -231,9 +314,21 @@ static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_
         *err = RK_E_PEER_LOST;
         return RX_KEEP;
     }
-    if (((tag >> 18) & RING_EPOCH_MASK) != (x->r->epoch & RING_EPOCH_MASK))
+    if (ring__tag_epoch(tag) != ((unsigned)r->epoch & r->epoch_mask))
         return RX_STALE;
     unsigned age = (x->seq - mseq) & RING_SEQ_MASK;
+    if (sig == RING_SIG_WANTS) {
+        /* A length message goes to the member a shift receives from: one of another call
+           was left by an abort (never one of a later call: the left sends its data before
+           it leaves a call). One of this call, when the left is also the member this one
+           sends to, is hear_wants's: left queued. Else the left is not in a shift. */
+        if (age != 0)
+            return RX_STALE;
+        if (x->shift && x->src == x->dst) {
+            *err = 0;
+            return RX_KEEP;
+        }
+    }
     if (age != 0 && age <= RING_SEQ_MASK / 2)
         return RX_STALE;
     *err = RK_E_COLL_MISMATCH;
@@ -241,8 +336,8 @@ static enum rx classify(const struct xfer *x, const MPI_Status *st, size_t want_
         RK_LOG_DEBUG(RK_SUB_RING, "a message of call %u arrived in call %u", mseq, x->seq & RING_SEQ_MASK);
         return RX_KEEP;
     }
-    if (sig == RING_TOK_TIMEOUT || sig == RING_TOK_LOST) {
-        *err = sig == RING_TOK_TIMEOUT ? RK_E_TIMEOUT : RK_E_PEER_LOST;
+    if (sig == RING_TOK_TIMEOUT || sig == RING_TOK_LOST || sig == RING_TOK_MISMATCH) {
+        *err = sig == RING_TOK_TIMEOUT ? RK_E_TIMEOUT : sig == RING_TOK_LOST ? RK_E_PEER_LOST : RK_E_COLL_MISMATCH;
         return RX_TOKEN;
     }
     int bytes = -1;
@@ -303,8 +398,8 @@ static void abort_xfer(struct xfer *x, int why)
         if (RK_MPI(MPI_Test(&r->sreq[m % (size_t)r->window], &done, MPI_STATUS_IGNORE)) != MPI_SUCCESS || !done)
             pending++;
     }
-    if (pending > 0)
-        ring__stage_bury(r, pending);
+    if (pending > 0 && ring__stage_bury(r, pending) != 0)
+        RK_LOG_WARN(RK_SUB_RING, "after an abort: no memory for fresh slots; the next call allocates them");
     enum ring_token tok = why == RK_E_TIMEOUT ? RING_TOK_TIMEOUT
                           : why == RK_E_PEER_LOST ? RING_TOK_LOST : RING_TOK_MISMATCH;
     ring__send_token(r, x->dst, x->seq, tok);
@@ -317,9 +412,10 @@ static int run(struct xfer *x)
     int rc = ring__poll_cancel(x->cancel, x->deadline); /* a call never starts cancelled */
     if (rc != 0)
         return rc;
-    while (x->valid < x->T || x->sdone < x->Ts) {
+    /* (consumed < posted: a receive side ended early, end_receiving, still owns slots) */
+    while (x->valid < x->T || x->sdone < x->Ts || x->consumed < x->posted) {
         bool progress = false;
-        if ((rc = post_recvs(x)) != 0 || (rc = post_sends(x)) != 0)
+        if ((rc = post_recvs(x)) != 0 || (rc = post_sends(x)) != 0 || (rc = hear_wants(x, &progress)) != 0)
             return rc;
         if (x->consumed < x->posted) {
             int slot = (int)(x->consumed % (size_t)r->window), done = 0;
@@ -345,12 +441,14 @@ static int run(struct xfer *x)
     return 0;
 }
 
-static const char *why_text(int rc)
+static const char *why_text(const struct xfer *x, int rc)
 {
     switch (rc) {
     case RK_E_PEER_LOST: return "a member was lost (membership changed or a member aborted)";
     case RK_E_TIMEOUT: return "the deadline passed";
-    case RK_E_COLL_MISMATCH: return "members passed different count, dtype or op";
+    case RK_E_COLL_MISMATCH:
+        return x->shift ? "the two ends of a shift passed different lengths, or a member had bad arguments"
+                        : "members passed different count, dtype or op";
     default: return rk_strerror(rc);
     }
 }
@@ -369,16 +467,63 @@ static int usable(const ring *r, const char *fn)
     return 0;
 }
 
-/* Runs a prepared call; on failure aborts it (invariants 2, 4 and 6) and says where. */
-static int finish(struct xfer *x, const char *fn)
+/* A call that cannot start here (bad arguments, no slots) tells the members that wait on
+   it at once rather than leave them to their deadline: a mismatch token to the member it
+   sends to and, for a shift, a refusal (an empty length message) to the member it
+   receives from, whose data then never leaves (hear_wants). */
+static void refuse(struct xfer *x)
 {
-    int rc = run(x);
+    ring__send_token(x->r, x->dst, x->seq, RING_TOK_MISMATCH);
+    if (x->shift)
+        ring__send_token(x->r, x->src, x->seq, RING_SIG_WANTS);
+}
+
+/* The slots a call needs: an abort that found no memory for fresh ones left none
+   (ring__stage_bury); they are allocated again here, or the call is refused. */
+static int slots(struct xfer *x, const char *fn)
+{
+    if (x->r->stage)
+        return 0;
+    int rc = ring__stage_alloc(x->r);
     if (rc == 0)
         return 0;
+    refuse(x);
+    return rk__fail(RK_SUB_RING, RK_LOG_ERROR, rc, "%s: no memory for the ring's slots (%zu bytes)", fn,
+                    2 * (size_t)x->r->window * x->r->chunk_bytes);
+}
+
+/* Runs a prepared call; on failure aborts it (invariants 2, 4 and 6) and says where. A
+   shift whose lengths differ at one of its ends (x->late) is complete, not aborted: it
+   fails without a token, and the rest of the ring is not disturbed. */
+static int finish(struct xfer *x, const char *fn)
+{
+    int rc = slots(x, fn);
+    if (rc != 0)
+        return rc;
+    rc = run(x);
+    if (rc == 0 && x->late == 0)
+        return 0;
+    if (rc == 0) {
+        ring *r = x->r;
+        if (x->heard && x->wanted == UINT64_MAX)
+            return rk__fail(RK_SUB_RING, RK_LOG_ERROR, x->late,
+                            "%s: parent rank %d, which this member sends to, refused the call (bad arguments or no "
+                            "memory there): nothing sent (ring rank %d of %d, epoch %llu)", fn, x->dst, r->rank, r->size,
+                            (unsigned long long)r->epoch);
+        if (x->heard && x->wanted != (uint64_t)x->sbytes)
+            return rk__fail(RK_SUB_RING, RK_LOG_ERROR, x->late,
+                            "%s: parent rank %d, which this member sends to, expects %llu bytes, not the %zu here: "
+                            "nothing sent (ring rank %d of %d, epoch %llu)", fn, x->dst,
+                            (unsigned long long)x->wanted, x->sbytes, r->rank, r->size, (unsigned long long)r->epoch);
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, x->late,
+                        "%s: parent rank %d, which this member receives from, sends another length than the %zu bytes "
+                        "expected here, or cannot take part (ring rank %d of %d, epoch %llu)", fn, x->src, x->rbytes,
+                        r->rank, r->size, (unsigned long long)r->epoch);
+    }
     abort_xfer(x, rc);
     int level = rc == RK_E_COLL_MISMATCH ? RK_LOG_ERROR : RK_LOG_WARN;
     return rk__fail(RK_SUB_RING, level, rc, "%s: aborted at chunk %zu of %zu (ring rank %d of %d, epoch %llu): %s", fn,
-                    x->valid, x->T, x->r->rank, x->r->size, (unsigned long long)x->r->epoch, why_text(rc));
+                    x->valid, x->T, x->r->rank, x->r->size, (unsigned long long)x->r->epoch, why_text(x, rc));
 }
 
 int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
@@ -393,7 +538,7 @@ int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *
                      .src = r->members[(r->rank + r->size - k) % r->size], .dst = r->members[(r->rank + k) % r->size]};
     if ((!send && send_bytes) || (!recv && recv_bytes)) {
         if (k != 0)
-            ring__send_token(r, x.dst, x.seq, RING_TOK_MISMATCH);
+            refuse(&x);
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_shift: NULL buffer");
     }
     if (k == 0) { /* alone, or a distance that is a multiple of the size: to itself */
@@ -405,7 +550,8 @@ int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *
         return 0;
     }
     x.T = recv_bytes ? (recv_bytes + x.ce - 1) / x.ce : 1;
-    x.Ts = send_bytes ? (send_bytes + x.ce - 1) / x.ce : 1;
+    x.nctl = 1; /* the length message (invariant 4), then the data */
+    x.Ts = x.nctl + (send_bytes ? (send_bytes + x.ce - 1) / x.ce : 1);
     x.nch = 1;
     x.tag = ring__data_tag(r, x.seq, RING_SIG_SHIFT);
     x.deadline = ring__deadline(r, cancel);
@@ -437,8 +583,7 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
     else if (!buf && count > 0)
         rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_allreduce: NULL buffer with count %zu", count);
     if (rc != 0) {
-        if (r->size > 1)
-            ring__send_token(r, x.dst, x.seq, RING_TOK_MISMATCH); /* the others fail too (inv. 4) */
+        refuse(&x); /* the others fail too (inv. 4) */
         return rc;
     }
     if (r->size == 1)

@@ -54,15 +54,23 @@ void ring_destroy(ring **r);
    i32, i64, u8 (wrap-around arithmetic); ops: sum, avg, max, min. For a given
    membership the order of the reduction is fixed (docs/RING.md), so results are bitwise
    reproducible. cancel may be NULL (the default deadline only).
-   Errors (every member returns one when any fails; the ring stays usable):
-     -EINVAL (NULL buffer with count > 0), RK_E_DTYPE, RK_E_OP: bad arguments here;
-     RK_E_COLL_MISMATCH: the members passed different count, dtype or op;
+   Errors (the ring stays usable after each):
+     -EINVAL: r is NULL, or a NULL buffer with count > 0;
+     RK_E_DTYPE, RK_E_OP: an unknown dtype or op here, or avg of an integer type;
+     RK_E_FENCED: a rebuild excluded this process; RK_E_STATE: it is a spare, not a
+       member (these two tell nobody: the members do not wait on such a process);
+     -ENOMEM: no memory for the ring's slots (an earlier abort found none for fresh
+       ones; every call tries again);
+     RK_E_COLL_MISMATCH: the members passed different count, dtype or op; a member
+       failed with one of -EINVAL, RK_E_DTYPE, RK_E_OP, -ENOMEM above; or a member
+       skipped a call (a message of a later one arrived);
      RK_E_PEER_LOST: cancel->changed() fired, a member aborted for that reason, a member
-     has begun a rebuild to a later epoch, or MPI reported a failed transfer;
-     RK_E_TIMEOUT: the deadline passed;
-     RK_E_STATE: this process is not a member (a spare).
-   On any error buf holds a mix of inputs and partial results: no receive writes into it
-   after the call returns. */
+       has begun a rebuild to a later epoch, or MPI reported a failed transfer;
+     RK_E_TIMEOUT: the deadline passed here, or at a member that aborted for it.
+   A failure at one member makes every member fail, except a loss at the very end of a
+   call, when some members already had all they needed: those return 0 with the exact
+   result (docs/RING.md). On an error buf may hold a mix of inputs and partial results:
+   no receive writes into it after the call returns. */
 int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
                    const ring_cancel *cancel);
 
@@ -70,14 +78,28 @@ int ring_allreduce(ring *r, void *buf, size_t count, rk_dtype dtype, rk_op op,
    from the left neighbour arrive in recv (a member alone gets its own bytes). The same
    bounds, cancellation, chunking and abort tokens as ring_allreduce; every member must
    call it at the same point, and recv_bytes must be what the left sends (a member asks
-   first with a shift of the size): a different length is RK_E_COLL_MISMATCH at both
-   ends. send is never read after the call returns, recv never written. */
+   first with a shift of the size). Lengths are checked before any data moves: each
+   member first tells its left what it expects, and the left sends only if that is its
+   send_bytes, so a call returns once its bytes arrived and its right took (or refused)
+   its own. Errors:
+     -EINVAL: r is NULL, or a NULL buffer with bytes > 0 (its left and right then fail
+       with RK_E_COLL_MISMATCH at once); RK_E_FENCED, RK_E_STATE, -ENOMEM: as
+       ring_allreduce (-ENOMEM here: the left and right fail with RK_E_COLL_MISMATCH);
+     RK_E_COLL_MISMATCH: recv_bytes here is not what the left sends, or send_bytes not
+       what the right expects: both ends of that pair fail at once, each after finishing
+       its other half (its recv holds the left's bytes when only its send was refused),
+       and no other member is disturbed; also where a neighbour refused the call (above),
+       and for a member alone whose two lengths differ;
+     RK_E_PEER_LOST, RK_E_TIMEOUT: as ring_allreduce; these abort the call, and the
+       token goes on to the right, to each member of the cycle still in the call.
+   send is never read after the call returns, recv never written. */
 int ring_shift(ring *r, const void *send, size_t send_bytes, void *recv, size_t recv_bytes,
                const ring_cancel *cancel);
 /* ring_shift at distance dist: send goes to ring rank (rank + dist) mod size, recv comes
    from (rank - dist) mod size (dist 1 is ring_shift; a multiple of the size copies send to
    recv). The same contract; every member passes the same dist. An abort token follows
-   the sends, so it reaches every member of this member's cycle (rank + j*dist). A series
+   the sends, so it reaches every member of this member's cycle (rank + j*dist); a length
+   mismatch stays with its pair. A series
    of shifts at dist = 1 .. size-1 is an all-to-all of point-to-point messages. A member
    whose shift fails should still make the rest of the series: every call takes the next
    sequence number, and a member that leaves a series early makes the ones that receive

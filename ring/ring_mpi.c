@@ -30,11 +30,11 @@ int64_t ring__deadline(const ring *r, const ring_cancel *c)
     return rk__deadline_ns(r->timeout_ms);
 }
 
-void ring__send_token(ring *r, int dst, unsigned seq, enum ring_token tok)
+void ring__send_token(ring *r, int dst, unsigned seq, unsigned sig)
 {
     MPI_Request q;
     if (r->rank >= 0 && r->size > 1 && dst >= 0 && dst != r->prank &&
-        RK_MPI(MPI_Isend(NULL, 0, MPI_BYTE, dst, ring__data_tag(r, seq, tok), r->parent, &q)) == MPI_SUCCESS)
+        RK_MPI(MPI_Isend(NULL, 0, MPI_BYTE, dst, ring__data_tag(r, seq, sig), r->parent, &q)) == MPI_SUCCESS)
         RK_MPI(MPI_Request_free(&q));
 }
 
@@ -215,6 +215,13 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
                       flag ? *(int *)ub : -1, RING_TAG_UB_MIN);
         goto out_parent;
     }
+    /* The epoch of a data tag takes every bit above the control bit that the bound allows
+       (ring_internal.h): a stale message is mistaken for a current one only after that
+       many epochs. The bound is the same on every process of the job. */
+    int ebits = RING_EPOCH_LO_BITS;
+    while (ebits < RING_EPOCH_MAX_BITS && (int64_t)1 << (23 + ebits - RING_EPOCH_LO_BITS + 1) <= (int64_t)*(int *)ub + 1)
+        ebits++;
+    r->epoch_mask = (1u << ebits) - 1;
     if ((rc = member_list(r, members, nmembers, &list)) != 0)
         goto out_parent;
     if ((rc = ring__stage_alloc(r)) != 0)

@@ -22,14 +22,30 @@
  *                   neighbour sees V's handshake, fails with RK_E_PEER_LOST at once and
  *                   leaves the handshake queued; the others fail through its abort token;
  *                   then all rebuild to epoch 1 and are exact (ring.c inv. 5).
+ *   shift-mismatch  ring_shift_by where one pair's lengths differ (fewer or more chunks
+ *                   expected than sent, nothing expected, at distance 2, a NULL receive
+ *                   buffer): both ends of that pair fail with RK_E_COLL_MISMATCH (-EINVAL
+ *                   where the buffer is NULL) well before the deadline, every other member
+ *                   gets exactly what was sent to it, and the ring is exact afterwards
+ *                   (ring.c inv. 4).
+ *   epoch-wrap      rank 0 alone makes an allreduce that times out, leaving its chunks and
+ *                   token queued at rank 1; all rebuild to epoch 16 (where a 4-bit epoch
+ *                   in the tags wraps) and the same allreduce there is exact (inv. 5).
+ *   no-memory       rank 0 alone times out with a send pending, under an address-space
+ *                   limit that leaves no room for the fresh slots of its abort: the next
+ *                   call fails with -ENOMEM (not a crash); with the limit lifted, all
+ *                   rebuild and are exact. Not under ASan (its allocator reserves the
+ *                   address space the limit counts).
  * The test-only membership oracle: all ranks run on this host, so a peer is dead once
  * /proc/<pid> is gone or a zombie. It stands in for the detector's view.
  */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "prog_common.h"
@@ -540,11 +556,177 @@ static int mode_rebuild_early(int first)
     return 0;
 }
 
+/* ---- shift-mismatch ------------------------------------------------------------------ */
+
+struct shift_case {
+    const char *what;
+    int dist, sender;      /* the pair: ring rank `sender` sends to sender + dist, */
+    size_t sends, expects; /* `sends` bytes, where its receiver expects `expects` */
+    bool null_recv;        /* or: the receiver passes a NULL recv with `expects` bytes */
+};
+
+/* One shift_by in which every member sends `base` bytes but the pair of c. */
+static void shift_case(ring *r, const struct shift_case *c, size_t base)
+{
+    int n = ring_size(r), me = ring_rank(r), d = ((c->dist % n) + n) % n;
+    if (d == 0)
+        return; /* to itself: no pair */
+    int S = c->sender % n, R = (S + d) % n, from = (me + n - d) % n;
+    size_t sn = me == S ? c->sends : base, rn = me == R ? c->expects : base;
+    bool null = c->null_recv && me == R;
+    uint8_t *snd = malloc(sn + 1), *rcv = calloc(rn + 1, 1);
+    for (size_t i = 0; i < sn; i++)
+        snd[i] = shift_byte(me, d, i);
+    ring_cancel cc = {.deadline_ns = rk__deadline_ns(20000)};
+    int64_t t0 = rk__mono_ns();
+    int rc = ring_shift_by(r, c->dist, snd, sn, null ? NULL : rcv, rn, &cc);
+    double ms = rk__ms_since(t0);
+    /* The pair fails; with a NULL buffer the receiver refuses (-EINVAL), which fails the
+       member sending to it and the member it sends to. */
+    bool hurt_recv = c->null_recv ? me == R || me == (R + d) % n : me == R;
+    int want = null ? -EINVAL : (me == S || hurt_recv) ? RK_E_COLL_MISMATCH : 0;
+    if (rc != want)
+        FAIL("shift %s: got %d (%s), want %d: %s", c->what, rc, rk_strerror(rc), want, rc ? rk_last_error() : "");
+    if (ms > 10000)
+        FAIL("shift %s: returned after %.0f ms: it waited for the deadline", c->what, ms);
+    if (!hurt_recv) /* this member's receive was not the pair's: exact, whatever its send met */
+        for (size_t i = 0; i < rn; i++)
+            if (rcv[i] != shift_byte(from, d, i))
+                FAIL("shift %s: byte %zu of %zu from %d is %u", c->what, i, rn, from, rcv[i]);
+    printf("ok shift-mismatch %s rank %d: %s after %.0f ms\n", c->what, g_rank, rk_strerror(rc), ms);
+    free(snd);
+    free(rcv);
+}
+
+static int mode_shift_mismatch(void)
+{
+    int *who = iota(g_world);
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 4096, 4) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    const struct shift_case cases[] = {
+        {"fewer-chunks-expected", 1, 1, 3 * 4096, 4096, false},
+        {"more-expected", 1, 0, 100, 50000, false},
+        {"long-send", 1, 1, 200000, 200, false},
+        {"nothing-expected", 1, 0, 5000, 0, false},
+        {"distance-2", 2, 1, 4096, 4097, false},
+        {"null-receive", 1, 0, 5000, 5000, true},
+    };
+    for (size_t i = 0; i < RK_ARRAY_LEN(cases); i++)
+        shift_case(r, &cases[i], 5000);
+    /* The ring is exact after them: whatever they left queued is dropped (inv. 5). */
+    shift_exact(r);
+    check_one(via_ring, r, RK_F32, RK_SUM, 100003, who, g_world, g_rank, 9);
+    printf("ok shift-after-mismatch rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(who);
+    return 0;
+}
+
+/* ---- epoch-wrap, no-memory ----------------------------------------------------------- */
+
+/* Rank 0 alone: an allreduce of 100003 floats that times out after 300 ms with its first
+   chunks and its token sent to rank 1, which is not in the call. */
+static void alone_times_out(ring *r, size_t n, unsigned salt)
+{
+    float *buf = malloc(n * 4);
+    fill(buf, RK_F32, n, g_rank, salt);
+    ring_cancel c = {.deadline_ns = rk__deadline_ns(300)};
+    expect(ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c), RK_E_TIMEOUT, "allreduce alone");
+    free(buf);
+}
+
+static int mode_epoch_wrap(void)
+{
+    int *who = iota(g_world), flag = 0;
+    void *ub = NULL;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+    if (!flag || *(int *)ub < (1 << 24) - 1) { /* 4 bits of epoch in the tags: 16 wraps */
+        printf("ok epoch-wrap rank %d: not run, MPI_TAG_UB %d\n", g_rank, flag ? *(int *)ub : -1);
+        free(who);
+        return 0;
+    }
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 4096, 4) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    if (g_rank == 0)
+        alone_times_out(r, 100003, 12); /* call 1 of epoch 0 */
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* Eight recoveries' worth of epochs (each advances it by 2 or more): call 1 of epoch 16
+       has the same sequence number and signature as the stale one. */
+    expect(ring_rebuild(r, who, g_world, 16, NULL), 0, "rebuild to epoch 16");
+    check_one(via_ring, r, RK_F32, RK_SUM, 100003, who, g_world, g_rank, 11);
+    printf("ok epoch-wrap rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(who);
+    return 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define PROG_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PROG_ASAN 1
+#endif
+#endif
+
+static size_t vm_bytes(void)
+{
+    unsigned long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f || fscanf(f, "%lu", &pages) != 1)
+        FAIL("/proc/self/statm");
+    fclose(f);
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+static int mode_no_memory(void)
+{
+#if defined(PROG_ASAN)
+    printf("ok no-memory rank %d: not run under ASan\n", g_rank);
+    return 0;
+#else
+    int *who = iota(g_world);
+    ring *r = NULL;
+    /* 2 x 2 slots of 32 MiB: fresh ones need 128 MiB, more than the limit leaves. */
+    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_set_chunking(r, 32u << 20, 2) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    if (g_rank == 0) {
+        size_t n = (size_t)g_world << 21; /* 8 MiB a segment: a send that waits for rank 1 */
+        float *buf = malloc(n * 4);
+        fill(buf, RK_F32, n, g_rank, 3);
+        struct rlimit old, lim;
+        if (getrlimit(RLIMIT_AS, &old) != 0)
+            FAIL("getrlimit");
+        lim = old;
+        lim.rlim_cur = vm_bytes() + (64u << 20);
+        if (setrlimit(RLIMIT_AS, &lim) != 0)
+            FAIL("setrlimit: %s", strerror(errno));
+        ring_cancel c = {.deadline_ns = rk__deadline_ns(300)};
+        int rc1 = ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c);
+        c.deadline_ns = rk__deadline_ns(300);
+        int rc2 = ring_allreduce(r, buf, n, RK_F32, RK_SUM, &c);
+        if (setrlimit(RLIMIT_AS, &old) != 0)
+            FAIL("setrlimit back: %s", strerror(errno));
+        expect(rc1, RK_E_TIMEOUT, "allreduce alone, its abort without memory for fresh slots");
+        expect(rc2, -ENOMEM, "the next allreduce, without slots");
+        free(buf);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    expect(ring_rebuild(r, who, g_world, 2, NULL), 0, "rebuild");
+    check_one(via_ring, r, RK_F32, RK_SUM, 100003, who, g_world, g_rank, 13);
+    printf("ok no-memory rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(who);
+    return 0;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]|rebuild-kill V"
-                        "|rebuild-early V\n");
+                        "|rebuild-early V|shift-mismatch|epoch-wrap|no-memory\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -574,6 +756,12 @@ int main(int argc, char **argv)
         _exit(rc);
     } else if (strcmp(argv[1], "rebuild-early") == 0 && argc >= 3) {
         rc = mode_rebuild_early(atoi(argv[2]));
+    } else if (strcmp(argv[1], "shift-mismatch") == 0) {
+        rc = mode_shift_mismatch();
+    } else if (strcmp(argv[1], "epoch-wrap") == 0) {
+        rc = mode_epoch_wrap();
+    } else if (strcmp(argv[1], "no-memory") == 0) {
+        rc = mode_no_memory();
     } else {
         fprintf(stderr, "prog_ring: unknown mode %s\n", argv[1]);
         rc = 2;

@@ -2,7 +2,8 @@
  * tests/test_ring.c - the allreduce ring (ring/): reduction kernels and 16-bit
  * conversions as unit tests; then real mpirun jobs of tests/prog_ring (exact results on
  * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining, a member
- * killed inside a rebuild).
+ * killed inside a rebuild, shifts whose lengths differ, a stale message eight recoveries
+ * old, an abort without memory for fresh slots).
  * Each test names the invariant of ring/ring.c it checks.
  */
 #include <math.h>
@@ -294,6 +295,41 @@ START_TEST(rebuild_begun_elsewhere)
 }
 END_TEST
 
+/* Invariant 4: a shift whose two ends pass different lengths fails at both ends with
+   RK_E_COLL_MISMATCH, well before the deadline; the other pairs get their bytes. On 2
+   ranks a member's left is also its right, on 4 the pairs are apart. */
+START_TEST(shift_length_mismatch_2)
+{
+    char *args[] = {"shift-mismatch", NULL};
+    job(2, false, args, "ok shift-after-mismatch ", 2);
+}
+END_TEST
+START_TEST(shift_length_mismatch_4)
+{
+    char *args[] = {"shift-mismatch", NULL};
+    job(4, false, args, "ok shift-after-mismatch ", 4);
+}
+END_TEST
+
+/* Invariant 5: a message left queued in epoch 0 is still stale in epoch 16 (the data
+   tags carry the epoch in every bit MPI_TAG_UB allows, not 4). */
+START_TEST(stale_across_sixteen_epochs)
+{
+    char *args[] = {"epoch-wrap", NULL};
+    job(3, false, args, "ok epoch-wrap ", 3);
+}
+END_TEST
+
+/* Invariants 2 and 6: an abort that finds no memory for fresh slots leaves the ring
+   without any; the next call fails with -ENOMEM instead of writing through NULL, and
+   the ring is exact once memory is back. */
+START_TEST(abort_without_memory)
+{
+    char *args[] = {"no-memory", NULL};
+    job(2, false, args, "ok no-memory ", 2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ring");
@@ -321,6 +357,10 @@ int main(void)
     tcase_add_test(tj, kill_spare_joins);
     tcase_add_test(tj, kill_in_rebuild);
     tcase_add_test(tj, rebuild_begun_elsewhere);
+    tcase_add_test(tj, shift_length_mismatch_2);
+    tcase_add_test(tj, shift_length_mismatch_4);
+    tcase_add_test(tj, stale_across_sixteen_epochs);
+    tcase_add_test(tj, abort_without_memory);
     suite_add_tcase(s, tj);
     return th_main(s);
 }
