@@ -13,14 +13,17 @@
 
 #include "harness.h"
 
-static char python[4096], pypath[4200], script_api[4200], script_job[4200];
-static const char *env_extra[] = {pypath, NULL};
+static char python[4096], pypath[4200], libpath[4200], script_api[4200], script_job[4200];
+/* The package loads the library of the build under test, not whichever build/ it finds
+   next to it. */
+static const char *env_extra[] = {pypath, libpath, NULL};
 
 static void paths(void)
 {
-    const char *py = getenv("RK_TEST_PYTHON"), *src = getenv("RK_TEST_SRC");
+    const char *py = getenv("RK_TEST_PYTHON"), *src = getenv("RK_TEST_SRC"), *build = getenv("RK_TEST_BUILD");
     snprintf(python, sizeof(python), "%s", py ? py : "/usr/bin/python3");
     snprintf(pypath, sizeof(pypath), "PYTHONPATH=%s/python", src ? src : ".");
+    snprintf(libpath, sizeof(libpath), "REKINDLE_LIB=%s/lib/librekindle.so.0", build ? build : "build");
     snprintf(script_api, sizeof(script_api), "%s/tests/py/api_check.py", src ? src : ".");
     snprintf(script_job, sizeof(script_job), "%s/tests/py/job_check.py", src ? src : ".");
 }
@@ -83,6 +86,30 @@ START_TEST(killed_worker_replay_ddp)
 }
 END_TEST
 
+/* The same with Adam's moments sharded (--zero): the survivors take their new slices
+   through rk.shard_rows and rk.rebind, and the gathered final hash equals the replay's. */
+START_TEST(killed_worker_replay_zero)
+{
+    job("kill", "--zero", "job_check kill --zero: ok");
+}
+END_TEST
+
+/* A program written from docs/PYTHON.md alone, a checkpoint at every step, one of 4
+   workers SIGKILLed at step 65: the survivors end normally (exit 0, no error from the
+   checkpoint the recovery abandoned) with the hash of a fault-free replay; in the
+   `with rekindle.init()` form and with an explicit finalize(). */
+START_TEST(docs_program_with_survives_kill)
+{
+    job("docs", "with", "job_check docs with: ok");
+}
+END_TEST
+
+START_TEST(docs_program_call_survives_kill)
+{
+    job("docs", "call", "job_check docs call: ok");
+}
+END_TEST
+
 /* A job launched again resumes from disk; rekindle.load equals the model's state_dict. */
 START_TEST(relaunch_resumes_from_disk)
 {
@@ -113,6 +140,9 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, killed_worker_replay);
     tcase_add_test(tc, killed_worker_replay_ddp);
+    tcase_add_test(tc, killed_worker_replay_zero);
+    tcase_add_test(tc, docs_program_with_survives_kill);
+    tcase_add_test(tc, docs_program_call_survives_kill);
     tcase_add_test(tc, relaunch_resumes_from_disk);
     suite_add_tcase(s, tc);
     return th_main(s);

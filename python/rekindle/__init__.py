@@ -20,6 +20,7 @@ C header include/rekindle.h is the reference for what each call does.
                 step = r.next_step
 """
 import atexit
+import collections
 import ctypes
 import os
 import weakref
@@ -27,7 +28,7 @@ import weakref
 from . import _lib, _tensor
 from ._lib import Error, Recovered
 
-__all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "SpareUnused",
+__all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "SpareUnused", "Shard",
            "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK", "DEVICE", "SHARDED", "PER_RANK"]
 
 globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's table
@@ -37,6 +38,10 @@ globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's ta
 # memory) is refused by this build (RK_E_NOTAVAIL).
 RK_DEVICE, RK_SHARDED, RK_PER_RANK = 1, 2, 4
 DEVICE, SHARDED, PER_RANK = RK_DEVICE, RK_SHARDED, RK_PER_RANK
+
+
+# Context.shard_rows: this rank's slice of a sharded tensor, in rows of the global tensor.
+Shard = collections.namedtuple("Shard", "offset rows global_rows")
 
 
 class SpareUnused(Error):
@@ -90,7 +95,13 @@ def init(**options):
 
 
 class _Entry:
-    __slots__ = ("name", "obj", "alias", "addr", "nbytes")
+    __slots__ = ("name", "obj", "alias", "addr", "nbytes", "dtype", "shape", "flags")
+
+    def take(self, tensor, addr, shape, nbytes):
+        self.obj, self.addr, self.shape, self.nbytes = tensor, addr, shape, nbytes
+        # A second reference to the same memory keeps it alive even if the tensor object's
+        # storage is replaced later (the library may still write it during a recovery).
+        self.alias = tensor.detach() if _tensor.is_torch(tensor) else tensor
 
 
 class Context:
@@ -104,6 +115,7 @@ class Context:
         self._flat = {}          # allreduce_gradients' buffers, by dtype
         self._order = {}         # a registered tensor's address -> its registration index
         self._buckets = []       # DDP buckets of this backward pass, until the last one
+        self._guarded = False    # an optimizer's step() raises a recovery a DDP hook saw
 
     # ---- life cycle -------------------------------------------------------------------
     def __enter__(self):
@@ -157,19 +169,58 @@ class Context:
         Rekindle keeps the memory alive; replacing the tensor's storage (`t.data = ...`,
         `load_state_dict` into a new tensor) is reported as an Error at the next call.
         flags: 0 (the same on every rank), SHARDED (this rank's rows of a global tensor;
-        collective: every rank registers it, in the same order) or PER_RANK."""
+        collective: every rank registers it, in the same order; see shard_rows and
+        rebind for what a recovery changes) or PER_RANK."""
         addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
         c_shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         _lib.call("rk_register '%s'" % name,
                   _lib.lib.rk_register(self._handle(), name.encode(), addr or None, dtype, len(shape),
                                        c_shape, flags))
         e = _Entry()
-        e.name, e.obj, e.addr, e.nbytes = name, tensor, addr, nbytes
-        # A second reference to the same memory keeps it alive even if the tensor object's
-        # storage is replaced later (the library may still write it during a recovery).
-        e.alias = tensor.detach() if _tensor.is_torch(tensor) else tensor
+        e.name, e.dtype, e.flags = name, dtype, flags
+        e.take(tensor, addr, shape, nbytes)
         self._order.setdefault(addr, len(self._reg))
         self._reg.append(e)
+
+    def _entry(self, name, what):
+        for e in self._reg:
+            if e.name == name:
+                return e
+        raise Error(-2, "no tensor '%s' is registered" % name, what)
+
+    def shard_rows(self, name):
+        """rk_shard_rows: the slice of sharded tensor `name` this rank holds now, as
+        Shard(offset, rows, global_rows): its first row in the global tensor, its rows,
+        the global tensor's rows. After a Recovered that changed the world, every sharded
+        tensor is split evenly over the new members (rank r of W: G // W rows, one more if
+        r < G % W, in rank order). A slice of the same size was restored into its tensor
+        (its offset may have moved); one whose size changed must be handed a new tensor
+        with rebind() before training goes on."""
+        off, rows, total = ctypes.c_int64(), ctypes.c_int64(), ctypes.c_int64()
+        _lib.call("rk_shard_rows '%s'" % name,
+                  _lib.lib.rk_shard_rows(self._handle(), name.encode(), ctypes.byref(off), ctypes.byref(rows),
+                                         ctypes.byref(total)))
+        return Shard(off.value, rows.value, total.value)
+
+    def rebind(self, name, tensor):
+        """rk_rebind: registered tensor `name` is `tensor` from now on. For a sharded
+        tensor whose slice changed size in a recovery: a new tensor of the new slice's
+        shape (shard_rows(name).rows, then the trailing dimensions) and dtype, which
+        receives the restored rows; train on it from then on. For any other tensor: one of
+        the same dtype and shape, used from now on (nothing is copied into it)."""
+        e = self._entry(name, "rebind")
+        addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
+        want = e.shape
+        if e.flags & RK_SHARDED:
+            want = (self.shard_rows(name).rows,) + tuple(e.shape[1:])
+        if dtype != e.dtype or shape != want:
+            raise Error(-22, "tensor '%s': a %s tensor of shape %s, want %s of shape %s" % (
+                name, _lib.DTYPE_NAMES[dtype], shape, _lib.DTYPE_NAMES[e.dtype], want), "rebind")
+        _lib.call("rk_rebind '%s'" % name, _lib.lib.rk_rebind(self._handle(), name.encode(), addr or None))
+        e.take(tensor, addr, shape, nbytes)
+        self._order = {}
+        for i, r in enumerate(self._reg):
+            self._order.setdefault(r.addr, i)
 
     def register_module(self, prefix, module):
         """Registers every tensor of module.state_dict() (parameters and persistent
@@ -198,6 +249,7 @@ class Context:
                     raise Error(-22, "optimizer state '%s' is a %s, not a tensor: it cannot be "
                                 "restored in place" % (name, type(value).__name__), "register_optimizer")
                 self.register(name, value)
+        self._guarded = True
         if hasattr(optimizer, "register_step_pre_hook"):
             optimizer.register_step_pre_hook(lambda *_: self._raise_pending())
         else:
@@ -216,6 +268,14 @@ class Context:
                             "tensor '%s' was replaced since it was registered (its storage moved "
                             "from %#x to %#x): update registered tensors in place" % (e.name, e.addr, addr),
                             "rekindle")
+            if e.flags & RK_SHARDED:
+                s = self.shard_rows(e.name)
+                if s.rows != e.shape[0]:
+                    raise Error(_lib.CODES["RK_E_STATE"],
+                                "sharded tensor '%s' holds rows [%d, %d) of %d since the recovery, %d rows "
+                                "where it held %d: hand a tensor of shape %s to rebind('%s', tensor)" % (
+                                    e.name, s.offset, s.offset + s.rows, s.global_rows, s.rows, e.shape[0],
+                                    (s.rows,) + tuple(e.shape[1:]), e.name), "rekindle")
 
     # ---- the training loop ------------------------------------------------------------
     def resume(self):
@@ -297,9 +357,35 @@ class Context:
 
     def state_hash(self):
         """XXH64 (seed 0) of every registered tensor's bytes in registration order, as 16
-        lowercase hex digits: the contract's `hash=` of the example trainers."""
+        lowercase hex digits: the contract's `hash=` of the example trainers. A sharded
+        tensor counts as its global tensor (every rank's slice in rank order), a per-rank
+        tensor as every rank's piece in rank order, so every rank prints the same; with
+        such state this is a collective (gathered over the ring) and may raise
+        Recovered, like any other."""
         self._check_registered()
-        return "%016x" % _lib.xxh64((e.addr, e.nbytes) for e in self._reg)
+        chunks, keep = [], []
+        for e in self._reg:
+            if not e.flags & (RK_SHARDED | RK_PER_RANK):
+                chunks.append((e.addr, e.nbytes))
+                continue
+            if e.flags & RK_SHARDED:
+                s = self.shard_rows(e.name)
+                row = _lib.DTYPE_SIZES[e.dtype]
+                for d in e.shape[1:]:
+                    row *= d
+                at, total = s.offset * row, s.global_rows * row
+            else:
+                sizes = _tensor.np.zeros(self.world, dtype=_tensor.np.int64)
+                sizes[self.rank] = e.nbytes
+                self.allreduce(sizes, "max")
+                at, total = int(sizes[:self.rank].sum()), int(sizes.sum())
+            buf = _tensor.np.zeros(total, dtype=_tensor.np.uint8)
+            if e.nbytes:
+                ctypes.memmove(buf.ctypes.data + at, e.addr, e.nbytes)
+            self.allreduce(buf, "max")  # zeros outside each rank's bytes: exact
+            keep.append(buf)
+            chunks.append((buf.ctypes.data, total))
+        return "%016x" % _lib.xxh64(chunks)
 
 
 def _init_optimizer_state(optimizer):
@@ -346,7 +432,15 @@ def allreduce_hook(state, bucket):
     rk.allreduce_gradients does: the same bits whatever DDP's bucketing, before or after
     a restart. A recovery inside the hook cannot be raised through backward() (DDP would
     be left half-reduced): it is remembered, and the registered optimizer's next step()
-    (or the context's next call) raises Recovered."""
+    (or the context's next call) raises Recovered. Without a registered optimizer nothing
+    would stop step() from applying this rank's own, unreduced gradients to the
+    rolled-back weights: the hook refuses to run (backward() raises a RuntimeError naming
+    this Error)."""
+    if not state._guarded:
+        raise Error(_lib.CODES["RK_E_STATE"],
+                    "no optimizer is registered (rk.register_optimizer): after a recovery inside "
+                    "backward(), optimizer.step() would apply this rank's unreduced gradients to the "
+                    "rolled-back weights", "allreduce_hook")
     torch = _tensor.torch
     fut = torch.futures.Future()
     state._buckets.append((bucket, fut))

@@ -11,6 +11,7 @@ RK_RECOVERED = 1
 
 F32, F64, F16, BF16, I32, I64, U8 = range(7)
 DTYPE_NAMES = ("f32", "f64", "f16", "bf16", "i32", "i64", "u8")
+DTYPE_SIZES = (4, 8, 2, 2, 4, 8, 1)
 OPS = {"sum": 0, "avg": 1, "max": 2, "min": 3}
 
 
@@ -106,6 +107,9 @@ _PROTOS = {
     "rk_init": (ctypes.c_int, [ctypes.POINTER(_P), ctypes.POINTER(_Options)]),
     "rk_register": (ctypes.c_int, [_P, ctypes.c_char_p, _P, ctypes.c_int, ctypes.c_int,
                                    ctypes.POINTER(ctypes.c_int64), ctypes.c_uint]),
+    "rk_shard_rows": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64),
+                                     ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
+    "rk_rebind": (ctypes.c_int, [_P, ctypes.c_char_p, _P]),
     "rk_resume": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64)]),
     "rk_allreduce": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]),
     "rk_step_done": (ctypes.c_int, [_P, ctypes.c_int64]),

@@ -1,9 +1,11 @@
 """tests/py/api_check.py - the Python binding's API, run by tests/test_python.c on one
 process and on 3 ranks under mpirun.
 
-    api_check.py DIR write   registers one tensor of every dtype (torch and numpy),
-                             checks allreduce, the errors for bad tensors and options,
-                             checkpoints the state as step 7
+    api_check.py DIR write   registers one tensor of every dtype (torch and numpy), a
+                             sharded and a per-rank one, checks allreduce, shard_rows,
+                             rebind, the gathered state_hash, the errors for bad tensors
+                             and options, the DDP hook's refusal without a registered
+                             optimizer, checkpoints the state as step 7
     api_check.py DIR read    registers zeroed tensors of the same layout, resume() gives
                              step 7 with every byte back; rekindle.load gives the same
 
@@ -39,6 +41,27 @@ def state(fill):
     out["scalar"] = torch.tensor(42.5 if fill else 0.0, dtype=torch.float64)
     out["empty"] = torch.zeros((0, 4))
     return out
+
+
+GLOBAL_ROWS = 10  # of the sharded tensor "shard/rows", 3 columns: row i holds i, i+.25, i+.5
+
+
+def own(rk, fill):
+    """This rank's slice of "shard/rows" (the even split) and its per-rank "rank/ids"
+    (rank + 1 int32 values, all rank + 7)."""
+    W, r = rk.world, rk.rank
+    rows = GLOBAL_ROWS // W + (r < GLOBAL_ROWS % W)
+    off = r * (GLOBAL_ROWS // W) + min(r, GLOBAL_ROWS % W)
+    sh = torch.zeros((rows, 3), dtype=torch.float32)
+    ids = np.zeros(r + 1, dtype=np.int32)
+    if fill:
+        sh.copy_(global_rows()[off:off + rows])
+        ids[:] = r + 7
+    return off, sh, ids
+
+
+def global_rows():
+    return torch.arange(GLOBAL_ROWS, dtype=torch.float32).reshape(-1, 1) + torch.tensor([0.0, 0.25, 0.5])
 
 
 def same(a, b):
@@ -89,6 +112,21 @@ def write():
                  "RK_E_NOTAVAIL")
     expect_error("two kinds", lambda: rk.register("flagged", torch.zeros(1),
                                                   flags=rekindle.SHARDED | rekindle.PER_RANK))
+    # Sharded and per-rank state: the slice's place, rebind, the gathered hash.
+    off, sh, ids = own(rk, True)
+    rk.register("shard/rows", sh, rekindle.SHARDED)
+    rk.register("rank/ids", ids, rekindle.PER_RANK)
+    assert rk.shard_rows("shard/rows") == (off, sh.shape[0], GLOBAL_ROWS), rk.shard_rows("shard/rows")
+    assert rk.shard_rows("shard/rows").global_rows == GLOBAL_ROWS
+    expect_error("shard_rows of a replicated tensor", lambda: rk.shard_rows("scalar"))
+    expect_error("rebind to another shape", lambda: rk.rebind("shard/rows", torch.zeros((sh.shape[0] + 1, 3))))
+    expect_error("rebind to another dtype", lambda: rk.rebind("shard/rows", torch.zeros(sh.shape, dtype=torch.float64)))
+    expect_error("rebind of an unknown name", lambda: rk.rebind("absent", torch.zeros(1)))
+    moved = sh.clone()
+    rk.rebind("shard/rows", moved)  # from now on the checkpoint reads `moved`
+    sh.fill_(-1)
+    s["shard/rows"] = moved
+    s["rank/ids"] = ids
     assert rk.resume() == 0
     # allreduce over the ring, each dtype.
     for dt in (torch.float32, torch.float64, torch.int64, torch.bfloat16):
@@ -106,6 +144,26 @@ def write():
     rk.checkpoint()
     rk.wait()
     h = rk.state_hash()
+    # The hash covers the global sharded tensor and every rank's per-rank piece in rank
+    # order, so every rank gets the same one.
+    everyone = np.concatenate([np.full(q + 1, q + 7, dtype=np.int32) for q in range(W)])
+    full = global_rows()
+    chunks = [(rekindle._tensor.address(t), rekindle._tensor.describe(n, t)[3]) for n, t in s.items()
+              if n not in ("shard/rows", "rank/ids")]
+    chunks += [(full.data_ptr(), full.numel() * 4), (everyone.ctypes.data, everyone.nbytes)]
+    assert h == "%016x" % rekindle._lib.xxh64(chunks), "state_hash does not cover the gathered state"
+    # A DDP hook with no optimizer registered refuses to run: after a recovery in it,
+    # nothing would stop optimizer.step() from applying unreduced gradients.
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 2))
+    ddp.register_comm_hook(rk, rekindle.allreduce_hook)
+    try:
+        ddp(torch.ones(2, 3)).sum().backward()
+        raise AssertionError("allreduce_hook ran without a registered optimizer")
+    except RuntimeError as e:
+        assert "no optimizer is registered" in str(e), e
     # A tensor whose storage is replaced: an error at the next call, naming it.
     s["torch/float32"].data = torch.zeros(3, 5)
     expect_error("replaced storage", lambda: rk.step_done(7), "RK_E_STATE")
@@ -122,14 +180,23 @@ def read():
         s = state(False)
         for name, t in s.items():
             rk.register(name, t)
+        _, s["shard/rows"], s["rank/ids"] = own(rk, False)
+        rk.register("shard/rows", s["shard/rows"], rekindle.SHARDED)
+        rk.register("rank/ids", s["rank/ids"], rekindle.PER_RANK)
         assert rk.resume() == 7
         want = state(True)
+        _, want["shard/rows"], want["rank/ids"] = own(rk, True)
         for name in s:
             assert same(s[name], want[name]), name
         with open(os.path.join(DIR, "hash-%d" % rk.world)) as f:
             assert rk.state_hash() == f.read()
         if rk.rank == 0:
             got = rekindle.load(DIR)
+            # On disk a sharded tensor is its global tensor, per-rank state each rank's.
+            want["shard/rows"] = global_rows()
+            del want["rank/ids"]
+            for q in range(rk.world):
+                want["ranks/%d/rank/ids" % q] = np.full(q + 1, q + 7, dtype=np.int32)
             assert sorted(got) == sorted(want), sorted(got)
             for name, t in want.items():
                 g = got[name]

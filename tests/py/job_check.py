@@ -1,12 +1,18 @@
 """tests/py/job_check.py - examples/torch_train.py as a real job under `rekindle run`,
 judged as the C trainer is: run by tests/test_python.c.
 
-    job_check.py BUILD WORK kill [--ddp]
+    job_check.py BUILD WORK kill [--ddp | --zero]
         4 workers, one SIGKILLed once a checkpoint is committed. The job must finish on
         the 3 survivors with one final hash, which must equal a fault-free replay: 4 workers
         from scratch to the step the survivors resumed at (its checkpoint), then 3 workers
         from that checkpoint to the end. Where the job committed that step itself, its
-        checkpoint must equal the replay's bitwise.
+        checkpoint must equal the replay's bitwise. --zero: Adam's moments sharded, so the
+        survivors take new slices (rk.shard_rows, rk.rebind) and the final hash gathers them.
+    job_check.py BUILD WORK docs with|call
+        The same judgement of tests/py/docs_train.py, a program written from docs/PYTHON.md
+        alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
+        at every step (RK_CKPT_EVERY=1): one of 4 workers SIGKILLed once rank 0 printed
+        step 65; the job must exit 0, every survivor print its final line.
     job_check.py BUILD WORK relaunch
         2 workers to step 60, then the job launched again to step 90: it resumes from disk
         (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
@@ -22,22 +28,32 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
 
 import rekindle
 
-BUILD, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
-DDP = ["--ddp"] if "--ddp" in sys.argv[4:] else []
+BUILD, WORK, MODE, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-TRAIN = os.path.join(SRC, "examples", "torch_train.py")
 FINAL = re.compile(r"^final step=(\d+) world=(\d+) hash=([0-9a-f]{16})$", re.M)
-EVERY = 30
+if MODE == "docs":
+    TRAIN, EVERY = os.path.join(SRC, "tests", "py", "docs_train.py"), 1
+    KILL_AT = 65  # rank 0 printed this step
+
+    def program(steps):
+        return [sys.executable, TRAIN, str(steps)] + FLAGS
+else:
+    TRAIN, EVERY, KILL_AT = os.path.join(SRC, "examples", "torch_train.py"), 30, None
+
+    def program(steps):
+        return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS
+NAME = " ".join([MODE] + FLAGS)
 
 
 def fail(msg, log=""):
-    print("job_check %s: FAILED: %s" % (MODE, msg))
+    print("job_check %s: FAILED: %s" % (NAME, msg))
     if log:
         print("---- log tail ----\n" + log[-4000:])
     sys.exit(1)
@@ -52,21 +68,31 @@ def env_for(ckpt, events=None):
     return env
 
 
-def launch(n, steps, ckpt, events=None, extra=()):
-    cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--", sys.executable, TRAIN,
-           "--steps", str(steps), "--seed", "5"] + DDP + list(extra)
-    return subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+class Job:
+    """`rekindle run -n N` of the program; its output is collected as it comes."""
+
+    def __init__(self, n, steps, ckpt, events=None, extra=()):
+        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--"] + program(steps) + list(extra)
+        self.p = subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
+        self.reader.start()
+
+    def output(self):
+        return "".join(self.lines)
 
 
-def finish(p, timeout=300):
+def finish(job, timeout=300):
     try:
-        out, _ = p.communicate(timeout=timeout)
+        job.p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        fail("the job did not end within %d s" % timeout, out)
-    return p.returncode, out
+        os.killpg(job.p.pid, signal.SIGKILL)
+        job.p.wait()
+        job.reader.join(10)
+        fail("the job did not end within %d s" % timeout, job.output())
+    job.reader.join(30)
+    return job.p.returncode, job.output()
 
 
 def one_final(out, steps, world, what):
@@ -79,7 +105,7 @@ def one_final(out, steps, world, what):
 
 
 def run(n, steps, ckpt, what, extra=()):
-    rc, out = finish(launch(n, steps, ckpt, extra=extra))
+    rc, out = finish(Job(n, steps, ckpt, extra=extra))
     if rc != 0:
         fail("%s: exit %d" % (what, rc), out)
     return one_final(out, steps, n, what), out
@@ -97,23 +123,27 @@ def workers(pattern):
 
 
 def kill():
-    steps = 240
+    steps = 240 if KILL_AT is None else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
-    p = launch(4, steps, ckpt, events)
-    # Once a checkpoint is committed, SIGKILL the second worker found.
-    pattern = "^%s %s --steps %d --seed 5" % (re.escape(sys.executable), re.escape(TRAIN), steps)
+    job = Job(4, steps, ckpt, events)
+    # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
+    # second worker found.
+    pattern = "^" + re.escape(" ".join(program(steps)))
+    ready = lambda: glob.glob(os.path.join(ckpt, "step-*")) if KILL_AT is None else any(
+        l.startswith("step %d " % KILL_AT) for l in list(job.lines))
     victim, deadline = None, time.time() + 180
-    while victim is None and time.time() < deadline and p.poll() is None:
-        if glob.glob(os.path.join(ckpt, "step-*")):
+    while victim is None and time.time() < deadline and job.p.poll() is None:
+        if ready():
             pids = workers(pattern)
             if len(pids) >= 2:
                 victim = sorted(pids)[1]
                 os.kill(victim, signal.SIGKILL)
         time.sleep(0.05)
-    rc, out = finish(p)
+    rc, out = finish(job)
     if victim is None:
-        fail("no worker was killed (none found once a checkpoint was committed)", out)
+        fail("no worker was killed (none found once %s)" % (
+            "a checkpoint was committed" if KILL_AT is None else "step %d was printed" % KILL_AT), out)
     if rc != 0:
         fail("the job ended with exit %d after a worker was killed" % rc, out)
     got = one_final(out, steps, 3, "the job")
@@ -138,8 +168,8 @@ def kill():
     want, _ = run(3, steps, replay, "replay from step %d on 3 workers" % step)
     if got != want:
         fail("final hash %s, the replay from step %d (resumed from %s) gives %s" % (got, step, source, want), out)
-    print("job_check kill%s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
-        " --ddp" if DDP else "", step, source, got))
+    print("job_check %s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
+        NAME, step, source, got))
 
 
 def relaunch():
@@ -147,7 +177,7 @@ def relaunch():
     straight, _ = run(2, 90, os.path.join(WORK, "straight"), "an uninterrupted run")
     run(2, 60, ckpt, "the first launch")
     saved = os.path.join(WORK, "state.pt")
-    rc, out = finish(launch(2, 90, ckpt, events, ["--save-state", saved]))
+    rc, out = finish(Job(2, 90, ckpt, events, ["--save-state", saved]))
     if rc != 0:
         fail("the relaunch ended with exit %d" % rc, out)
     got = one_final(out, 90, 2, "the relaunch")
@@ -165,4 +195,4 @@ def relaunch():
 
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-kill() if MODE == "kill" else relaunch()
+relaunch() if MODE == "relaunch" else kill()
