@@ -26,7 +26,9 @@
  *      (timeout_ms for other ranks' shards on rank 0, twice that for learning of the
  *      commit elsewhere).
  *  I6  Retention never removes the checkpoint just committed (the newest of ckpt_list's
- *      order: its commit time is the latest) nor the newest one whose data verify; a
+ *      order: its commit time is the latest) nor the newest one that verifies (the one just
+ *      committed if it reopens intact: its data were checksummed as they were written, and
+ *      are not read again; an older one by its data re-read against its checksums); a
  *      removed directory is first renamed to a '.'-name, so a half-removed checkpoint is
  *      never seen as committed. Re-committing a label exchanges the directories in one
  *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).

@@ -197,7 +197,10 @@ typedef void ckpt_retain_note(void *arg, enum ckpt_retain_what what, const char 
    first `keep` checkpoints of ckpt_list's order and the first one whose data verify
    (ckpt_verify_dir: every tensor re-read against its checksum; checked only when there is
    anything to remove), and removes the rest, each renamed to a '.trash-' name first. Returns
-   0, -errno if dir cannot be listed (nothing removed), or the first removal that failed. */
+   0, -errno if dir cannot be listed (nothing removed), or the first removal that failed.
+   The engine's, after its own commit, takes the checkpoint it just committed as verified
+   if it reopens intact (its data were checksummed as they were written), without reading
+   its data again (ckpt_dir.c). */
 int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg);
 
 /* ---- restore (ckpt_restore.c) ---------------------------------------------------------- */

@@ -124,7 +124,24 @@ static int remove_step(const char *dir, const char *name)
     return rc;
 }
 
-int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg)
+/* Whether checkpoint `path` reopens intact: its commit record, and every file's checksum
+   against it outside the tensors' data (fmt_ckpt_open); no tensor is read. */
+static int reopens(const char *path, char *bad, size_t cap)
+{
+    fmt_ckpt *c = NULL;
+    int rc = fmt_ckpt_open(path, &c);
+    if (rc)
+        snprintf(bad, cap, "%s", rk_last_error());
+    fmt_ckpt_close(&c);
+    return rc;
+}
+
+/* ckpt_retain; `written` (-1: none) is a checkpoint the caller has just committed itself:
+   every byte of its data was checksummed from the memory it was written from (each rank's
+   shard, fmt_shard_write) and is durable, so it counts as verifying if it reopens intact,
+   without a second pass over the data (on one disk, that pass cost as much as the write,
+   and on rank 0 it read every rank's shard). */
+static int retain(const char *dir, int keep, int64_t written, ckpt_retain_note *note, void *arg)
 {
     ckpt_entry *l = NULL;
     size_t n = 0;
@@ -136,13 +153,14 @@ int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg)
         free(l);
         return rc;
     }
-    /* The newest that verifies (its data re-read against its checksums) stays, wherever it
-       is in the order: the newest ones may all be damaged. */
+    /* The newest that verifies (its data re-read against its checksums, or `written`
+       reopened) stays, wherever it is in the order: the newest ones may all be damaged. */
     size_t good = n;
     for (size_t i = 0; i < n && good == n; i++) {
         fmt_step_name(name, sizeof(name), l[i].step);
         snprintf(path, sizeof(path), "%s/%s", dir, name);
-        if (ckpt_verify_dir(path, bad, sizeof(bad)) == 0) {
+        int v = l[i].step == written ? reopens(path, bad, sizeof(bad)) : ckpt_verify_dir(path, bad, sizeof(bad));
+        if (v == 0) {
             good = i;
         } else {
             RK_LOG_WARN(RK_SUB_CKPT, "retention: %s does not verify: %s", path, bad);
@@ -163,6 +181,11 @@ int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg)
     }
     free(l);
     return rc;
+}
+
+int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg)
+{
+    return retain(dir, keep, -1, note, arg);
 }
 
 struct clean_arg {
@@ -225,6 +248,6 @@ void ckpt__drop_attempts(ckpt_engine *e, const char *const *names, size_t n)
 
 void ckpt__retain(const char *dir, int keep, int64_t newest)
 {
-    ckpt_retain(dir, keep, NULL, NULL);
+    retain(dir, keep, newest, NULL, NULL);
     clean(dir, newest, 0);
 }

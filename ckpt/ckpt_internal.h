@@ -136,7 +136,9 @@ void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
    will commit), and every '.trash-' directory (a removal that a killed worker left half
    done). */
 void ckpt__drop_attempts(ckpt_engine *e, const char *const *names, size_t n);
-/* After the commit of `newest`: ckpt_retain, then the temporary directories of attempts
+/* After the commit of `newest`: ckpt_retain's retention, except that `newest` (just
+   written, its data checksummed as they were written) counts as verifying if it reopens
+   intact, without re-reading its data; then the temporary directories of attempts
    labelled below it (ckpt_dir.c). */
 void ckpt__retain(const char *dir, int keep, int64_t newest);
 /* The commit time for a checkpoint committed now: CLOCK_REALTIME, but later than every
