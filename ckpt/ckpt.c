@@ -411,6 +411,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     if (e->partner)
         rk__unmap(e->partner, e->partner_cap);
     rk__unmap(e->prev, e->prev_cap);
+    free(e->was.save);
     free(e->held_row0);
     free(e->own_p);
     free(e->left_p);
@@ -724,24 +725,82 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     return 0;
 }
 
+/* The held snapshot's layout, saved (save) or put back (!save): off, len, row0, have. */
+static void was_copy(ckpt_engine *e, bool save)
+{
+    size_t n = e->was.n;
+    size_t *off = e->was.save;
+    uint64_t *len = (uint64_t *)(off + n);
+    int64_t *row0 = (int64_t *)(len + n);
+    bool *have = (bool *)(row0 + n);
+    if (save) {
+        memcpy(off, e->held_off, n * sizeof(*off));
+        memcpy(len, e->held_len, n * sizeof(*len));
+        memcpy(row0, e->held_row0, n * sizeof(*row0));
+        memcpy(have, e->held_have, n * sizeof(*have));
+    } else {
+        memcpy(e->held_off, off, n * sizeof(*off));
+        memcpy(e->held_len, len, n * sizeof(*len));
+        memcpy(e->held_row0, row0, n * sizeof(*row0));
+        memcpy(e->held_have, have, n * sizeof(*have));
+    }
+}
+
 int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where)
 {
     ckpt_abandon(e);
-    rk__unmap(e->prev, e->prev_cap); /* an earlier open never sealed (its rebuild failed) */
-    e->prev = NULL;
-    e->prev_cap = 0;
-    int rc = stage(e, t, n, true);
-    if (rc)
+    ckpt_hold_cancel(e); /* an earlier open neither sealed nor cancelled */
+    size_t m = e->held_n;
+    e->was.save = malloc(m ? m * (sizeof(size_t) + sizeof(uint64_t) + sizeof(int64_t) + sizeof(bool)) : 1);
+    if (!e->was.save)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "the layout of the held snapshot (%zu tensors)", m);
+    e->was.n = m;
+    e->was.step = e->held_step;
+    e->was.hdr = e->held_hdr;
+    e->was.out = e->held_out;
+    was_copy(e, true);
+    int rc = stage(e, t, n, true); /* on failure nothing changed: the snapshot stays held */
+    if (rc) {
+        free(e->was.save);
+        e->was.save = NULL;
         return rc;
+    }
+    e->was.open = true;
+    e->was.retired = !e->prev && e->retired; /* stage retired it: an abandoned writer reads it */
     hold_layout(e, t, n);
     for (size_t i = 0; i < n; i++)
         where[i] = (unsigned char *)e->staging + e->held_off[i];
     return 0;
 }
 
+void ckpt_hold_cancel(ckpt_engine *e)
+{
+    if (!e->was.open)
+        return;
+    /* Nobody reads the new region (the writer was abandoned before it existed). */
+    rk__unmap(e->staging, e->staging_cap);
+    char **old = e->was.retired ? &e->retired : &e->prev;
+    size_t *old_cap = e->was.retired ? &e->retired_cap : &e->prev_cap;
+    e->staging = *old;
+    e->staging_cap = *old_cap;
+    *old = NULL;
+    *old_cap = 0;
+    was_copy(e, false);
+    e->held_n = e->was.n;
+    e->held_hdr = e->was.hdr;
+    e->held_out = e->was.out;
+    e->held_step = e->was.step;
+    free(e->was.save);
+    e->was.save = NULL;
+    e->was.open = false;
+}
+
 void ckpt_hold_seal(ckpt_engine *e, int64_t step)
 {
     ckpt__seal(e, step);
+    free(e->was.save);
+    e->was.save = NULL;
+    e->was.open = false;
     if (!e->prev)
         return; /* retired: the abandoned writer's until it is idle */
     /* The old snapshot's region is the next partner copy's inbox: that one is usually

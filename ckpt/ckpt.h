@@ -128,9 +128,13 @@ int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* A new held snapshot built in place (the rebuild of sharded state from memory): room for
    t[0..n) (their ptr unused) in a new staging region, where[i] = where tensor i goes. The
    snapshot held until now, and what ckpt_snapshot_held said of it, stay readable until
-   ckpt_hold_seal; nothing is held in between. RK_E_BUSY while an abandoned writer still
-   reads two older regions. */
+   ckpt_hold_seal or ckpt_hold_cancel; nothing is held in between. RK_E_BUSY while an
+   abandoned writer still reads two older regions, -ENOMEM; a failure changes nothing (the
+   snapshot stays held). */
 int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where);
+/* Undoes ckpt_hold_open (the rebuild failed): the new region goes, the snapshot held
+   before is held again, as it was (its partner copy too). Nothing if none is open. */
+void ckpt_hold_cancel(ckpt_engine *e);
 /* The region filled since ckpt_hold_open becomes the held snapshot of `step` (of this
    membership); the old snapshot's region becomes the partner copy's inbox. */
 void ckpt_hold_seal(ckpt_engine *e, int64_t step);

@@ -64,6 +64,13 @@ struct ckpt_engine {
     size_t retired_cap;
     char *prev;          /* the old snapshot's staging while ckpt_hold_open's new one fills */
     size_t prev_cap;
+    struct {             /* what ckpt_hold_open replaced, for ckpt_hold_cancel */
+        bool open;       /* opened, neither sealed nor cancelled */
+        bool retired;    /* the old region went to retired (a writer still read it), not prev */
+        int64_t step;
+        size_t n, hdr, out;
+        void *save;      /* one block: off, len, row0 (n each), then have (n) */
+    } was;
     struct ckpt_job job;
     int first_err;       /* first failure since the last ckpt_wait, not yet superseded (I7) */
     int64_t first_err_step; /* its step */

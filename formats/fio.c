@@ -37,7 +37,7 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
     [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FMT_OP_LIST] = "list",
     [FMT_OP_SWAP] = "swap",         [FMT_OP_MKDIR] = "mkdir",     [FMT_OP_PROGRESS] = "progress",
-    [FIO_ANY] = "any",
+    [FMT_OP_ROLLBACK] = "rollback", [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -211,7 +211,7 @@ int fmt_fault(enum fmt_op op, const char *path)
 {
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
-    bool file_op = op != FMT_OP_REBUILD && op != FMT_OP_PROGRESS;
+    bool file_op = op != FMT_OP_REBUILD && op != FMT_OP_PROGRESS && op != FMT_OP_ROLLBACK;
     if (file_op) {
         fio_power_check();
         note_activity(op, path);
@@ -258,6 +258,19 @@ void fmt_fault_point(const char *op)
     for (int i = 0; i < FMT_OP_COUNT; i++)
         if (strcmp(op, op_names[i]) == 0 && fmt_fault((enum fmt_op)i, NULL) == FMT_FAULT_CRASH)
             fmt_fault_apply(FMT_FAULT_CRASH);
+}
+
+int fmt_fault_fail(const char *op)
+{
+    ensure_loaded();
+    if (fio_nrules == 0)
+        return 0;
+    for (int i = 0; i < FMT_OP_COUNT; i++)
+        if (strcmp(op, op_names[i]) == 0) {
+            int f = fmt_fault((enum fmt_op)i, NULL);
+            return f ? fmt_fault_apply(f) : 0;
+        }
+    return 0;
 }
 
 int fmt_io_open(const char *path, int flags, mode_t mode)

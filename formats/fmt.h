@@ -291,6 +291,10 @@ bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
    one that dies at that instant, and hang keeps the thread there, as an MPI call that
    never returns; other kinds do nothing. */
 void fmt_fault_point(const char *op);
+/* A fault point of RK_FAULT that can fail, outside the file operations: "rollback", a
+   member's part of a rollback from memory (recover/rebuild.c). Returns the injected -errno
+   (short: -EIO), 0 if none; crash kills the process, hang holds it as for a file operation. */
+int fmt_fault_fail(const char *op);
 
 /* XXH3-64 of a buffer (fmt_types.c). */
 uint64_t fmt_xxh3(const void *p, size_t n);

@@ -222,13 +222,13 @@ int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int nd
                 const int64_t *shape, unsigned flags)
 {
     /* The registry is kept even without checkpoints: rk_resume and recovery use it. */
-    if (ctx && (flags & (RK_SHARDED | RK_PER_RANK)) && ctx->is_spare)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOTAVAIL,
-                        "rk_register '%s': a spare worker cannot register sharded or per-rank state yet",
-                        name ? name : "(null)");
     int rc = rec_registry_add(ctx, name, ptr, dtype, ndim, shape, flags);
     if (rc || !(flags & (RK_SHARDED | RK_PER_RANK)))
         return rc;
+    if (ctx->is_spare) { /* outside the ring: agreed when a recovery brings it in (join) */
+        ctx->tensors[ctx->ntensors - 1].rows_global = -1;
+        return 0;
+    }
     if ((rc = agree_registration(ctx, &ctx->tensors[ctx->ntensors - 1])) != 0)
         rec_registry_pop(ctx);
     return rc;
@@ -287,19 +287,20 @@ static int try_class(int rc)
    only once all of them read it whole. Every member returns the same: 0 with *step the
    step restored, or -1 if the directory holds no checkpoint below `below` (buffers
    untouched); RK_E_CORRUPT if it holds some but none verifies everywhere, -errno if a
-   member cannot list the directory, RK_E_MISMATCH (buffers untouched in each case).
-   Collective over the ring. */
-static int restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int64_t below, int64_t *step)
+   member cannot list the directory or had no t (trc: tensors_of's failure), RK_E_MISMATCH
+   (buffers untouched in each case). Collective over the ring. */
+static int restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, int64_t *step)
 {
     ckpt_entry *l = NULL;
     size_t n = 0, next = 0;
     int skipped = 0;
     *step = -1;
-    int my_list = ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
+    int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
     int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
     if (!rc && list)
         rc = my_list ? my_list
-                     : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s (%s)",
+                     : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s "
+                                "or its own tensors (%s)",
                                 ctx->opt.ckpt_dir, rk_strerror(list));
     while (!rc) {
         int64_t s = INT64_MIN;
@@ -363,8 +364,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     ckpt_tensor *t = NULL;
     int64_t step = -1;
     int rc = tensors_of(ctx, &t);
-    if (!rc)
-        rc = restore_newest(ctx, t, INT64_MAX, &step);
+    rc = restore_newest(ctx, t, rc, INT64_MAX, &step); /* a failure here is said to all */
     if (!rc && step >= 0) {
         rec_ckpt_mirror(ctx);
         ctx->next_step = *next_step = step;
@@ -420,8 +420,13 @@ void rec_ckpt_abandon(rk_ctx *ctx)
 
 /* Every member gets the root's held snapshot: the root contributes its bytes and the
    others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast). */
-static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t)
+static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
+    int bad = trc ? 1 : 0, arc = agree(ctx, &bad, RK_I32, RK_MAX); /* t is needed everywhere */
+    if (arc || bad)
+        return arc ? arc
+               : trc ? trc
+                     : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part");
     bool root = ctx->rank0 == dec->root;
     const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
     bool have = root && s->step == dec->step && ckpt_snapshot_matches(s, t, ctx->ntensors);
@@ -483,8 +488,67 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
     return 0;
 }
 
-int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
+/* A decision that brought spares in (rec_decision.joined): every member, the spares too,
+   registered the same tensors (a hash of the registry, MIN = MAX; RK_E_COLL_MISMATCH on
+   every member otherwise), and the spares learn each sharded tensor's global rows (they
+   registered theirs before they had a slice). Collective over the new ring. */
+static int join(rk_ctx *ctx)
 {
+    size_t n = ctx->ntensors;
+    int64_t *rows = calloc(n + 1, sizeof(*rows));
+    uint64_t h = n;
+    for (size_t i = 0; i < n; i++) {
+        const struct rec_tensor *r = &ctx->tensors[i];
+        h = (h * 0x100000001b3ull) ^ (uint64_t)registration_hash(r) ^
+            (r->flags ? 0 : (uint64_t)r->nbytes * 0x9e3779b97f4a7c15ull);
+    }
+    int64_t v[3] = {(int64_t)(h >> 1), -(int64_t)(h >> 1), rows ? 0 : 1};
+    int rc = rec_ckpt_call(ctx, v, 3, RK_I64, RK_MAX);
+    if (rc)
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, rc, "rollback: the spares' registrations could not be agreed");
+    else if (v[2])
+        rc = rows ? rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part")
+                  : rk__fail(RK_SUB_REC, RK_LOG_ERROR, -ENOMEM, "rollback: the rows of %zu tensors", n);
+    else if (v[0] != -v[1])
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_COLL_MISMATCH, "rollback: a spare brought in registered "
+                      "other tensors than the members (names, flags, dtypes, shapes or order differ)");
+    for (size_t i = 0; i < n && !rc; i++)
+        rows[i] = ctx->tensors[i].flags & RK_SHARDED ? ctx->tensors[i].rows_global : 0;
+    if (!rc && n && (rc = rec_ckpt_call(ctx, rows, n, RK_I64, RK_MAX)) != 0)
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, rc, "rollback: the global rows could not be agreed");
+    for (size_t i = 0; i < n && !rc; i++)
+        if (ctx->tensors[i].flags & RK_SHARDED)
+            ctx->tensors[i].rows_global = rows[i];
+    free(rows);
+    return rc;
+}
+
+/* The newest committed step up to the decision's, restored on every member. */
+static int from_disk(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
+{
+    int64_t step = -1;
+    int rc = restore_newest(ctx, t, trc, dec->step + 1, &step);
+    if (!rc && step < 0)
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
+                      " in %s verifies", dec->step, ctx->opt.ckpt_dir);
+    ctx->next_step = step;
+    return rc;
+}
+
+/* How a member's rollback ended, ordered so that MAX picks the worst. */
+enum { ROLL_OK = 0, ROLL_FAILED = 1, ROLL_RING = 2 };
+
+static int roll_class(int rc)
+{
+    return rc == 0 ? ROLL_OK : rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT ? ROLL_RING : ROLL_FAILED;
+}
+
+int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
+{
+    *from = dec->source;
+    int rc = dec->joined ? join(ctx) : 0;
+    if (rc)
+        return rc;
     if (ctx->ntensors == 0)
         return 0; /* no registered state: nothing to roll back, each member goes on */
     if (!ctx->ckpt)
@@ -493,41 +557,51 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
     /* The commit in flight belonged to the old membership: cancel it, write as the new one. */
     ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
     resplit(ctx);
+    /* tensors_of's failure goes into the first collective of each path (a failed share). */
     ckpt_tensor *t = NULL;
-    int rc = tensors_of(ctx, &t);
-    if (rc)
-        return rc;
-    if (dec->source == REC_FROM_MEMORY && has_own(ctx)) {
-        rc = rec_rebuild(ctx, dec, t);
+    int trc = tensors_of(ctx, &t);
+    bool own = has_own(ctx), memory = dec->source == REC_FROM_MEMORY;
+    if (memory && own) {
+        rc = rec_rebuild(ctx, dec, t, trc); /* takes its own partner copy */
         ctx->next_step = dec->step;
-    } else if (dec->source == REC_FROM_MEMORY && dec->all_hold) {
-        rc = ckpt_snapshot_held(ctx->ckpt)->step == dec->step
-                 ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
-                 : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
-                            " is no longer held", dec->step);
+    } else if (memory && dec->all_hold) {
+        rc = trc                                            ? trc
+             : ckpt_snapshot_held(ctx->ckpt)->step == dec->step ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
+                                                                : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
+                                                                           "rollback: the snapshot of step %" PRId64
+                                                                           " is no longer held", dec->step);
         ctx->next_step = dec->step;
-    } else if (dec->source == REC_FROM_MEMORY) {
-        rc = spread_held(ctx, dec, t);
+    } else if (memory) {
+        rc = spread_held(ctx, dec, t, trc);
         ctx->next_step = dec->step;
     } else if (dec->source == REC_FROM_DISK) {
-        int64_t step = -1;
-        rc = restore_newest(ctx, t, dec->step + 1, &step);
-        if (!rc && step < 0)
-            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
-                          " in %s verifies", dec->step, ctx->opt.ckpt_dir);
-        ctx->next_step = step;
+        rc = from_disk(ctx, dec, t, trc);
     } else {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no snapshot in memory or on disk");
     }
-    if (!rc && !(dec->source == REC_FROM_MEMORY && has_own(ctx))) {
-        int m = rec_ckpt_mirror(ctx); /* rebuild took its own partner copy */
+    if (!rc && !(memory && own)) {
+        int m = rec_ckpt_mirror(ctx);
         if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
             rc = m;
     }
+    int worst = roll_class(rc);
+    int arc = agree(ctx, &worst, RK_I32, RK_MAX);
+    if (!arc && worst == ROLL_FAILED && memory) {
+        /* The rollback from memory failed on some member (each said so in the series):
+           every member goes to disk now, in this round. */
+        RK_LOG_WARN(RK_SUB_REC, "rollback of step %" PRId64 " from memory failed (%s): from disk", dec->step,
+                    rc ? rk_last_error() : "on another member");
+        *from = REC_FROM_DISK;
+        if ((rc = from_disk(ctx, dec, t, trc)) == 0 && own) {
+            int m = rec_ckpt_mirror(ctx);
+            if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
+                rc = m;
+        }
+        worst = roll_class(rc);
+        arc = agree(ctx, &worst, RK_I32, RK_MAX);
+    }
     /* Rank 0's writer removes what dead attempts left before it writes again (never the
        training thread: recovery does not wait on the disk). */
-    int worst = rc ? 1 : 0;
-    int arc = agree(ctx, &worst, RK_I32, RK_MAX);
     if (!rc && !arc && !worst && ctx->rank == 0)
         ckpt_request_clean(ctx->ckpt);
     free(t);
@@ -535,5 +609,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec)
         return rc;
     if (arc)
         return arc;
+    if (worst == ROLL_RING)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST, "rollback interrupted on another member");
     return worst ? rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback failed on another member") : 0;
 }

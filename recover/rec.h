@@ -32,6 +32,7 @@ typedef struct rec_decision {
     int source;                 /* enum rec_source */
     int root;                   /* REC_FROM_MEMORY: the lowest member holding the snapshot */
     int all_hold;               /* REC_FROM_MEMORY: 1 if every member holds it (no transfer) */
+    int joined;                 /* spares brought in (add_spares): members that hold no state yet */
     int64_t steps_lost;         /* max next_step of the survivors minus step */
     int nmembers;
     int members[REC_MAX_WORLD]; /* ranks at start, ascending: new rank i is members[i];

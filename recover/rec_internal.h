@@ -133,23 +133,67 @@ int64_t rec_ckpt_held_step(rk_ctx *ctx);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 /* Whether the job has sharded or per-rank state (rec_report.partnered). */
 int rec_ckpt_partnered(rk_ctx *ctx);
-int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec);
+/* *from: where the state came from (enum rec_source): the decision's, or disk when the
+   rollback from memory failed on some member and every member went to disk. */
+int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec, int *from);
 /* A collective among the current members over the ring, abandoned as soon as the
    detector sees another member go (api_ckpt.c). */
 int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
 /* The partner copy of the held snapshot (api_ckpt.c; ckpt.c I14): collective over the
    ring, after every snapshot of a job with sharded or per-rank state. */
 int rec_ckpt_mirror(rk_ctx *ctx);
+/* A member is lost for good (recovery stopped, or the program finalizes without
+   recovering): the checkpoint in flight stops waiting for it. */
+void rec_ckpt_abandon(rk_ctx *ctx);
 
 /* The rollback from memory of sharded and per-rank state (recover/rebuild.c). */
 struct ckpt_tensor;
 /* The even split of `rows` over `world` members: member r's count, its first row in *row0. */
 int64_t rec_even_split(int64_t rows, int world, int r, int64_t *row0);
 /* Rebuilds the held snapshot of dec->step over the new ring and restores it into t[0..n)
-   of the registry; collective over the ring. */
-int rec_rebuild(rk_ctx *ctx, const struct rec_decision *dec, const struct ckpt_tensor *t);
-/* A member is lost for good (recovery stopped, or the program finalizes without
-   recovering): the checkpoint in flight stops waiting for it. */
-void rec_ckpt_abandon(rk_ctx *ctx);
+   of the registry (trc: tensors_of's failure, t NULL then); collective over the ring,
+   every member makes the same calls whatever fails. 0, RK_E_PEER_LOST or RK_E_TIMEOUT
+   (the ring broke: a new round), or another error (the rebuild cannot be done on some
+   member: every member gets an error, and the held snapshot is the one before). */
+int rec_rebuild(rk_ctx *ctx, const struct rec_decision *dec, const struct ckpt_tensor *t, int trc);
+
+/* The plan of one tensor's rebuild, pure (unit-tested without MPI). The old ranks' pieces
+   laid end to end (old rank order: a sharded tensor's global rows, per-rank state rank
+   after rank) form a vector; old rank q's piece [at[q], at[q] + len[q]) is held now by a
+   new member: q itself if it survived, else its right neighbour (the partner copy;
+   rec_plan_held). Each new member r takes the range [lo[r], hi[r]) of that vector: for a
+   sharded tensor the even split of the new world, for per-rank state the piece of old
+   rank r (none for a rank beyond the old world). A new member with no old rank (a spare)
+   holds nothing and receives its whole range. Every member computes the same plan from
+   the agreed sizes. */
+struct rec_plan {
+    int w0, w;          /* old and new world */
+    const int32_t *nr;  /* old rank -> new rank + 1 (0: lost), w0 */
+    int32_t *old;       /* new rank -> old rank (-1: none), w */
+    const int64_t *len; /* each old rank's piece, bytes (rec_plan_tensor) */
+    int64_t *at;        /* where each starts, w0 + 1 */
+    int64_t *lo, *hi;   /* each new rank's range, w */
+};
+/* One transfer of a shift: [a, b) of the vector (a == b: nothing), from old piece q. */
+struct rec_move {
+    int q;
+    int64_t a, b;
+};
+/* p->old from p->nr; RK_E_INTERNAL if an old rank claims a new rank past w or two
+   neighbours are lost (the first one's pieces are nowhere). */
+int rec_plan_members(struct rec_plan *p);
+/* at, lo and hi of one tensor: len[w0] its old pieces' sizes, sharded or per-rank, and
+   for a sharded tensor its global rows of row_bytes each. */
+void rec_plan_tensor(struct rec_plan *p, const int64_t *len, bool sharded, int64_t rows_global, int64_t row_bytes);
+/* Old rank whose piece new member h holds in slot 0 (its own) or 1 (its lost left
+   neighbour's partner copy); -1 if none. */
+int rec_plan_held(const struct rec_plan *p, int h, int slot);
+/* The part of old piece q that new member r takes: [*a, *b) of the vector (empty: a >= b). */
+void rec_plan_take(const struct rec_plan *p, int q, int r, int64_t *a, int64_t *b);
+/* Whether any member sends something at distance k from its held piece `slot`. */
+bool rec_plan_sends(const struct rec_plan *p, int k, int slot);
+/* What member me sends to me + k (of its piece `slot`) and receives from me - k (of that
+   member's piece `slot`) in the shift (k, slot). */
+void rec_plan_shift(const struct rec_plan *p, int me, int k, int slot, struct rec_move *send, struct rec_move *recv);
 
 #endif

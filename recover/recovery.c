@@ -429,7 +429,8 @@ static void add_spares(rk_ctx *ctx, const det_view *v, rec_decision *dec)
         if (!det_view_has(v, ctx->spares[i]))
             continue; /* a spare that died while waiting */
         dec->members[dec->nmembers++] = ctx->spares[i];
-        dec->all_hold = 0; /* a spare holds no snapshot: it receives the root's */
+        dec->all_hold = 0; /* a spare holds no snapshot: it receives the survivors' */
+        dec->joined++;
     }
 }
 
@@ -625,16 +626,17 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     RK_EVENT(ctx->ev, "ring_rebuilt", RK_EV_I("epoch", dec->epoch), RK_EV_I("world", ctx->world),
              RK_EV_D("ms", rk__ms_since(t0)));
 
-    rc = rec_ckpt_rollback(ctx, dec); /* sets ctx->next_step */
+    int from = dec->source;
+    rc = rec_ckpt_rollback(ctx, dec, &from); /* sets ctx->next_step */
     if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT)
         return REC_AGAIN; /* another member died during the rollback: a new round */
     if (rc != 0)
         return rc;
-    RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", ctx->next_step), RK_EV_S("from", source_name(dec->source)),
+    RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", ctx->next_step), RK_EV_S("from", source_name(from)),
              RK_EV_I("epoch", dec->epoch), RK_EV_I("steps_lost", dec->steps_lost), RK_EV_D("ms", rk__ms_since(t0)));
     RK_LOG_INFO(RK_SUB_REC, "recovered in %.1f ms: epoch %llu, world %d, resuming step %lld from %s (%lld steps lost)",
                 rk__ms_since(t0), (unsigned long long)dec->epoch, ctx->world, (long long)ctx->next_step,
-                source_name(dec->source), (long long)dec->steps_lost);
+                source_name(from), (long long)dec->steps_lost);
     return RK_RECOVERED;
 }
 

@@ -26,6 +26,7 @@
  *   prog_shard flags                         the registration errors, one process
  * SPLIT: "even" (rank r gets G/W rows, one more if r < G%W) or "uneven" (rank r gets a
  * share growing with r; rank 0 may get none).
+ * PROG_FAULT_RANK=r with PROG_FAULT=spec sets RK_FAULT=spec on launch rank r alone.
  * Exit: 0 ok, 3 rk_* failed, 4 wrong data.
  */
 #include <errno.h>
@@ -314,6 +315,10 @@ int main(int argc, char **argv)
     int64_t arg = argc > 2 ? strtoll(argv[2], NULL, 10) : 0;
     uint64_t seed = argc > 3 ? strtoull(argv[3], NULL, 10) : 1;
     bool even = argc > 4 && strcmp(argv[4], "even") == 0;
+    /* PROG_FAULT_RANK=r PROG_FAULT=spec: RK_FAULT=spec on the process of launch rank r alone. */
+    const char *fault_rank = getenv("PROG_FAULT_RANK"), *launch_rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (fault_rank && launch_rank && strcmp(fault_rank, launch_rank) == 0 && getenv("PROG_FAULT"))
+        setenv("RK_FAULT", getenv("PROG_FAULT"), 1);
     rk_ctx *ctx = prog_rk_init();
     int rc, status = 0;
     if (!ctx)

@@ -260,6 +260,47 @@ START_TEST(probe_never_follows_a_planted_link)
 }
 END_TEST
 
+/* A rebuild that fails after ckpt_hold_open (ckpt_hold_cancel): the snapshot held before
+   is held again, whole, and restores; the new region is gone. (Before: the old snapshot
+   stayed mapped but was no longer held: step -1, nothing to restore.) */
+START_TEST(cancelled_hold_keeps_the_held_snapshot)
+{
+    char *dir = th_tmpdir("hold");
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 1, .timeout_ms = 5000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    double v[5] = {1, 2, 3, 4, 5}, out[5] = {0};
+    int64_t shape[1] = {5}, big[1] = {4096};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    th_assert_rc(ckpt_hold(e, 5, &t, 1), 0);
+    ckpt_tensor t2[2] = {{.name = "w", .dtype = RK_F64, .ndim = 1, .shape = big, .nbytes = 4096 * 8},
+                         {.name = "x", .dtype = RK_U8, .ndim = 1, .shape = big, .nbytes = 4096}};
+    unsigned char *where[2];
+    for (int round = 0; round < 2; round++) { /* the second open finds the first one neither sealed nor cancelled */
+        th_assert_rc(ckpt_hold_open(e, t2, 2, where), 0);
+        memset(where[0], 0xEE, t2[0].nbytes);
+        ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    }
+    ckpt_hold_cancel(e);
+    ckpt_hold_cancel(e); /* nothing open: nothing */
+    const ckpt_snapshot *s = ckpt_snapshot_held(e);
+    ck_assert_int_eq(s->step, 5);
+    ck_assert_uint_eq(s->n, 1);
+    ck_assert(s->own[0].nbytes == sizeof(v) && memcmp(s->own[0].data, v, sizeof(v)) == 0);
+    t.ptr = out;
+    th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
+    ck_assert(memcmp(out, v, sizeof(v)) == 0);
+    /* and a later open and seal still works from it */
+    th_assert_rc(ckpt_hold_open(e, &t, 1, where), 0);
+    memcpy(where[0], s->own[0].data, sizeof(v));
+    ckpt_hold_seal(e, 6);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 6);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Starts a checkpoint of one small tensor on an engine that is `rank` of 2 in dir (the
    other rank never comes). */
 static double two_rank_v[5] = {1, 2, 3, 4, 5};
@@ -724,6 +765,7 @@ int main(void)
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
+    tcase_add_test(tc, cancelled_hold_keeps_the_held_snapshot);
     tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);

@@ -232,6 +232,125 @@ START_TEST(decide_rejects_malformed)
 }
 END_TEST
 
+/* ---- the rebuild's plan (rebuild.c), without MPI ---------------------------------------- */
+
+/* The exchange of one tensor simulated for every member at once: old rank q's piece is
+   bytes at[q] .. of a vector whose byte i is (i * 7 + 1); each new member copies what it
+   holds of its range, then at every shift (k, slot) that the plan makes, what member h
+   sends to h + k must be exactly what h + k expects from h. Every byte of every new
+   member's range must arrive once, with the right value. Returns the bytes that moved. */
+static int64_t simulate(int w0, int w, const int32_t *nr, const int64_t *len, bool sharded, int64_t rows,
+                        int64_t rb)
+{
+    int32_t old[16];
+    int64_t at[17], lo[16], hi[16];
+    struct rec_plan p = {.w0 = w0, .w = w, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi};
+    th_assert_rc(rec_plan_members(&p), 0);
+    rec_plan_tensor(&p, len, sharded, rows, rb);
+    int64_t moved = 0;
+    static int got[16][4096];
+    memset(got, 0, sizeof(got));
+    for (int r = 0; r < w; r++)
+        for (int slot = 0; slot < 2; slot++) {
+            int q = rec_plan_held(&p, r, slot);
+            int64_t a, b;
+            if (q >= 0 && (rec_plan_take(&p, q, r, &a, &b), a < b))
+                for (int64_t i = a; i < b; i++)
+                    got[r][i - lo[r]]++;
+        }
+    for (int k = 1; k < w; k++)
+        for (int slot = 0; slot < 2; slot++) {
+            bool any = false;
+            for (int h = 0; h < w; h++) {
+                struct rec_move sm, rm, sm2, rm2;
+                rec_plan_shift(&p, h, k, slot, &sm, &rm);
+                rec_plan_shift(&p, (h + k) % w, k, slot, &sm2, &rm2); /* the receiver's view */
+                ck_assert_msg(sm.b - sm.a == rm2.b - rm2.a && sm.a == rm2.a, "shift %d slot %d: %d sends [%lld, %lld), "
+                              "%d expects [%lld, %lld)", k, slot, h, (long long)sm.a, (long long)sm.b, (h + k) % w,
+                              (long long)rm2.a, (long long)rm2.b);
+                any |= sm.a < sm.b;
+                if (sm.a < sm.b) {
+                    ck_assert_int_ge(sm.a, at[sm.q]); /* from the piece the sender holds */
+                    ck_assert_int_le(sm.b, at[sm.q] + len[sm.q]);
+                }
+                for (int64_t i = sm.a; i < sm.b; i++)
+                    got[(h + k) % w][i - lo[(h + k) % w]]++;
+                moved += sm.b - sm.a;
+            }
+            ck_assert_int_eq(any, rec_plan_sends(&p, k, slot));
+        }
+    for (int r = 0; r < w; r++)
+        for (int64_t i = lo[r]; i < hi[r]; i++)
+            ck_assert_msg(got[r][i - lo[r]] == 1, "new rank %d: byte %lld arrived %d times", r, (long long)i,
+                          got[r][i - lo[r]]);
+    return moved;
+}
+
+/* One loss of 4 (old rank 1): its piece comes from rank 2's partner copy, the edges of the
+   new even split move, and nothing else. */
+START_TEST(plan_one_loss_moves_only_what_changes_hands)
+{
+    /* 10 rows of 4 bytes split 3,3,2,2 over 4; old rank 1 lost; new ranks 0,1,2 = old 0,2,3 */
+    const int32_t nr[] = {1, 0, 2, 3};
+    const int64_t len[] = {12, 12, 8, 8};
+    int64_t moved = simulate(4, 3, nr, len, true, 10, 4);
+    /* new split 4,3,3 rows: [0,16) [16,28) [28,40); old 0 holds [0,12), old 2 [12,32) (with 1's), old 3 [32,40) */
+    ck_assert_int_eq(moved, 4 + 4 + 0); /* 12..16 to rank 0, 28..32 to rank 2 */
+}
+END_TEST
+
+/* Every single loss and every pair of non-neighbour losses at 5 ranks, sharded (uneven
+   old pieces) and per-rank (new rank r gets old rank r's piece): every byte arrives once. */
+START_TEST(plan_every_loss_covers_every_range)
+{
+    const int64_t len[] = {0, 20, 8, 12, 4};
+    for (int lost = 1; lost < 32; lost++) {
+        int32_t nr[5];
+        int w = 0, nlost = 0;
+        bool neighbours = false;
+        for (int q = 0; q < 5; q++) {
+            nr[q] = lost & (1 << q) ? 0 : ++w;
+            nlost += !nr[q];
+        }
+        for (int q = 0; q < 5; q++)
+            neighbours |= (lost & (1 << q)) && (lost & (1 << ((q + 1) % 5)));
+        if (neighbours || nlost > 2)
+            continue;
+        simulate(5, w, nr, len, true, 11, 4);
+        simulate(5, w, nr, len, false, 0, 0);
+    }
+}
+END_TEST
+
+/* A spare brought in (new rank 3 with no old rank) holds nothing and receives its whole
+   range; the lost member's piece comes from its partner. */
+START_TEST(plan_spare_receives_its_whole_range)
+{
+    const int32_t nr[] = {1, 0, 2, 3}; /* old 1 lost; the spare is new rank 3 */
+    const int64_t len[] = {12, 12, 8, 8};
+    int32_t old[4];
+    int64_t at[5], lo[4], hi[4];
+    struct rec_plan p = {.w0 = 4, .w = 4, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi};
+    th_assert_rc(rec_plan_members(&p), 0);
+    ck_assert_int_eq(old[3], -1);
+    ck_assert_int_eq(rec_plan_held(&p, 3, 0), -1);
+    ck_assert_int_eq(rec_plan_held(&p, 1, 1), 1); /* old 2 holds old 1's partner copy */
+    simulate(4, 4, nr, len, true, 10, 4);
+    simulate(4, 4, nr, len, false, 0, 0);
+}
+END_TEST
+
+/* Two neighbours lost: the first one's pieces are nowhere; a claim past the new world. */
+START_TEST(plan_rejects_what_memory_cannot_hold)
+{
+    int32_t old[4];
+    struct rec_plan p = {.w0 = 4, .w = 2, .nr = (const int32_t[]){1, 0, 0, 2}, .old = old};
+    th_assert_rc(rec_plan_members(&p), RK_E_INTERNAL);
+    p = (struct rec_plan){.w0 = 3, .w = 2, .nr = (const int32_t[]){1, 3, 2}, .old = old};
+    th_assert_rc(rec_plan_members(&p), RK_E_INTERNAL);
+}
+END_TEST
+
 /* A tensor registered after the last snapshot: the held snapshot does not cover it, so
    this member never offers it for a rollback, and a rollback from it fails cleanly
    instead of copying from memory that holds nothing. */
@@ -247,7 +366,8 @@ START_TEST(held_snapshot_not_offered_after_a_new_tensor)
     ck_assert_int_eq(rec_ckpt_held_step(ctx), -1);
     rec_decision d = {.epoch = 1, .step = 0, .source = REC_FROM_MEMORY, .root = 0, .all_hold = 0,
                         .nmembers = 1, .members = {0}};
-    ck_assert_int_ne(rec_ckpt_rollback(ctx, &d), 0);
+    int from = 0;
+    ck_assert_int_ne(rec_ckpt_rollback(ctx, &d, &from), 0);
 }
 END_TEST
 
@@ -419,6 +539,13 @@ static Suite *recover_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_checked_fixture(tc, setup_ckpt, teardown);
     tcase_add_test(tc, held_snapshot_not_offered_after_a_new_tensor);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("plan");
+    tcase_add_test(tc, plan_one_loss_moves_only_what_changes_hands);
+    tcase_add_test(tc, plan_every_loss_covers_every_range);
+    tcase_add_test(tc, plan_spare_receives_its_whole_range);
+    tcase_add_test(tc, plan_rejects_what_memory_cannot_hold);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("decide");

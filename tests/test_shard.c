@@ -214,18 +214,23 @@ END_TEST
 
 /* prog_shard kill on 4 ranks, VICTIMS killing themselves at step 5; the survivors'
    output. */
-static char *kill_run(const char *dir, const char *victims)
+static char *kill_run_with(const char *dir, const char *victims, const char *extra1, const char *extra2)
 {
     char *out = NULL;
     static char envdir[4200], envlog[4200];
     snprintf(envdir, sizeof(envdir), "RK_CKPT_DIR=%s", dir);
     snprintf(envlog, sizeof(envlog), "RK_EVENT_LOG=%s.ev", dir);
     const char *env[] = {envdir, envlog, "RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=4000", "RK_HEARTBEAT_MS=200",
-                         "RK_JOB_SECRET=" SECRET, NULL};
+                         "RK_JOB_SECRET=" SECRET, extra1, extra2, NULL};
     char *argv[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", prog, "kill", "10", "11",
                     (char *)victims, NULL};
     th_mpirun(4, argv, env, 150, &out);
     return out;
+}
+
+static char *kill_run(const char *dir, const char *victims)
+{
+    return kill_run_with(dir, victims, NULL, NULL);
 }
 
 /* Every survivor's event log (the logs are named by the launch's ranks 0..3) says where
@@ -285,6 +290,30 @@ START_TEST(adjacent_losses_roll_back_from_disk)
 }
 END_TEST
 
+/* One member cannot take its part in the rebuild from memory (RK_FAULT=rollback on launch
+   rank 2, after rank 1 is lost): it says so in the first collective of the rebuild, and
+   every survivor goes to disk in the same round, well within RK_TIMEOUT_MS (4000 ms),
+   instead of waiting the deadline out at every shift of the exchange. */
+START_TEST(member_that_cannot_rebuild_sends_all_to_disk_at_once)
+{
+    char *dir = th_tmpdir("shard"), *out = kill_run_with(dir, "1", "PROG_FAULT_RANK=2", "PROG_FAULT=rollback@0=eio");
+    ck_assert_msg(count(out, "recovered world 3 step ") == 3 && count(out, " ok\n") == 3 &&
+                  count(out, "done world 3") == 3, "survivors:\n%s", out);
+    free(out);
+    resumed_from(dir, "1", "disk", "memory");
+    for (int r = 0; r < 4; r++) {
+        if (r == 1)
+            continue;
+        char *ev = events(dir, r), *res = strstr(ev, "\"resumed\"");
+        char *ms = res ? strstr(res, "\"ms\": ") : NULL;
+        ck_assert_msg(ms && atof(ms + 6) < 2000.0, "rank %d took too long:\n%s", r, ev);
+        free(ev);
+    }
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("shard");
@@ -300,6 +329,7 @@ int main(void)
     tcase_add_test(tc, corrupt_block_falls_back);
     tcase_add_loop_test(tc, lost_member_rolls_back_from_memory, 0, (int)(sizeof(LOSSES) / sizeof(LOSSES[0])));
     tcase_add_test(tc, adjacent_losses_roll_back_from_disk);
+    tcase_add_test(tc, member_that_cannot_rebuild_sends_all_to_disk_at_once);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
