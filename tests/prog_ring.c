@@ -670,6 +670,7 @@ static int mode_epoch_wrap(void)
 #endif
 #endif
 
+#if !defined(PROG_ASAN)
 static size_t vm_bytes(void)
 {
     unsigned long pages = 0;
@@ -679,6 +680,7 @@ static size_t vm_bytes(void)
     fclose(f);
     return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
 }
+#endif
 
 static int mode_no_memory(void)
 {
