@@ -94,6 +94,14 @@ START_TEST(killed_worker_replay_zero)
 }
 END_TEST
 
+/* --zero with the member lost in the job's last collective (the final hash's gather):
+   the survivors go back to their loop and end normally with the replay's hash. */
+START_TEST(lost_in_last_collective_zero)
+{
+    job("last", "--zero", "job_check last --zero: ok");
+}
+END_TEST
+
 /* A program written from docs/PYTHON.md alone, a checkpoint at every step, one of 4
    workers SIGKILLed at step 65: the survivors end normally (exit 0, no error from the
    checkpoint the recovery abandoned) with the hash of a fault-free replay; in the
@@ -141,6 +149,7 @@ int main(void)
     tcase_add_test(tc, killed_worker_replay);
     tcase_add_test(tc, killed_worker_replay_ddp);
     tcase_add_test(tc, killed_worker_replay_zero);
+    tcase_add_test(tc, lost_in_last_collective_zero);
     tcase_add_test(tc, docs_program_with_survives_kill);
     tcase_add_test(tc, docs_program_call_survives_kill);
     tcase_add_test(tc, relaunch_resumes_from_disk);

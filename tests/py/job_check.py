@@ -8,6 +8,10 @@ judged as the C trainer is: run by tests/test_python.c.
         from that checkpoint to the end. Where the job committed that step itself, its
         checkpoint must equal the replay's bitwise. --zero: Adam's moments sharded, so the
         survivors take new slices (rk.shard_rows, rk.rebind) and the final hash gathers them.
+    job_check.py BUILD WORK last --zero
+        The same judgement, but the member is lost in the job's last collective: rank 1
+        SIGKILLs itself as the final hash (a gather of the sharded moments) starts
+        (tests/py/last_call.py). The survivors must go back to their loop and end normally.
     job_check.py BUILD WORK docs with|call
         The same judgement of tests/py/docs_train.py, a program written from docs/PYTHON.md
         alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
@@ -49,6 +53,13 @@ else:
 
     def program(steps):
         return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS
+
+
+def job_program(steps):
+    """The killed job's program; the replays run program()."""
+    if MODE == "last":
+        return [sys.executable, os.path.join(SRC, "tests", "py", "last_call.py")] + program(steps)[2:]
+    return program(steps)
 NAME = " ".join([MODE] + FLAGS)
 
 
@@ -71,8 +82,8 @@ def env_for(ckpt, events=None):
 class Job:
     """`rekindle run -n N` of the program; its output is collected as it comes."""
 
-    def __init__(self, n, steps, ckpt, events=None, extra=()):
-        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--"] + program(steps) + list(extra)
+    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program):
+        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--"] + prog(steps) + list(extra)
         self.p = subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
@@ -126,13 +137,13 @@ def kill():
     steps = 240 if KILL_AT is None else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
-    job = Job(4, steps, ckpt, events)
+    job = Job(4, steps, ckpt, events, prog=job_program)
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
-    # second worker found.
+    # second worker found (last: rank 1 kills itself).
     pattern = "^" + re.escape(" ".join(program(steps)))
     ready = lambda: glob.glob(os.path.join(ckpt, "step-*")) if KILL_AT is None else any(
         l.startswith("step %d " % KILL_AT) for l in list(job.lines))
-    victim, deadline = None, time.time() + 180
+    victim, deadline = "rank 1, itself" if MODE == "last" else None, time.time() + 180
     while victim is None and time.time() < deadline and job.p.poll() is None:
         if ready():
             pids = workers(pattern)
