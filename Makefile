@@ -198,7 +198,7 @@ FUZZ_BUILD := build/fuzz
 FUZZ_SRC   := $(wildcard fuzz/fuzz_*.c)
 FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-fuzz: all $(BUILD)/tests/prog_ckpt $(BUILD)/fuzz-seeds/wire_seeds
+fuzz: all $(BUILD)/tests/prog_ckpt $(BUILD)/fuzz-seeds/wire_seeds $(BUILD)/fuzz-seeds/ckpt_seeds
 	@command -v clang >/dev/null || { echo "make fuzz: clang is needed (apt-get install clang)"; exit 2; }
 	@OMPI_CC=clang $(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) USE_CUDA=no SANITIZE=0 \
 	  CFLAGS='-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link' fuzz-targets
@@ -210,7 +210,7 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/obj/fuzz/fuzz_%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $< $(LIB_A) $(ALL_LDLIBS)
 
-$(BUILD)/fuzz-seeds/wire_seeds: $(BUILD)/obj/fuzz/wire_seeds.o $(LIB_A)
+$(BUILD)/fuzz-seeds/%: $(BUILD)/obj/fuzz/%.o $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
 

@@ -1,18 +1,23 @@
 /*
  * fuzz/fuzz_ckpt.c - libFuzzer target: opening a checkpoint (fmt_ckpt_open, the one
  * opener that rk_resume, restore and every CLI command use) over arbitrary files, then
- * fmt_index_info (the order of a directory) and reading every tensor back.
+ * fmt_index_info (the order of a directory), reading every tensor back, and reading row
+ * ranges of every sharded tensor (fmt_ckpt_read_rows, as a restore into another world
+ * size or a rollback from disk after a shrink does: blocks read in part).
  *
  * Input: one flags byte, then operations, each [op u8][len u32 LE][payload]: op & 7 names
  * the file (0 index.h5, 1 commit.ok, 2 shard-0.ok, 3 shard-0.h5, 4 shard-1.ok,
  * 5 shard-1.h5, 6 shard-2.ok, 7 shard-2.h5) and the payload is appended to it; with op & 8
  * `len` zero bytes are appended instead (no payload), which keeps the 1 MiB metadata
- * blocks of real shard files small in the corpus. The files go into a fresh step
- * directory. Flags bit 0: the harness first makes the text files' own checksums right
- * (each manifest's and the record's `end` line, the record's lines for the manifests and
- * for the shard files), so the checks behind them are reached too. It never touches the
- * record's line for index.h5: libhdf5 must only ever see an index.h5 whose checksum
- * matched what was committed, and a finding there is a bug of that rule.
+ * blocks of real shard files small in the corpus; op & 16 (no payload) is a row range to
+ * read instead, first = len & 0xffff and count = len >> 16, each taken modulo what the
+ * tensor has; without one, the range is rows [1 + (flags >> 1 & 7), rows - 1 - (flags >> 4
+ * & 7)), which cuts a block at both ends in the seeds as they are. The files go into a
+ * fresh step directory. Flags bit 0: the harness first makes the text files' own
+ * checksums right (each manifest's and the record's `end` line, the record's lines for
+ * the manifests and for the shard files), so the checks behind them are reached too. It
+ * never touches the record's line for index.h5: libhdf5 must only ever see an index.h5
+ * whose checksum matched what was committed, and a finding there is a bug of that rule.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +33,8 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define NFILES 8
+#define NRANGES 8
+#define BUF_MAX (1u << 20) /* the most bytes read into buf at once */
 #define FILE_MAX (4u << 20)
 #define TEXT_MAX (256u << 10) /* real manifests of the seeds are under 2 KiB */
 
@@ -157,6 +164,33 @@ static void fix_record(struct file *rec, struct file *files)
     *rec = out;
 }
 
+/* Rows [first, first + count) of each sharded tensor of c, for each range (first, count)
+   of r[0..n) (taken modulo the tensor's rows; n == 0: the one from the flags), at most
+   BUF_MAX bytes of them. */
+static void read_ranges(fmt_ckpt *c, const uint32_t *r, size_t n, unsigned flags, char *buf)
+{
+    for (size_t i = 0; i < c->n; i++) {
+        const fmt_tensor *t = &c->t[i];
+        if (t->kind != FMT_SHARDED)
+            continue;
+        uint64_t rows = (uint64_t)t->rows, rb = rows ? t->nbytes / rows : 0;
+        for (size_t k = 0; k < (n ? n : 1); k++) {
+            uint64_t first, count;
+            if (n) {
+                first = (r[k] & 0xffff) % (rows + 1);
+                count = (r[k] >> 16) % (rows - first + 1);
+            } else {
+                uint64_t skip = 1 + (flags >> 1 & 7), cut = 1 + (flags >> 4 & 7);
+                first = skip < rows ? skip : rows;
+                count = rows > first + cut ? rows - first - cut : 0;
+            }
+            if (rb && count > BUF_MAX / rb)
+                count = BUF_MAX / rb;
+            fmt_ckpt_read_rows(c, i, (int64_t)first, (int64_t)count, buf);
+        }
+    }
+}
+
 /* The process's scratch directory goes when it ends (a crash leaves it, with the finding). */
 static void remove_dir(void)
 {
@@ -175,12 +209,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         strcat(dir, "/step-000000000006");
         mkdir(dir, 0755);
         atexit(remove_dir);
-        if (!(buf = malloc((1u << 20))))
+        if (!(buf = malloc(BUF_MAX)))
             abort();
     }
     if (size < 1)
         return 0;
-    bool fix = data[0] & 1;
+    unsigned flags = data[0];
+    bool fix = flags & 1;
+    uint32_t ranges[NRANGES];
+    size_t nranges = 0;
     data++, size--;
     struct file f[NFILES];
     memset(f, 0, sizeof(f));
@@ -193,6 +230,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         unsigned op = data[0];
         size_t n = (size_t)data[1] | (size_t)data[2] << 8 | (size_t)data[3] << 16 | (size_t)data[4] << 24;
         data += 5, size -= 5;
+        if (op & 16) {
+            if (nranges < NRANGES)
+                ranges[nranges++] = (uint32_t)n;
+            continue;
+        }
         if (op & 8) {
             append(&f[op & 7], op & 7, NULL, n < FILE_MAX ? n : FILE_MAX);
             continue;
@@ -227,9 +269,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t i = 0; i < c->n; i++) {
             if (fmt_ckpt_find(c, c->t[i].name) != (long)i)
                 abort(); /* names are unique: each finds itself */
-            if (c->t[i].nbytes <= (1u << 20))
+            if (c->t[i].nbytes <= BUF_MAX)
                 fmt_ckpt_read(c, i, buf);
         }
+        read_ranges(c, ranges, nranges, flags, buf);
         fmt_ckpt_close(&c);
     }
     for (int i = 0; i < NFILES; i++)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """fuzz/mkseeds.py STEPDIR... OUT_CKPT OUT_TEXT - the seed corpora of fuzz_ckpt and
-fuzz_text from real committed checkpoints (written by tests/prog_ckpt in `make fuzz`).
+fuzz_text from real committed checkpoints (written by tests/prog_ckpt and
+fuzz/ckpt_seeds in `make fuzz`).
 
 fuzz_ckpt: each step directory packed as the target reads it (fuzz/fuzz_ckpt.c: ops
 [file id | 8 for zeros][u32 length][bytes]; runs of 256 or more zero bytes as a zeros op),
