@@ -617,6 +617,9 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     }
     if (ckpt_on && rc != 0)
         return fail("rk_resume", rc);
+    /* A spare brought in learns its slice only now (docs/SHARDING.md). */
+    if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
+        return fail("rk_rebind", rc);
     uint64_t h = 0;
 again:
     while (step < a->steps) {

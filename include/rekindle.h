@@ -141,9 +141,11 @@ int rk_init(rk_ctx **ctx, const rk_options *o);
    RK_SHARDED and RK_PER_RANK registrations are collective over the current members: every
    member registers the same names in the same order; a sharded tensor's members agree on
    its dtype and trailing dimensions (RK_E_COLL_MISMATCH otherwise), and each learns its
-   first row (rk_shard_rows). A spare not yet brought in cannot register them
-   (RK_E_NOTAVAIL). Bound: the ring's (RK_TIMEOUT_MS).
-   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, RK_E_NOTAVAIL (RK_DEVICE, a spare),
+   first row (rk_shard_rows). A spare not yet brought in registers them alone (any
+   shape[0]): the members check its registry and it learns its slice when a recovery
+   brings it in (then rk_shard_rows / rk_rebind after rk_resume). Bound: the ring's
+   (RK_TIMEOUT_MS).
+   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, RK_E_NOTAVAIL (RK_DEVICE),
    RK_E_COLL_MISMATCH, -EINVAL (flags, ndim, shape, NULL). */
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags);
@@ -171,7 +173,8 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr);
    and sets *next_step to the step to run next; 0 and nothing restored if none exists.
    A spare worker (rekindle run --spares: RK_SPARES) waits here until recovery brings it
    into the ring in place of a lost worker (then it returns 0 with the state and step of
-   the others), or until the job ends without needing it (RK_E_SPARE_UNUSED: finalize and
+   the others; a sharded tensor's slice waits for rk_rebind if its size differs from the
+   one registered), or until the job ends without needing it (RK_E_SPARE_UNUSED: finalize and
    exit normally). Until then rk_rank() is -1.
    Every rank agrees on the latest committed checkpoint whose checksums verify on every
    rank, and every rank restores every tensor, whatever the world size that wrote it.

@@ -94,8 +94,9 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
     return 0;
 }
 
-/* Whether the job has state of one rank alone (sharded or per-rank tensors). */
-static bool has_own(const rk_ctx *ctx)
+/* Whether the job has state of one rank alone (sharded or per-rank tensors): then its
+   snapshot is partnered (ckpt.c I14, rec_report.partnered). */
+int rec_ckpt_partnered(const rk_ctx *ctx)
 {
     for (size_t i = 0; i < ctx->ntensors; i++)
         if (ctx->tensors[i].flags & (RK_SHARDED | RK_PER_RANK))
@@ -109,7 +110,7 @@ static bool has_own(const rk_ctx *ctx)
    with such state); a failure leaves no partner copy (recovery then goes to disk). */
 int rec_ckpt_mirror(rk_ctx *ctx)
 {
-    if (!ctx->ckpt || !has_own(ctx))
+    if (!ctx->ckpt || !rec_ckpt_partnered(ctx))
         return 0;
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
     const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
@@ -391,7 +392,7 @@ int64_t rec_ckpt_held_step(rk_ctx *ctx)
     /* Sharded and per-rank state is each rank's own: offered only with the left
        neighbour's pieces of the same step and membership beside it (ckpt.c I14), so that
        a lost member's are in its right neighbour's memory. */
-    if (s->step < 0 || (has_own(ctx) && !s->partnered))
+    if (s->step < 0 || (rec_ckpt_partnered(ctx) && !s->partnered))
         return -1;
     /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
     ckpt_tensor *t = NULL;
@@ -400,11 +401,6 @@ int64_t rec_ckpt_held_step(rk_ctx *ctx)
     int64_t step = ckpt_snapshot_matches(s, t, ctx->ntensors) ? s->step : -1;
     free(t);
     return step;
-}
-
-int rec_ckpt_partnered(rk_ctx *ctx)
-{
-    return has_own(ctx);
 }
 
 int64_t rec_ckpt_committed_step(rk_ctx *ctx)
@@ -560,7 +556,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
     /* tensors_of's failure goes into the first collective of each path (a failed share). */
     ckpt_tensor *t = NULL;
     int trc = tensors_of(ctx, &t);
-    bool own = has_own(ctx), memory = dec->source == REC_FROM_MEMORY;
+    bool own = rec_ckpt_partnered(ctx), memory = dec->source == REC_FROM_MEMORY;
     if (memory && own) {
         rc = rec_rebuild(ctx, dec, t, trc); /* takes its own partner copy */
         ctx->next_step = dec->step;

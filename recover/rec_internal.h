@@ -32,7 +32,8 @@ struct rec_tensor {
     size_t nbytes;
     unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK */
     /* RK_SHARDED: this rank's rows are [row0, row0 + shape[0]) of rows_global (agreed at
-       rk_register, re-split evenly at a membership change: rec_shard_resplit). */
+       rk_register, re-split evenly at a membership change: resplit in api_ckpt.c; a
+       spare's rows_global is -1 until a recovery brings it in and it learns it). */
     int64_t row0, rows_global;
     bool pending;         /* the slice changed size in a recovery: the restored rows wait in
                              the held snapshot for rk_rebind; ptr is the old buffer */
@@ -132,7 +133,7 @@ struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 /* Whether the job has sharded or per-rank state (rec_report.partnered). */
-int rec_ckpt_partnered(rk_ctx *ctx);
+int rec_ckpt_partnered(const rk_ctx *ctx);
 /* *from: where the state came from (enum rec_source): the decision's, or disk when the
    rollback from memory failed on some member and every member went to disk. */
 int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec, int *from);

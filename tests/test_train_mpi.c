@@ -251,13 +251,13 @@ static bool part_missing(int world, const char *const env[], const char *what)
    replaced by the spare, the world stays 3, and since the reduction order of a 3-member
    ring is the same the final hash is that of an uninterrupted 3-worker run; with no loss
    the spare is released and the job still ends with 3 final lines and exit 0. */
-static void spare_job(bool kill_one, char **out)
+static void spare_job(bool kill_one, const char *args, char **out)
 {
     char *dir = th_tmpdir("train-spare"), *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train");
     char cmd[16384];
     snprintf(cmd, sizeof(cmd),
              "export RK_CKPT_DIR=%s/ck RK_CKPT_EVERY=50 RK_EVENT_LOG=%s/ev; "
-             "%s run -n 3 --spares 1 -- %s --steps 800 --seed 77 > %s/out 2>&1 & job=$!; "
+             "%s run -n 3 --spares 1 -- %s --steps 800 --seed 77 %s > %s/out 2>&1 & job=$!; "
              "if [ %d = 1 ]; then "
              "  for i in $(seq 1 600); do [ -d %s/ck/step-000000000100 ] && break; sleep 0.05; done; "
              "  for p in $(pgrep -x rk-train); do "
@@ -265,7 +265,7 @@ static void spare_job(bool kill_one, char **out)
              "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; "
              "  done; "
              "fi; wait $job; echo \"exit=$?\"; cat %s/out; cat %s/ev.* 2>/dev/null | grep spare_joined; true",
-             dir, dir, rekindle, bin, dir, kill_one, dir, dir, dir, dir);
+             dir, dir, rekindle, bin, args, dir, kill_one, dir, dir, dir, dir);
     int rc = th_sh(cmd, 150, out);
     ck_assert_msg(rc == 0, "job script exit %d:\n%.3000s", rc, *out ? *out : "");
     th_rmrf(dir);
@@ -280,7 +280,26 @@ START_TEST(spare_replaces_killed_worker)
     th_assert_rc(TRAIN(3, NULL, &out, "--steps", "800", "--seed", "77"), 0);
     final_lines(out, 3, 800, h_full);
     free(out);
-    spare_job(true, &out);
+    spare_job(true, "", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
+    final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
+    ck_assert_str_eq(h_job, h_full);
+    free(out);
+}
+END_TEST
+
+/* The same with --zero (sharded Adam moments, per-rank RNG): the spare registers its
+   tensors before it has a slice, receives its slice and the lost rank's per-rank state
+   with the rollback (memory or disk), rebinds, and the job ends with the hash of an
+   uninterrupted 3-worker run. (Before: the spare's sharded registration was refused, and
+   so was every recovery that brought it in.) */
+START_TEST(spare_takes_sharded_state)
+{
+    char *out = NULL, h_full[17], h_job[17];
+    th_assert_rc(TRAIN(3, NULL, &out, "--steps", "800", "--seed", "77", "--zero"), 0);
+    final_lines(out, 3, 800, h_full);
+    free(out);
+    spare_job(true, "--zero", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
     final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
     ck_assert_str_eq(h_job, h_full);
@@ -291,7 +310,7 @@ END_TEST
 START_TEST(unused_spare_released)
 {
     char *out = NULL, h[17];
-    spare_job(false, &out);
+    spare_job(false, "", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "spare worker not needed"), "%.3000s", out);
     final_lines(strstr(out, "exit=0\n"), 3, 800, h);
     free(out);
@@ -437,6 +456,7 @@ int main(void)
             tcase_add_test(tc, killed_worker_job_finishes);
             tcase_add_test(tc, spare_replaces_killed_worker);
             tcase_add_test(tc, unused_spare_released);
+            tcase_add_test(tc, spare_takes_sharded_state);
         }
         suite_add_tcase(s, tc);
     }
