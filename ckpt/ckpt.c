@@ -697,7 +697,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         f->order = (uint32_t)i;
         f->rank = e->rank;
         f->data = e->staging + e->held_off[i];
-        f->kind = t[i].flags & RK_SHARDED ? FMT_SHARDED : t[i].flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
+        f->kind = ckpt__kind(t[i].flags);
         f->rows = t[i].rows;
         f->row0 = t[i].row0;
     }

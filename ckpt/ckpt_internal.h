@@ -41,6 +41,12 @@ void ckpt__waiting(struct ckpt_job *j, int what);
    nothing. */
 bool ckpt__describe_wait(struct ckpt_job *j, char *buf, size_t cap);
 
+/* The format's kind of a tensor registered with these flags (RK_SHARDED, RK_PER_RANK). */
+static inline int ckpt__kind(unsigned flags)
+{
+    return flags & RK_SHARDED ? FMT_SHARDED : flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
+}
+
 struct ckpt_engine {
     char *dir, *io;
     int rank, world, keep, timeout_ms;

@@ -23,11 +23,6 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + len, cap - len, ")");
 }
 
-static int kind_of(unsigned flags)
-{
-    return flags & RK_SHARDED ? FMT_SHARDED : flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
-}
-
 static const char *kind_name(int kind)
 {
     return kind == FMT_SHARDED ? "sharded" : kind == FMT_PER_RANK ? "per-rank" : "replicated";
@@ -39,7 +34,7 @@ static const char *kind_name(int kind)
 static int find_match(const fmt_ckpt *c, const ckpt_tensor *t, int rank, const char *where, long *k)
 {
     char a[160], b[160], name[FMT_MAX_NAME + 32];
-    int kind = kind_of(t->flags);
+    int kind = ckpt__kind(t->flags);
     *k = fmt_ckpt_find(c, t->name);
     if (kind == FMT_PER_RANK) {
         *k = fmt_per_rank_name(name, sizeof(name), rank, t->name) ? fmt_ckpt_find(c, name) : -1;
@@ -88,7 +83,7 @@ static int check_match(const fmt_ckpt *c, const ckpt_tensor *t, size_t n, int ra
         return -ENOMEM;
     char name[FMT_MAX_NAME + 32];
     for (size_t i = 0; i < n; i++) {
-        if (kind_of(t[i].flags) != FMT_PER_RANK) {
+        if (ckpt__kind(t[i].flags) != FMT_PER_RANK) {
             seen[k[i]] = true;
             continue;
         }
