@@ -302,32 +302,42 @@ static int xfer_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
 }
 
 /* Receives one message of `tag` already waiting, from anyone, without ever blocking:
-   MPI_Improbe matches it, MPI_Imrecv receives it into a copy polled until the deadline
-   (a sender that dies mid-message leaves the copy to MPI, kept). Returns its length
-   (copied into buf) and *src; 0 if none waits, or it is longer than cap (dropped). */
+   MPI_Iprobe finds it (its sender and length), its copy is allocated, and only then
+   MPI_Improbe matches it (the first message of that sender and tag: the same one, MPI
+   does not reorder them), and MPI_Imrecv receives it into the copy, polled until the
+   deadline (a sender that dies mid-message leaves the copy to MPI, kept). Returns its
+   length (copied into buf) and *src; 0 if none waits, or none could be taken now (no
+   memory for the copy: it stays queued for a later call); REC_DROPPED if one was taken
+   but not delivered (longer than cap, or incomplete at the deadline): the caller goes on
+   with the next. */
+#define REC_DROPPED (-1)
 static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline)
 {
     int flag = 0, count = 0, done = 0;
     MPI_Message msg;
     MPI_Status st;
-    if (RK_MPI(MPI_Improbe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag)
+    if (RK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &st)) != MPI_SUCCESS || !flag)
         return 0;
     if (MPI_Get_count(&st, MPI_BYTE, &count) != MPI_SUCCESS || count < 0)
         count = 0;
     void *copy = NULL;
     if (MPI_Alloc_mem((MPI_Aint)(count > 0 ? count : 1), MPI_INFO_NULL, &copy) != MPI_SUCCESS) {
-        rk__fail(RK_SUB_REC, RK_LOG_WARN, -ENOMEM, "recovery: no memory to receive a message: dropped");
-        return 0; /* the matched message is lost; every wait for it is bounded */
+        rk__fail(RK_SUB_REC, RK_LOG_WARN, -ENOMEM, "recovery: no memory to receive a message of %d bytes yet", count);
+        return 0; /* not matched: it waits for a later call; every wait for it is bounded */
+    }
+    if (RK_MPI(MPI_Improbe(st.MPI_SOURCE, tag, ctx->comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag) {
+        MPI_Free_mem(copy); /* gone meanwhile (its sender's request cancelled): nothing taken */
+        return 0;
     }
     MPI_Request rq = MPI_REQUEST_NULL;
     if (RK_MPI(MPI_Imrecv(copy, count, MPI_BYTE, &msg, &rq)) != MPI_SUCCESS) {
         MPI_Free_mem(copy);
-        return 0;
+        return REC_DROPPED;
     }
     while (RK_MPI(MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !done && !rk__deadline_passed(deadline))
         rk__sleep_ns(POLL_NS);
-    int n = 0;
-    if (done && (size_t)count <= cap) {
+    int n = REC_DROPPED;
+    if (done && (size_t)count <= cap && count > 0) {
         memcpy(buf, copy, (size_t)count);
         *src = st.MPI_SOURCE;
         n = count;
@@ -384,8 +394,10 @@ static void pump(rk_ctx *ctx, struct rounds *st)
 {
     struct msg_report m;
     int src, n, i;
-    while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) > 0) {
-        if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && m.base_epoch == st->base_epoch && m.r.rank0 == src &&
+    while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
+        if (n == REC_DROPPED)
+            RK_LOG_DEBUG(RK_SUB_REC, "dropped a report that could not be received whole");
+        else if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && m.base_epoch == st->base_epoch && m.r.rank0 == src &&
             (i = view_pos(ctx, src)) >= 0) {
             st->rep[i] = m.r;
             st->got[i] = true;
@@ -396,8 +408,10 @@ static void pump(rk_ctx *ctx, struct rounds *st)
     struct msg_decide *d = malloc(sizeof(*d));
     if (!d)
         return;
-    while ((n = try_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) > 0) {
-        if (decision_well_formed(d, n) && d->base_epoch == st->base_epoch && d->d.epoch >= st->min_epoch) {
+    while ((n = try_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
+        if (n == REC_DROPPED)
+            RK_LOG_DEBUG(RK_SUB_REC, "dropped a decision that could not be received whole");
+        else if (decision_well_formed(d, n) && d->base_epoch == st->base_epoch && d->d.epoch >= st->min_epoch) {
             memcpy(st->in, d, (size_t)n);
             st->in_len = n;
             st->in_src = src;
@@ -792,8 +806,8 @@ int rec_spare_wait(rk_ctx *ctx)
         /* A decision naming this spare, from whichever member coordinates (R2 does not
            apply: a spare takes no part in rounds, so it has no base epoch to match). */
         bool got = false;
-        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) > 0)
-            got = decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
+        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) != 0)
+            got = n > 0 && decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
         if (got) {
             rec_decision *dec = malloc(sizeof(*dec));
             if (!dec) {
