@@ -371,6 +371,47 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
 }
 END_TEST
 
+/* Any collective may return RK_RECOVERED, the last one too: a member lost in the final
+   hash's allgather of --zero (RK_FAULT=allreduce@61=crash on rank 2: 30 steps of two
+   rk_allreduce calls each, then the allgathers of m, v and the RNGs) sends the survivors
+   back to their loop at rk_next_step(); the job ends in place on 3 workers, with the hash
+   of a 3-worker run from the checkpoint they resumed at. (Before: rk-train reported "the
+   final hash's allgather: recovered" and exited 1 on every survivor.) */
+START_TEST(zero_loss_in_final_allgather_finishes_in_place)
+{
+    char *w = th_tmpdir("train-final"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *out = NULL;
+    const char *src = getenv("RK_TEST_SRC");
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; B=%s; R=%s; A='--steps 30 --zero --seed 7 --hidden 32'\n"
+             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=10 RK_KEEP=100 RK_EVENT_LOG=$W/ev RK_TIMEOUT_MS=8000\n"
+             "RK_FAULT=allreduce@61=crash CHAOS_FAULT_RANK=2 $R run -n 4 -- %s/chaos/worker.sh $B $A > $W/out 2>&1\n"
+             "echo \"exit=$?\"; grep -E '^final|relaunch|rk-train:' $W/out\n"
+             "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
+             "echo \"resumed=$s\"; d=step-$(printf %%012d \"$s\"); mkdir -p $W/r; cp -r $W/c/$d $W/r/ || exit 1\n"
+             "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n 3 -- $B $A | grep '^final'\n",
+             w, bin, rekindle, src ? src : ".");
+    clear_rk_env();
+    int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    ck_assert_msg(!strstr(out, "relaunch") && !strstr(out, "rk-train:"), "the survivors failed:\n%s", out);
+    ck_assert_msg(strstr(out, "resumed=30\n"), "the survivors did not resume at step 30:\n%s", out);
+    char h_job[17], h_replay[17];
+    const char *replay = strstr(out, "replay\n");
+    ck_assert_ptr_nonnull(replay);
+    char *job = strndup(out, (size_t)(replay - out));
+    final_lines(strstr(job, "final"), 3, 30, h_job);
+    final_lines(replay, 3, 30, h_replay);
+    ck_assert_str_eq(h_job, h_replay);
+    free(job);
+    free(out);
+    th_rmrf(w);
+    free(w);
+    free(bin);
+    free(rekindle);
+}
+END_TEST
+
 /* The largest `hwm=` of the `memory` lines of rk-train --mem; *params: that rank's P. */
 static long long max_hwm(const char *out, long long *params)
 {
@@ -445,6 +486,7 @@ int main(void)
         tcase_set_timeout(tc, 300);
         tcase_add_test(tc, zero_killed_worker_rebuilds_from_memory);
         tcase_add_test(tc, zero_moments_are_slices);
+        tcase_add_test(tc, zero_loss_in_final_allgather_finishes_in_place);
         suite_add_tcase(s, tc);
     }
     if (!no_ckpt) {
