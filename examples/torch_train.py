@@ -100,9 +100,10 @@ class ZeroAdam:
         self.t = torch.zeros((), dtype=torch.int64)
 
     def register(self, rk, prefix):
-        """m and v as this rank's even slice (collective, like any SHARDED registration)."""
+        """m and v as this rank's even slice (collective, like any SHARDED registration;
+        a spare, outside the ring until a loss brings it in, registers none yet)."""
         P, W, r = self.flat.numel(), rk.world, rk.rank
-        rows = P // W + (r < P % W)
+        rows = P // W + (r < P % W) if r >= 0 else 0
         self.prefix, self.m, self.v = prefix, torch.zeros(rows), torch.zeros(rows)
         rk.register(prefix + "/m", self.m, rekindle.SHARDED)
         rk.register(prefix + "/v", self.v, rekindle.SHARDED)
@@ -110,7 +111,8 @@ class ZeroAdam:
         self.offset = rk.shard_rows(prefix + "/m").offset
 
     def reshard(self, rk):
-        """After rekindle.Recovered: the slice of the new world. One of the same size was
+        """After rekindle.Recovered (and after resume(): a spare brought in learns its
+        slice only then): the slice of the current world. One of the same size was
         restored in place (its offset may have moved); one of another size is taken in
         new tensors, which rk.rebind fills with the restored rows."""
         offset, rows, _ = rk.shard_rows(self.prefix + "/m")
@@ -169,6 +171,8 @@ def main():
         except rekindle.SpareUnused:
             print("torch_train: spare worker not needed: the job finished without it", file=sys.stderr)
             return 0
+        if a.zero:
+            optim.reshard(rk)
         loss_buf = torch.zeros(1)
         while True:
             try:

@@ -210,9 +210,7 @@ class Context:
         the same dtype and shape, used from now on (nothing is copied into it)."""
         e = self._entry(name, "rebind")
         addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
-        want = e.shape
-        if e.flags & RK_SHARDED:
-            want = (self.shard_rows(name).rows,) + tuple(e.shape[1:])
+        want = self._shape_now(e)[0]
         if dtype != e.dtype or shape != want:
             raise Error(-22, "tensor '%s': a %s tensor of shape %s, want %s of shape %s" % (
                 name, _lib.DTYPE_NAMES[dtype], shape, _lib.DTYPE_NAMES[e.dtype], want), "rebind")
@@ -221,6 +219,14 @@ class Context:
         self._order = {}
         for i, r in enumerate(self._reg):
             self._order.setdefault(r.addr, i)
+
+    def _shape_now(self, e):
+        """The shape registered tensor e has now, and for a sharded one its Shard: the
+        library's slice, which a recovery (or a spare's resume) may have changed."""
+        if not e.flags & RK_SHARDED:
+            return e.shape, None
+        s = self.shard_rows(e.name)
+        return (s.rows,) + tuple(e.shape[1:]), s
 
     def register_module(self, prefix, module):
         """Registers every tensor of module.state_dict() (parameters and persistent
@@ -268,14 +274,13 @@ class Context:
                             "tensor '%s' was replaced since it was registered (its storage moved "
                             "from %#x to %#x): update registered tensors in place" % (e.name, e.addr, addr),
                             "rekindle")
-            if e.flags & RK_SHARDED:
-                s = self.shard_rows(e.name)
-                if s.rows != e.shape[0]:
-                    raise Error(_lib.CODES["RK_E_STATE"],
-                                "sharded tensor '%s' holds rows [%d, %d) of %d since the recovery, %d rows "
-                                "where it held %d: hand a tensor of shape %s to rebind('%s', tensor)" % (
-                                    e.name, s.offset, s.offset + s.rows, s.global_rows, s.rows, e.shape[0],
-                                    (s.rows,) + tuple(e.shape[1:]), e.name), "rekindle")
+            shape, s = self._shape_now(e)
+            if shape != e.shape:
+                raise Error(_lib.CODES["RK_E_STATE"],
+                            "sharded tensor '%s' holds rows [%d, %d) of %d since the recovery, %d rows "
+                            "where it held %d: hand a tensor of shape %s to rebind('%s', tensor)" % (
+                                e.name, s.offset, s.offset + s.rows, s.global_rows, s.rows, e.shape[0],
+                                shape, e.name), "rekindle")
 
     # ---- the training loop ------------------------------------------------------------
     def resume(self):

@@ -12,6 +12,11 @@ judged as the C trainer is: run by tests/test_python.c.
         The same judgement, but the member is lost in the job's last collective: rank 1
         SIGKILLs itself as the final hash (a gather of the sharded moments) starts
         (tests/py/last_call.py). The survivors must go back to their loop and end normally.
+    job_check.py BUILD WORK spare --zero
+        The same judgement with 3 workers and a spare (rekindle run --spares 1): one
+        worker SIGKILLed, the spare brought in takes the lost slice of the sharded moments
+        (after resume(), rk.shard_rows and rk.rebind); the 3 end with the hash of 3 workers
+        to that step and 3 from its checkpoint.
     job_check.py BUILD WORK docs with|call
         The same judgement of tests/py/docs_train.py, a program written from docs/PYTHON.md
         alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
@@ -82,8 +87,9 @@ def env_for(ckpt, events=None):
 class Job:
     """`rekindle run -n N` of the program; its output is collected as it comes."""
 
-    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program):
-        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--"] + prog(steps) + list(extra)
+    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0):
+        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--spares", str(spares), "--"] + \
+            prog(steps) + list(extra)
         self.p = subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
@@ -133,22 +139,35 @@ def workers(pattern):
     return [int(x) for x in r.stdout.split()]
 
 
+def mpi_rank(pid):
+    """The worker's rank in the launch (spares are the last ones), None if unknown."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        return int(env[b"OMPI_COMM_WORLD_RANK"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def kill():
     steps = 240 if KILL_AT is None else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
-    job = Job(4, steps, ckpt, events, prog=job_program)
+    spares = 1 if MODE == "spare" else 0
+    n = 4 - spares  # the workers in the ring; the world after the loss:
+    world = n if spares else n - 1
+    job = Job(n, steps, ckpt, events, prog=job_program, spares=spares)
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
-    # second worker found (last: rank 1 kills itself).
+    # worker of launch rank 1, never a spare (last: rank 1 kills itself).
     pattern = "^" + re.escape(" ".join(program(steps)))
     ready = lambda: glob.glob(os.path.join(ckpt, "step-*")) if KILL_AT is None else any(
         l.startswith("step %d " % KILL_AT) for l in list(job.lines))
     victim, deadline = "rank 1, itself" if MODE == "last" else None, time.time() + 180
     while victim is None and time.time() < deadline and job.p.poll() is None:
         if ready():
-            pids = workers(pattern)
-            if len(pids) >= 2:
-                victim = sorted(pids)[1]
+            pids = [p for p in workers(pattern) if mpi_rank(p) == 1]
+            if pids:
+                victim = pids[0]
                 os.kill(victim, signal.SIGKILL)
         time.sleep(0.05)
     rc, out = finish(job)
@@ -157,7 +176,7 @@ def kill():
             "a checkpoint was committed" if KILL_AT is None else "step %d was printed" % KILL_AT), out)
     if rc != 0:
         fail("the job ended with exit %d after a worker was killed" % rc, out)
-    got = one_final(out, steps, 3, "the job")
+    got = one_final(out, steps, world, "the job")
     resumed = []
     for path in glob.glob(events + ".*"):
         with open(path) as f:
@@ -168,15 +187,15 @@ def kill():
     step, source = resumed[-1]["step"], resumed[-1]["from"]
     if len({(e["step"], e["from"]) for e in resumed if e["epoch"] == resumed[-1]["epoch"]}) != 1:
         fail("the survivors resumed differently: %s" % resumed)
-    # The replay: 4 workers from scratch to `step` (commits it), then 3 from there.
+    # The replay: n workers from scratch to `step` (commits it), then `world` from there.
     replay = os.path.join(WORK, "replay")
     os.makedirs(replay)
     if step > 0:
-        run(4, step, replay, "replay to step %d on 4 workers" % step)
+        run(n, step, replay, "replay to step %d on %d workers" % (step, n))
         mine = os.path.join(ckpt, "step-%012d" % step)
         if os.path.isdir(mine) and not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
             fail("the job's checkpoint %d differs from the replay's" % step)
-    want, _ = run(3, steps, replay, "replay from step %d on 3 workers" % step)
+    want, _ = run(world, steps, replay, "replay from step %d on %d workers" % (step, world))
     if got != want:
         fail("final hash %s, the replay from step %d (resumed from %s) gives %s" % (got, step, source, want), out)
     print("job_check %s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
