@@ -175,18 +175,20 @@ int rk__options_keep(rk_options *dst, const rk_options *o)
     *dst = *o;
     for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
         const struct opt *d = &opts[i];
+        if (d->kind == OPT_INT)
+            continue;
         const char **f = str_field(dst, d);
         if (d->kind == OPT_STR)
             *f = NULL; /* until copied: rk__options_free frees only copies */
-        else if (d->kind == OPT_CHOICE)
+        else
             for (const char *const *c = d->choices; *c; c++)
                 if (*f && strcmp(*c, *f) == 0)
                     *f = *c; /* the table's own string */
     }
     for (size_t i = 0; i < RK_ARRAY_LEN(opts); i++) {
         const struct opt *d = &opts[i];
-        const char *v = *str_field((rk_options *)o, d);
-        if (d->kind == OPT_STR && v && !(*str_field(dst, d) = strdup(v))) {
+        const char *v = d->kind == OPT_STR ? *str_field((rk_options *)o, d) : NULL;
+        if (v && !(*str_field(dst, d) = strdup(v))) {
             rk__options_free(dst);
             return rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, -ENOMEM, "options: no memory for a copy of %s", d->env);
         }
