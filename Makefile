@@ -146,7 +146,37 @@ $(CLI): $(CLI_OBJ) $(LIB_A)
 
 $(BUILD)/bin/%: $(BUILD)/obj/examples/%.o $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $< $(LIB_A) $(ALL_LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB_A) $(ALL_LDLIBS) $(EX_LDLIBS)
+
+# rk-train --device cuda: its kernels (examples/rk-train-cuda.cu) are built with nvcc when
+# CUDA is found and nvcc is there. -fmad=false and IEEE division and square root keep them
+# bitwise equal to the C loops (docs/RK-TRAIN.md); warnings are errors, as for the C code.
+NVCC       ?= $(CUDA_HOME)/bin/nvcc
+NVCC_ARCH  ?= -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_75,code=compute_75
+NVCC_FLAGS := -O2 -g -std=c++17 -fmad=false -prec-div=true -prec-sqrt=true -ftz=false $(NVCC_ARCH) \
+              -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror,-fPIC -MMD -MP
+ifeq ($(CUDA_FOUND)-$(if $(wildcard $(NVCC)),yes,no),yes-yes)
+$(BUILD)/obj/examples/rk-train.o $(BUILD)/obj/tests/test_train.o: ALL_CFLAGS += -DRK_TRAIN_CUDA=1
+$(BUILD)/bin/rk-train: $(BUILD)/obj/examples/rk-train-cuda.cu.o
+$(BUILD)/bin/rk-train: EX_LDLIBS := -lstdc++
+$(BUILD)/obj/examples/%.cu.o: examples/%.cu
+	@mkdir -p $(dir $@)
+	$(if $(Q),@echo "  NVCC  $<")
+	$(Q)$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+endif
+# rk-train whose --device cuda runs those kernels on the host, thread after thread
+# (tests/cuda_emu.h): the train suite compares it with --device cpu in every build.
+EMU_TRAIN := $(BUILD)/tests/rk-train-emu
+$(BUILD)/obj/tests/rk-train-emu.o: examples/rk-train.c
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(ALL_CFLAGS) -DRK_TRAIN_CUDA=1 -DRKT_EMULATE=1 -c $< -o $@
+$(BUILD)/obj/tests/rk-train-cuda-emu.o: examples/rk-train-cuda.cu tests/cuda_emu.h examples/rk-train-cuda.h
+	@mkdir -p $(dir $@)
+	$(Q)$(CXX) -x c++ -std=c++17 $(WARN) $(CFLAGS) -DRKT_EMULATE=1 -Itests -c $< -o $@
+$(EMU_TRAIN): $(BUILD)/obj/tests/rk-train-emu.o $(BUILD)/obj/tests/rk-train-cuda-emu.o $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB_A) $(ALL_LDLIBS) -lstdc++
+build-tests check-train: $(EMU_TRAIN)
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIB_A)
 	@mkdir -p $(dir $@)

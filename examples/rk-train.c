@@ -4,6 +4,7 @@
  * public API (include/rekindle.h) only.
  *
  *   rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero] [--mem]
+ *            [--device cpu|cuda]
  *
  * The task: inputs x in [-1,1)^IN_DIM come from a counter-based generator keyed by
  * (seed, step, sample index), so any rank can produce any sample of any step; targets
@@ -38,13 +39,21 @@
  * and current resident set (VmHWM, VmRSS of /proc/self/status) and the bytes of the
  * trainer's own state arrays, so that the rest is the library's and the runtime's.
  *
+ * --device cuda: the parameters, the gradients and Adam's moments live on a CUDA device
+ * (rank r of a node-wide job takes device r % count), registered RK_DEVICE; the passes run
+ * as kernels (examples/rk-train-cuda.cu) that compute the very f32 operations of the C loops
+ * in the same order, so the output lines are the same bits as with --device cpu. The
+ * samples are made on the host, a chunk at a time, on either device. One training loop
+ * drives both through struct backend.
+ *
  * Checkpoints: with RK_CKPT_DIR unset there are none, rk_resume and rk_wait are not
  * called, and a run starts at step 0. With RK_CKPT_DIR set the run resumes from the
  * latest consistent checkpoint (rk_resume) and waits for its checkpoints at the end; a
  * checkpoint that failed along the way is reported on stderr as a warning (training went
  * on, later checkpoints were taken), not as a failure of the run.
  *
- * Exit status: 0 done, 1 a Rekindle call failed (message on stderr), 2 bad arguments.
+ * Exit status: 0 done, 1 a Rekindle or CUDA call failed (message on stderr; --device cuda
+ * with no usable device too), 2 bad arguments (--device cuda in a build without CUDA too).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -58,8 +67,14 @@
 #include <xxhash.h>
 
 #include "rekindle.h"
+#ifdef RK_TRAIN_CUDA
+#include "rk-train-cuda.h"
+#endif
 
-enum { IN_DIM = 16, OUT_DIM = 4, TEACHER_HIDDEN = 32, MAX_LAYERS = 16, MAX_HIDDEN = 4096 };
+/* CHUNK: samples made on the host and handed to the device's passes at a time. */
+enum { IN_DIM = 16, OUT_DIM = 4, TEACHER_HIDDEN = 32, MAX_LAYERS = 16, MAX_HIDDEN = 4096, CHUNK = 1024 };
+/* A backend's own failure, already reported on stderr (no Rekindle code describes it). */
+enum { E_BACKEND = -100000 };
 /* The teacher's key is fixed: the task is the same for every --seed. */
 static const uint64_t teacher_seed = 0x72656b696e646c65ull; /* "rekindle" */
 
@@ -69,7 +84,7 @@ struct args {
     int64_t steps;
     int hidden, layers, batch;
     uint64_t seed;
-    bool zero, mem;
+    bool zero, mem, cuda;
 };
 
 /* One linear layer's place in the flat parameter vector. */
@@ -78,7 +93,29 @@ struct layer {
     size_t w, b; /* offsets (in floats) of the weights [out][in] and the biases [out] */
 };
 
+struct model;
+
+/* Where the state lives and the passes run: the host's C loops or a CUDA device. Each
+   returns 0 or E_BACKEND (message printed). */
+struct backend {
+    const char *name;
+    unsigned flags; /* rk_register's flags of the state: 0 or RK_DEVICE */
+    /* Moves the host-made state (params, grads, m, v) where it lives; once, after rk_init. */
+    int (*place)(struct model *md, int rank);
+    void (*release)(void *p);
+    int (*to_host)(void *dst, const void *src, size_t bytes);
+    int (*zero)(void *p, size_t bytes);
+    /* Adds the gradients of n samples into grads[0, nparam) and their squared errors, in
+       sample order, into grads[nparam]. */
+    int (*grads)(struct model *md, const float *x, const float *y, int n);
+    /* Adam on this rank's parameters (all, or its slice with --zero): m and v hold those. */
+    int (*adam)(struct model *md, float inv_batch, float c1, float c2);
+    void (*finish)(void); /* after the state is released; may be NULL */
+};
+
 struct model {
+    const struct backend *be;
+    bool placed; /* params, grads, m and v are where be keeps them (be->place ran) */
     int nl;
     struct layer l[MAX_LAYERS];
     size_t nparam; /* floats in params, grads (plus one: the loss), m, v */
@@ -89,8 +126,9 @@ struct model {
     bool zero;
     int64_t off, rows;
     uint64_t rng; /* per-rank RNG state (--zero) */
-    float *act; /* per-layer activations of one sample: (nl+1) * widest */
+    float *act; /* per-layer activations of one sample: (nl+1) * widest (host passes) */
     float *delta, *delta2;
+    float *xs, *ys; /* a chunk of samples: CHUNK x IN_DIM, CHUNK x OUT_DIM */
     float teacher_w1[TEACHER_HIDDEN][IN_DIM], teacher_b1[TEACHER_HIDDEN];
     float teacher_w2[OUT_DIM][TEACHER_HIDDEN];
     /* registration order, for the hash */
@@ -98,6 +136,7 @@ struct model {
     struct {
         const void *ptr;
         size_t bytes;
+        bool dev; /* on the device: hashed from a host copy */
     } tensor[MAX_LAYERS * 6 + 1];
 };
 
@@ -178,7 +217,10 @@ static int model_create(struct model *md, const struct args *a)
     md->act = calloc((size_t)(md->nl + 1) * (size_t)md->widest, sizeof(float));
     md->delta = calloc((size_t)md->widest, sizeof(float));
     md->delta2 = calloc((size_t)md->widest, sizeof(float));
-    if (!md->params || !md->grads || !md->m || !md->v || !md->act || !md->delta || !md->delta2)
+    md->xs = calloc(CHUNK * IN_DIM, sizeof(float));
+    md->ys = calloc(CHUNK * OUT_DIM, sizeof(float));
+    if (!md->params || !md->grads || !md->m || !md->v || !md->act || !md->delta || !md->delta2 || !md->xs ||
+        !md->ys)
         return -ENOMEM;
     /* Uniform (Glorot) initialisation from the seed; biases start at zero. */
     for (int l = 0; l < md->nl; l++) {
@@ -194,10 +236,15 @@ static int model_create(struct model *md, const struct args *a)
 
 static void model_destroy(struct model *md)
 {
-    free(md->params);
-    free(md->grads);
-    free(md->m);
-    free(md->v);
+    void (*release)(void *) = md->placed ? md->be->release : free;
+    release(md->params);
+    release(md->grads);
+    release(md->m);
+    release(md->v);
+    if (md->placed && md->be->finish)
+        md->be->finish();
+    free(md->xs);
+    free(md->ys);
     free(md->act);
     free(md->delta);
     free(md->delta2);
@@ -206,10 +253,10 @@ static void model_destroy(struct model *md)
 /* Registers one tensor of ndim 0..2 (dims rows, cols) and remembers it for the hash;
    on failure, `what` names it. */
 static int reg(rk_ctx *ctx, struct model *md, char *what, size_t cap, void *ptr, rk_dtype dt, size_t esize,
-               int ndim, int64_t rows, int64_t cols)
+               int ndim, int64_t rows, int64_t cols, unsigned flags)
 {
     int64_t shape[2] = {rows, cols};
-    int rc = rk_register(ctx, what, ptr, dt, ndim, shape, 0);
+    int rc = rk_register(ctx, what, ptr, dt, ndim, shape, flags);
     if (rc != 0) {
         char name[64];
         snprintf(name, sizeof(name), "%s", what);
@@ -219,6 +266,7 @@ static int reg(rk_ctx *ctx, struct model *md, char *what, size_t cap, void *ptr,
     size_t elems = ndim == 0 ? 1 : ndim == 1 ? (size_t)rows : (size_t)rows * (size_t)cols;
     md->tensor[md->ntensor].ptr = ptr;
     md->tensor[md->ntensor].bytes = elems * esize;
+    md->tensor[md->ntensor].dev = (flags & RK_DEVICE) != 0;
     md->ntensor++;
     return 0;
 }
@@ -289,14 +337,15 @@ static int zero_rebind(rk_ctx *ctx, struct model *md)
 static int model_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
 {
     static const char *const part[2] = {"w", "b"};
+    unsigned fl = md->be->flags; /* where the state lives */
     int rc = 0;
     for (int l = 0; l < md->nl && rc == 0; l++) {
         const struct layer *L = &md->l[l];
         snprintf(what, cap, "model/layer%d/w", l);
-        rc = reg(ctx, md, what, cap, md->params + L->w, RK_F32, sizeof(float), 2, L->out, L->in);
+        rc = reg(ctx, md, what, cap, md->params + L->w, RK_F32, sizeof(float), 2, L->out, L->in, fl);
         if (rc == 0) {
             snprintf(what, cap, "model/layer%d/b", l);
-            rc = reg(ctx, md, what, cap, md->params + L->b, RK_F32, sizeof(float), 1, L->out, 0);
+            rc = reg(ctx, md, what, cap, md->params + L->b, RK_F32, sizeof(float), 1, L->out, 0, fl);
         }
     }
     if (md->zero)
@@ -308,13 +357,13 @@ static int model_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
             float *mv[2] = {md->m + off, md->v + off};
             for (int k = 0; k < 2 && rc == 0; k++) {
                 snprintf(what, cap, "optim/layer%d/%s/%c", l, part[p], k == 0 ? 'm' : 'v');
-                rc = reg(ctx, md, what, cap, mv[k], RK_F32, sizeof(float), 2 - p, L->out, L->in);
+                rc = reg(ctx, md, what, cap, mv[k], RK_F32, sizeof(float), 2 - p, L->out, L->in, fl);
             }
         }
     }
     if (rc == 0) {
         snprintf(what, cap, "optim/t");
-        rc = reg(ctx, md, what, cap, &md->t, RK_I64, sizeof(md->t), 0, 0, 0);
+        rc = reg(ctx, md, what, cap, &md->t, RK_I64, sizeof(md->t), 0, 0, 0, 0);
     }
     return rc;
 }
@@ -384,12 +433,49 @@ static double pow_i64(double beta, int64_t t)
     return r;
 }
 
-/* Adam on parameters [off, off + n) (all of them, or this rank's slice with --zero); m
-   and v hold exactly those. */
-static void adam_update(struct model *md, float inv_batch)
+/* One Adam step: the step counter and the bias corrections here, the update where the
+   state lives. */
+static int adam_update(struct model *md, float inv_batch)
 {
     md->t++;
     float c1 = (float)(1.0 - pow_i64(beta1, md->t)), c2 = (float)(1.0 - pow_i64(beta2, md->t));
+    return md->be->adam(md, inv_batch, c1, c2);
+}
+
+/* ---- the backends ------------------------------------------------------------------------ */
+
+static int host_place(struct model *md, int rank)
+{
+    (void)rank;
+    md->placed = true;
+    return 0;
+}
+
+static int host_to_host(void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int host_zero(void *p, size_t bytes)
+{
+    memset(p, 0, bytes);
+    return 0;
+}
+
+static int host_grads(struct model *md, const float *x, const float *y, int n)
+{
+    for (int s = 0; s < n; s++) {
+        float l = sample_grad(md, x + (size_t)s * IN_DIM, y + (size_t)s * OUT_DIM);
+        md->grads[md->nparam] += l;
+    }
+    return 0;
+}
+
+/* Adam on parameters [off, off + n) (all of them, or this rank's slice with --zero); m
+   and v hold exactly those. */
+static int host_adam(struct model *md, float inv_batch, float c1, float c2)
+{
     size_t off = md->zero ? (size_t)md->off : 0, n = md->zero ? (size_t)md->rows : md->nparam;
     for (size_t k = 0; k < n; k++) {
         size_t i = off + k;
@@ -399,7 +485,90 @@ static void adam_update(struct model *md, float inv_batch)
         float mh = md->m[k] / c1, vh = md->v[k] / c2;
         md->params[i] -= lr * mh / (sqrtf(vh) + adam_eps);
     }
+    return 0;
 }
+
+static const struct backend host_backend = {
+    .name = "cpu", .flags = 0, .place = host_place, .release = free, .to_host = host_to_host,
+    .zero = host_zero, .grads = host_grads, .adam = host_adam,
+};
+
+#ifdef RK_TRAIN_CUDA
+_Static_assert((int)RKT_IN_DIM == (int)IN_DIM && (int)RKT_OUT_DIM == (int)OUT_DIM &&
+                   (int)RKT_MAX_LAYERS == (int)MAX_LAYERS,
+               "examples/rk-train-cuda.h describes this model");
+
+static int cuda_failed(const char *what)
+{
+    fprintf(stderr, "rk-train: --device cuda: %s: %s\n", what, rkt_cuda_error());
+    return E_BACKEND;
+}
+
+/* Rank r takes device r % count; the state made on the host moves there. */
+static int cuda_place(struct model *md, int rank)
+{
+    int ndev = rkt_cuda_devices();
+    if (ndev < 1)
+        return cuda_failed("no CUDA device");
+    if (rkt_cuda_use(rank % ndev) != 0)
+        return cuda_failed("the device of this rank");
+    float **host[4] = {&md->params, &md->grads, &md->m, &md->v}, *dev[4] = {NULL};
+    size_t bytes[4] = {md->nparam * sizeof(float), (md->nparam + 1) * sizeof(float), md->nparam * sizeof(float),
+                       md->nparam * sizeof(float)};
+    int k = 0;
+    for (; k < 4; k++)
+        if (!(dev[k] = rkt_cuda_alloc(bytes[k])) || rkt_cuda_copy(dev[k], *host[k], bytes[k], 1) != 0)
+            break;
+    if (k < 4) {
+        int rc = cuda_failed("the model's state");
+        for (int j = 0; j <= k && j < 4; j++)
+            rkt_cuda_free(dev[j]);
+        return rc;
+    }
+    for (k = 0; k < 4; k++) {
+        free(*host[k]);
+        *host[k] = dev[k];
+    }
+    md->placed = true;
+    return 0;
+}
+
+static int cuda_to_host(void *dst, const void *src, size_t bytes)
+{
+    return rkt_cuda_copy(dst, src, bytes, 0) == 0 ? 0 : cuda_failed("a copy to the host");
+}
+
+static int cuda_zero(void *p, size_t bytes)
+{
+    return rkt_cuda_zero(p, bytes) == 0 ? 0 : cuda_failed("clearing the gradients");
+}
+
+static int cuda_grads(struct model *md, const float *x, const float *y, int n)
+{
+    struct rkt_net net = {.nl = md->nl, .widest = md->widest, .nparam = md->nparam};
+    for (int l = 0; l < md->nl; l++) {
+        net.in[l] = md->l[l].in;
+        net.out[l] = md->l[l].out;
+        net.w[l] = md->l[l].w;
+        net.b[l] = md->l[l].b;
+    }
+    return rkt_cuda_grads(&net, md->params, md->grads, x, y, n) == 0 ? 0 : cuda_failed("the gradients");
+}
+
+static int cuda_adam(struct model *md, float inv_batch, float c1, float c2)
+{
+    return rkt_cuda_adam(md->params, md->grads, md->m, md->v, 0, md->nparam, inv_batch, c1, c2, lr, beta1, beta2,
+                         adam_eps) == 0
+               ? 0
+               : cuda_failed("the Adam update");
+}
+
+static const struct backend cuda_backend = {
+    .name = "cuda", .flags = RKT_STATE_FLAGS, .place = cuda_place, .release = rkt_cuda_free,
+    .to_host = cuda_to_host, .zero = cuda_zero, .grads = cuda_grads, .adam = cuda_adam,
+    .finish = rkt_cuda_release,
+};
+#endif
 
 /* The allgather of --zero: every rank contributes the bytes of [off, off + n) of a vector
    of `total` bytes and zeros elsewhere; a byte-wise MAX makes it whole on every rank. */
@@ -418,8 +587,21 @@ static int state_hash(rk_ctx *ctx, const struct model *md, uint64_t *h)
 {
     XXH64_state_t st;
     XXH64_reset(&st, 0);
-    for (int i = 0; i < md->ntensor; i++)
-        XXH64_update(&st, md->tensor[i].ptr, md->tensor[i].bytes);
+    for (int i = 0; i < md->ntensor; i++) {
+        if (!md->tensor[i].dev) {
+            XXH64_update(&st, md->tensor[i].ptr, md->tensor[i].bytes);
+            continue;
+        }
+        void *copy = malloc(md->tensor[i].bytes);
+        if (!copy)
+            return -ENOMEM;
+        int rc = md->be->to_host(copy, md->tensor[i].ptr, md->tensor[i].bytes);
+        if (rc == 0)
+            XXH64_update(&st, copy, md->tensor[i].bytes);
+        free(copy);
+        if (rc)
+            return rc;
+    }
     if (md->zero) {
         int W = rk_world(ctx), rc = 0;
         size_t P = md->nparam * sizeof(float);
@@ -450,6 +632,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: rk-train --steps N [--hidden H] [--layers L] [--batch B] [--seed S] [--zero] [--mem]\n"
+            "                [--device cpu|cuda]\n"
             "       rk-train --help\n\n"
             "Trains a multi-layer perceptron (L linear layers, ReLU between them, %d inputs,\n"
             "H hidden units, %d outputs) with Adam on a deterministic synthetic regression\n"
@@ -461,7 +644,10 @@ static void usage(FILE *f)
             "  --seed S     seed of the initial weights and of the data       (default 1)\n"
             "  --zero       shard Adam's moments over the workers (ZeRO-1), with a\n"
             "               per-worker RNG that shuffles each worker's samples\n"
-            "  --mem        print each worker's memory after the last step (below)\n\n"
+            "  --mem        print each worker's memory after the last step (below)\n"
+            "  --device D   cpu, or cuda: the model, its gradients and Adam's state on a\n"
+            "               CUDA device (worker r: device r %% count), the same bits as cpu;\n"
+            "               not with --zero                                   (default cpu)\n\n"
             "Output: rank 0 prints 'step S loss L world W' after each step (L: the global\n"
             "mean squared error of the step's batch before the update); every rank prints\n"
             "'final step=N world=W hash=H' at the end, H being XXH64 of every registered\n"
@@ -472,7 +658,8 @@ static void usage(FILE *f)
             "...). With RK_CKPT_DIR set the run resumes from the latest checkpoint there;\n"
             "unset, it starts from step 0 and writes none.\n"
             "Run it on several workers with: rekindle run -n W -- rk-train --steps N\n\n"
-            "exit status: 0 done, 1 a Rekindle call failed, 2 bad arguments.\n",
+            "exit status: 0 done, 1 a Rekindle or CUDA call failed (or --device cuda found no\n"
+            "device), 2 bad arguments (or --device cuda in a build without CUDA).\n",
             IN_DIM, OUT_DIM, MAX_HIDDEN, MAX_LAYERS);
 }
 
@@ -508,6 +695,26 @@ static int parse_args(int argc, char **argv, struct args *a)
             a->mem = true;
             continue;
         }
+        if (strcmp(o, "--device") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "rk-train: --device needs a value (see --help)\n");
+                return -1;
+            }
+            const char *d = argv[++i];
+            if (strcmp(d, "cpu") != 0 && strcmp(d, "cuda") != 0) {
+                fprintf(stderr, "rk-train: --device '%s': want cpu or cuda (see --help)\n", d);
+                return -1;
+            }
+            a->cuda = strcmp(d, "cuda") == 0;
+#ifndef RK_TRAIN_CUDA
+            if (a->cuda) {
+                fprintf(stderr, "rk-train: --device cuda: this rk-train was built without CUDA (no toolkit and "
+                                "nvcc were found when it was built)\n");
+                return -1;
+            }
+#endif
+            continue;
+        }
         static const struct {
             const char *name;
             int64_t lo, hi;
@@ -537,6 +744,10 @@ static int parse_args(int argc, char **argv, struct args *a)
     }
     if (a->steps < 0) {
         fprintf(stderr, "rk-train: --steps is required (see --help)\n");
+        return -1;
+    }
+    if (a->zero && a->cuda) {
+        fprintf(stderr, "rk-train: --zero is not available with --device cuda (see --help)\n");
         return -1;
     }
     return 0;
@@ -574,8 +785,9 @@ static int fail(const char *what, int rc)
     return rc;
 }
 
-/* One step's gradient over this rank's share of the global batch, allreduced.
-   Returns rk_allreduce's result (0, RK_RECOVERED or an error). */
+/* One step's gradient over this rank's share of the global batch, allreduced; the samples
+   are made here a chunk at a time, the passes run where the state lives. Returns
+   rk_allreduce's result (0, RK_RECOVERED or an error), or E_BACKEND. */
 static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64_t step, float *loss)
 {
     int r = rk_rank(ctx), W = rk_world(ctx);
@@ -584,16 +796,22 @@ static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64
         md->rng = splitmix64(md->rng);
         shift = (int64_t)(md->rng % (uint64_t)a->batch) * 1000003;
     }
-    memset(md->grads, 0, (md->nparam + 1) * sizeof(float));
-    float x[IN_DIM], y[OUT_DIM], lsum = 0;
-    for (int64_t s = lo; s < hi; s++) {
-        sample(md, a->seed, step, (int)((s + shift) & 0x7fffffff), x, y);
-        lsum += sample_grad(md, x, y);
+    /* grads[nparam] sums the squared errors: the loss travels with the gradients, one allreduce */
+    int rc = md->be->zero(md->grads, (md->nparam + 1) * sizeof(float));
+    for (int64_t s = lo; s < hi && rc == 0;) {
+        int n = 0;
+        for (; n < CHUNK && s < hi; n++, s++)
+            sample(md, a->seed, step, (int)((s + shift) & 0x7fffffff), md->xs + (size_t)n * IN_DIM,
+                   md->ys + (size_t)n * OUT_DIM);
+        rc = md->be->grads(md, md->xs, md->ys, n);
     }
-    md->grads[md->nparam] = lsum; /* the loss travels with the gradients: one allreduce */
-    int rc = rk_allreduce(ctx, md->grads, md->nparam + 1, RK_F32, RK_SUM);
-    *loss = md->grads[md->nparam] / (float)(a->batch * OUT_DIM);
-    return rc;
+    if (rc)
+        return rc;
+    rc = rk_allreduce(ctx, md->grads, md->nparam + 1, RK_F32, RK_SUM);
+    float lsum = 0;
+    int brc = md->be->to_host(&lsum, md->grads + md->nparam, sizeof(float));
+    *loss = lsum / (float)(a->batch * OUT_DIM);
+    return brc ? brc : rc;
 }
 
 /* After RK_RECOVERED from any collective (the last one too): the state was rolled back;
@@ -625,13 +843,13 @@ again:
     while (step < a->steps) {
         float loss = 0;
         rc = step_grads(ctx, md, a, step, &loss);
-        if (rc == 0 && md->zero) {
-            adam_update(md, 1.0f / (float)a->batch);
+        if (rc == 0)
+            rc = adam_update(md, 1.0f / (float)a->batch);
+        if (rc == 0 && md->zero)
             rc = allgather(ctx, md->params, md->nparam * sizeof(float), (size_t)md->off * sizeof(float),
                            (size_t)md->rows * sizeof(float));
-        } else if (rc == 0) {
-            adam_update(md, 1.0f / (float)a->batch);
-        }
+        if (rc == E_BACKEND)
+            return 1;
         if (rc == RK_RECOVERED) {
             if (recovered(ctx, md, &step) != 0)
                 return 1;
@@ -665,6 +883,8 @@ again:
             return 1;
         goto again;
     }
+    if (rc == E_BACKEND)
+        return 1;
     if (rc != 0)
         return fail("the final hash's allgather", rc);
     printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), h);
@@ -679,6 +899,13 @@ int main(int argc, char **argv)
     if (prc != 0)
         return prc > 0 ? 0 : 2;
 
+#ifdef RK_TRAIN_CUDA
+    /* No device: say so before the job starts (its workers would all fail the same way). */
+    if (a.cuda && rkt_cuda_devices() < 1) {
+        fprintf(stderr, "rk-train: --device cuda: no CUDA device: %s\n", rkt_cuda_error());
+        return 1;
+    }
+#endif
     struct model md;
     if (model_create(&md, &a) != 0) {
         fprintf(stderr, "rk-train: out of memory for a model of %d layers of %d\n", a.layers, a.hidden);
@@ -693,6 +920,13 @@ int main(int argc, char **argv)
         fail("rk_init", rc);
         goto out_model;
     }
+    md.be = &host_backend;
+#ifdef RK_TRAIN_CUDA
+    if (a.cuda)
+        md.be = &cuda_backend;
+#endif
+    if (md.be->place(&md, rk_rank(ctx)) != 0)
+        goto out_ctx;
     char what[96];
     if ((rc = model_register(ctx, &md, what, sizeof(what))) != 0) {
         fail(what, rc);

@@ -2,7 +2,10 @@
  * tests/test_train.c - the example trainer build/bin/rk-train as a single process
  * (contract section 6): the output format, bitwise reproducibility of a run, that the
  * hash depends on what it should, that training learns, --help, and exit status 2 with a
- * clear message for bad arguments. Multi-rank runs and resume: tests/test_train_mpi.c.
+ * clear message for bad arguments, and --device: cpu is the default, the CUDA passes (run
+ * on the host by build/tests/rk-train-emu) give the C loops' bits, a failing CUDA call is
+ * named, no GPU is said. Multi-rank runs and resume: tests/test_train_mpi.c; on a GPU:
+ * tests/test_train_cuda.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,10 +24,11 @@ static void clear_rk_env(void)
         unsetenv(vars[i]);
 }
 
-/* Runs rk-train with up to 10 arguments (NULL-terminated list), output into *out. */
-static int train_run(const char *const env[], char **out, const char *const args[])
+/* Runs `prog` (under the build's bin/) with up to 10 arguments (NULL-terminated list),
+   output into *out. */
+static int prog_run(const char *prog, const char *const env[], char **out, const char *const args[])
 {
-    char *bin = th_bin("rk-train");
+    char *bin = th_bin(prog);
     char *argv[12] = {bin};
     size_t n = 1;
     for (; args[n - 1] && n < 11; n++)
@@ -35,6 +39,15 @@ static int train_run(const char *const env[], char **out, const char *const args
     free(bin);
     return rc;
 }
+
+static int train_run(const char *const env[], char **out, const char *const args[])
+{
+    return prog_run("rk-train", env, out, args);
+}
+
+/* rk-train whose --device cuda runs the kernels of examples/rk-train-cuda.cu on the host
+   (tests/cuda_emu.h), built into the build's tests/ by every build. */
+#define EMU_TRAIN "../tests/rk-train-emu"
 
 #define TRAIN(out, ...) train_run(NULL, out, (const char *const[]){__VA_ARGS__, NULL})
 
@@ -183,6 +196,8 @@ static const struct {
     {{"--steps", "5", "--layers", "99"}, "--layers '99'"},
     {{"--steps", "5", "--batch", "1x"}, "--batch '1x'"},
     {{"--steps", "5", "--frobnicate", NULL}, "unknown argument '--frobnicate'"},
+    {{"--steps", "5", "--device", "gpu"}, "--device 'gpu': want cpu or cuda"},
+    {{"--steps", "5", "--device", NULL}, "--device needs a value"},
 };
 
 START_TEST(bad_arguments_exit_2)
@@ -211,6 +226,98 @@ START_TEST(library_error_reported)
 }
 END_TEST
 
+/* ---- --device (docs/RK-TRAIN.md) ------------------------------------------------------ */
+
+/* --device cpu is what runs without --device: the same bits. */
+START_TEST(device_cpu_is_the_default)
+{
+    char *a = NULL, *b = NULL;
+    th_assert_rc(TRAIN(&a, "--steps", "15", "--hidden", "20", "--seed", "4"), 0);
+    th_assert_rc(TRAIN(&b, "--steps", "15", "--hidden", "20", "--seed", "4", "--device", "cpu"), 0);
+    ck_assert_str_eq(a, b);
+    free(a);
+    free(b);
+}
+END_TEST
+
+/* The CUDA passes (their indexing, their order of f32 operations), run on the host, print
+   exactly the lines of the C loops: the step losses and the final hash. Shapes: the default,
+   a batch over one chunk of 1024 samples, one layer of one unit, deeper than three layers. */
+static const char *const device_variants[][10] = {
+    {"--steps", "12", NULL},
+    {"--steps", "6", "--hidden", "200", "--layers", "4", "--batch", "1100", "--seed", "7"},
+    {"--steps", "4", "--hidden", "1", "--layers", "1", "--batch", "1", NULL},
+    {"--steps", "5", "--layers", "6", "--hidden", "33", "--batch", "50", NULL},
+};
+
+START_TEST(cuda_passes_give_the_cpu_bits)
+{
+    const char *const *v = device_variants[_i];
+    const char *args[14] = {"--device", "cpu"};
+    for (int k = 0; k < 10 && v[k]; k++)
+        args[2 + k] = v[k];
+    char *cpu = NULL, *cuda = NULL;
+    th_assert_rc(train_run(NULL, &cpu, args), 0);
+    args[1] = "cuda";
+    th_assert_rc(prog_run(EMU_TRAIN, NULL, &cuda, args), 0);
+    ck_assert_ptr_nonnull(strstr(cpu, "final step="));
+    ck_assert_str_eq(cpu, cuda);
+    free(cpu);
+    free(cuda);
+}
+END_TEST
+
+/* A CUDA call failing (the Nth runtime call of the emulation: choosing the device, moving
+   the state there, a gradient kernel, a later step) is named on stderr, exit 1, no final line. */
+static const int emu_fail_after[] = {1, 5, 19, 200};
+
+START_TEST(cuda_failure_reported)
+{
+    char env0[48], *out = NULL;
+    snprintf(env0, sizeof(env0), "RKT_EMU_FAIL_AFTER=%d", emu_fail_after[_i]);
+    const char *env[] = {env0, NULL};
+    const char *const args[] = {"--steps", "30", "--device", "cuda", NULL};
+    th_assert_rc(prog_run(EMU_TRAIN, env, &out, args), 1);
+    ck_assert_msg(strstr(out, "rk-train: --device cuda: ") != NULL && strstr(out, "(emulated)") != NULL,
+                  "the failure is not named:\n%s", out);
+    ck_assert_ptr_null(strstr(out, "final step="));
+    free(out);
+}
+END_TEST
+
+/* --device cuda and --zero do not go together (yet): exit 2, said so. */
+START_TEST(cuda_with_zero_refused)
+{
+    char *out = NULL;
+    const char *const args[] = {"--steps", "3", "--device", "cuda", "--zero", NULL};
+    th_assert_rc(prog_run(EMU_TRAIN, NULL, &out, args), 2);
+    ck_assert_ptr_nonnull(strstr(out, "rk-train: --zero is not available with --device cuda"));
+    free(out);
+}
+END_TEST
+
+/* The real --device cuda where there is no GPU: exit 1 naming the runtime's reason; in a
+   build without CUDA: exit 2, saying so. (On a GPU, tests/test_train_cuda.c runs it.) */
+START_TEST(device_cuda_without_gpu)
+{
+    char *out = NULL, why[160];
+#ifdef RK_TRAIN_CUDA
+    if (th_have_gpu(why, sizeof(why))) {
+        printf("device_cuda_without_gpu: a GPU is here: test_train_cuda covers it\n");
+        return;
+    }
+    th_assert_rc(TRAIN(&out, "--steps", "3", "--device", "cuda"), 1);
+    ck_assert_msg(strncmp(out, "rk-train: --device cuda: no CUDA device: ", 41) == 0, "output:\n%s", out);
+#else
+    (void)why;
+    th_assert_rc(TRAIN(&out, "--steps", "3", "--device", "cuda"), 2);
+    ck_assert_msg(strstr(out, "rk-train: --device cuda: this rk-train was built without CUDA") != NULL,
+                  "output:\n%s", out);
+#endif
+    free(out);
+}
+END_TEST
+
 static Suite *train_suite(void)
 {
     Suite *s = suite_create("train");
@@ -228,6 +335,15 @@ static Suite *train_suite(void)
     tcase_add_loop_test(cli, bad_arguments_exit_2, 0, (int)(sizeof(bad_args) / sizeof(bad_args[0])));
     tcase_add_test(cli, library_error_reported);
     suite_add_tcase(s, cli);
+    TCase *dev = tcase_create("device");
+    tcase_set_timeout(dev, 120);
+    tcase_add_test(dev, device_cpu_is_the_default);
+    tcase_add_loop_test(dev, cuda_passes_give_the_cpu_bits, 0,
+                        (int)(sizeof(device_variants) / sizeof(device_variants[0])));
+    tcase_add_loop_test(dev, cuda_failure_reported, 0, (int)(sizeof(emu_fail_after) / sizeof(emu_fail_after[0])));
+    tcase_add_test(dev, cuda_with_zero_refused);
+    tcase_add_test(dev, device_cuda_without_gpu);
+    suite_add_tcase(s, dev);
     return s;
 }
 

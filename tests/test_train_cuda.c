@@ -1,0 +1,114 @@
+/*
+ * tests/test_train_cuda.c - rk-train --device cuda on a GPU (docs/RK-TRAIN.md): the same
+ * output lines as --device cpu, bit for bit, for several shapes; a checkpoint taken from the
+ * device and resumed into it continues with the bits of an uninterrupted run; two ranks on
+ * the device agree with two ranks on the host. Needs a CUDA GPU: without one the suite is
+ * skipped (exit 77, reported SKIP); scripts/gpu-check runs it where there is one. The same
+ * passes run on the host in every build: tests/test_train.c, cuda_passes_give_the_cpu_bits.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "rekindle.h"
+
+#define TRAIN_TIMEOUT_S 120
+
+static int train(int ranks, const char *const env[], char **out, const char *device, const char *const args[])
+{
+    char *bin = th_bin("rk-train");
+    char *argv[20] = {bin, "--device", (char *)device};
+    size_t n = 3;
+    for (size_t k = 0; args[k] && n < 19; k++)
+        argv[n++] = (char *)args[k];
+    argv[n] = NULL;
+    unsetenv("RK_CKPT_DIR");
+    int rc = ranks == 1 ? th_run(argv, env, TRAIN_TIMEOUT_S, out)
+                        : th_mpirun(ranks, argv, env, TRAIN_TIMEOUT_S, out);
+    free(bin);
+    return rc;
+}
+
+/* The final line ("final step=N world=W hash=H") of out, for comparing runs. */
+static char *final_line(const char *out)
+{
+    const char *f = strstr(out, "final step=");
+    ck_assert_msg(f != NULL, "no final line in:\n%s", out);
+    return strndup(f, strcspn(f, "\n"));
+}
+
+static const char *const shapes[][10] = {
+    {"--steps", "30", NULL},
+    {"--steps", "20", "--hidden", "512", "--layers", "4", "--batch", "3000", "--seed", "7"},
+    {"--steps", "5", "--hidden", "1", "--layers", "1", "--batch", "1", NULL},
+    {"--steps", "10", "--hidden", "4096", "--layers", "2", "--batch", "64", NULL},
+};
+
+START_TEST(same_lines_as_cpu)
+{
+    char *cpu = NULL, *cuda = NULL;
+    th_assert_rc(train(1, NULL, &cpu, "cpu", shapes[_i]), 0);
+    int rc = train(1, NULL, &cuda, "cuda", shapes[_i]);
+    ck_assert_msg(rc == 0, "--device cuda exit %d:\n%s", rc, cuda);
+    ck_assert_str_eq(cpu, cuda);
+    free(cpu);
+    free(cuda);
+}
+END_TEST
+
+/* 12 steps with checkpoints (snapshots copied from the device), then a second run resumes
+   from the last one into the device and goes on to 25: the bits of 25 steps in one run. */
+START_TEST(resume_from_device_checkpoint)
+{
+    char *dir = th_tmpdir("train_cuda_ckpt"), env0[512], *a = NULL, *b = NULL, *c = NULL;
+    snprintf(env0, sizeof(env0), "RK_CKPT_DIR=%s", dir);
+    const char *env[] = {env0, "RK_CKPT_EVERY=4", NULL};
+    th_assert_rc(train(1, env, &a, "cuda", (const char *const[]){"--steps", "12", NULL}), 0);
+    int rc = train(1, env, &b, "cuda", (const char *const[]){"--steps", "25", NULL});
+    ck_assert_msg(rc == 0, "resume exit %d:\n%s", rc, b);
+    th_assert_rc(train(1, NULL, &c, "cuda", (const char *const[]){"--steps", "25", NULL}), 0);
+    char *fb = final_line(b), *fc = final_line(c);
+    ck_assert_str_eq(fb, fc);
+    free(fb);
+    free(fc);
+    free(a);
+    free(b);
+    free(c);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* Two ranks sharing the device (the allreduce of device gradients): the final lines agree
+   with two ranks on the host (a sum of two is the same in either order). */
+START_TEST(two_ranks_same_as_cpu)
+{
+    char *cpu = NULL, *cuda = NULL;
+    const char *const args[] = {"--steps", "15", "--hidden", "48", NULL};
+    th_assert_rc(train(2, NULL, &cpu, "cpu", args), 0);
+    int rc = train(2, NULL, &cuda, "cuda", args); /* the library gives each rank its NCCL_HOSTID */
+    ck_assert_msg(rc == 0, "--device cuda on 2 ranks exit %d:\n%s", rc, cuda);
+    char *fa = final_line(cpu), *fb = final_line(cuda);
+    ck_assert_str_eq(fa, fb);
+    free(fa);
+    free(fb);
+    free(cpu);
+    free(cuda);
+}
+END_TEST
+
+int main(void)
+{
+    char why[160];
+    if (!th_have_gpu(why, sizeof(why)))
+        th_skip_suite(why);
+    Suite *s = suite_create("train_cuda");
+    TCase *tc = tcase_create("device");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, same_lines_as_cpu, 0, (int)(sizeof(shapes) / sizeof(shapes[0])));
+    tcase_add_test(tc, resume_from_device_checkpoint);
+    tcase_add_test(tc, two_ranks_same_as_cpu);
+    suite_add_tcase(s, tc);
+    return th_main(s);
+}
