@@ -74,6 +74,17 @@
  *      written. A snapshot is "partnered" only while the left's copy is of the same step
  *      and both were taken in the engine's current membership: then a lost rank's pieces
  *      are in its right neighbour's memory.
+ *  I15 The copy into staging runs on the copy engines (ckpt/copy.h: host tensors on the
+ *      host engine's thread, device tensors on the CUDA engine's stream, after the caller's
+ *      queued work), not on the training thread: the held step stays -1 until the copy is
+ *      settled whole (both batches done, none failed, none given up on at a deadline); the
+ *      writer waits for both batches before it reads staging; nothing else reads, remaps
+ *      or unmaps staging while a batch may still write it (each such call settles first,
+ *      bounded by timeout_ms / 4, and is refused, or leaves the region mapped, if the copy
+ *      still runs). A copy that fails, or is given up on, fails its checkpoint (event
+ *      ckpt_failed) and holds no snapshot. When the caller may change its buffers again is
+ *      the caller's: ckpt_copied (recover/: host tensors before rk_step_done returns,
+ *      device tensors before the next rk_allreduce or rk_step_done returns).
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
@@ -112,6 +123,7 @@ static size_t hdr_bytes(size_t n)
 
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
+static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
 
 static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
 {
@@ -157,7 +169,17 @@ static void *persist_thread(void *arg)
         pthread_mutex_unlock(&e->mu);
         if (clean)
             ckpt__clean_for(e, &e->job);
-        int rc = ckpt__persist(e, &e->job);
+        /* I15: nothing of staging is read before the copy into it is done. */
+        int64_t copy_deadline = rk__deadline_ns(e->timeout_ms);
+        int rc = ckpt_copy_wait(e->host_copy, e->job.copy_host, copy_deadline);
+        if (!rc && e->job.copy_dev)
+            rc = ckpt_copy_wait(e->dev_copy, e->job.copy_dev, copy_deadline);
+        if (rc) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", rk_last_error());
+            rk__set_last_error("the copy into staging failed: %s", why);
+        } else
+            rc = ckpt__persist(e, &e->job);
         emit_result(e, &e->job, rc); /* e->ev is the engine's own reference (I10) */
         pthread_mutex_lock(&e->mu);
         e->job.rc = rc;
@@ -277,7 +299,10 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->ev = rk__evlog_ref(cfg->ev);
     e->member_lost = cfg->member_lost;
     e->member_lost_arg = cfg->member_lost_arg;
+    e->cuda_stream = cfg->cuda_stream;
     e->last_committed = -1;
+    if ((rc = ckpt_copy_host_create(&e->host_copy)) != 0)
+        goto out_free;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&e->mu, NULL);
@@ -294,6 +319,7 @@ out_sync:
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
 out_free:
+    ckpt_copy_destroy(&e->host_copy, 0);
     rk__evlog_close(&e->ev);
     free(e->dir);
     free(e->io);
@@ -327,6 +353,7 @@ static int busy_error(ckpt_engine *e, const char *what)
 
 int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
 {
+    settle(e, false, deadline_ns); /* its failure is the writer's to report (I7, I15) */
     if (!wait_state(e, deadline_ns, true))
         return busy_error(e, "gave up waiting for the checkpoint writer");
     pthread_mutex_lock(&e->mu);
@@ -338,10 +365,17 @@ int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
     return rc;
 }
 
+/* A region of the engine's (staging, retired, prev, partner) goes: unpinned first. */
+static void unmap_region(ckpt_engine *e, void *p, size_t cap)
+{
+    ckpt_copy_unpin(e->dev_copy, p);
+    rk__unmap(p, cap);
+}
+
 static void unmap_retired(ckpt_engine *e)
 {
     if (e->retired)
-        rk__unmap(e->retired, e->retired_cap);
+        unmap_region(e, e->retired, e->retired_cap);
     e->retired = NULL;
     e->retired_cap = 0;
 }
@@ -401,16 +435,27 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
         if (e->rank == 0)
             ckpt__drop_skipped(e, deadline_ns);
     }
+    /* A copy still running at the deadline (I15) keeps its engine and staging mapped. */
+    int crc = settle(e, false, deadline_ns) == RK_E_TIMEOUT && e->cp.pending ? RK_E_TIMEOUT : 0;
+    if (!crc)
+        crc = ckpt_copy_destroy(&e->host_copy, deadline_ns);
+    int drc = crc ? crc : ckpt_copy_destroy(&e->dev_copy, deadline_ns);
+    if (drc) {
+        e->staging = NULL;
+        if (!rc)
+            rc = drc;
+    }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
     fmt_io_activity_fini(&e->act);
     rk__evlog_close(&e->ev);
     unmap_retired(e);
     if (e->staging)
-        rk__unmap(e->staging, e->staging_cap);
+        unmap_region(e, e->staging, e->staging_cap);
     if (e->partner)
-        rk__unmap(e->partner, e->partner_cap);
-    rk__unmap(e->prev, e->prev_cap);
+        unmap_region(e, e->partner, e->partner_cap);
+    if (e->prev)
+        unmap_region(e, e->prev, e->prev_cap);
     free(e->was.save);
     free(e->held_row0);
     free(e->own_p);
@@ -423,6 +468,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     free(e->held_len);
     free(e->plan);
     free(e->sizes);
+    free(e->ops);
     free(e->dir);
     free(e->io);
     free(e);
@@ -516,6 +562,9 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     size_t need = hdr_bytes(n);
     for (size_t i = 0; i < n; i++)
         need += ALIGN_UP(t[i].nbytes);
+    if (settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "checkpoint staging: the copy of step %" PRId64 " into it still runs", e->cp.step);
     bool busy = ckpt_busy(e);
     if (!busy)
         unmap_retired(e);
@@ -535,7 +584,7 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         e->prev = e->staging;
         e->prev_cap = e->staging_cap;
     } else if (e->staging) {
-        rk__unmap(e->staging, e->staging_cap);
+        unmap_region(e, e->staging, e->staging_cap);
     }
     e->staging = p;
     e->staging_cap = need;
@@ -602,14 +651,119 @@ void ckpt__seal(ckpt_engine *e, int64_t step)
     e->held_step = step;
 }
 
-/* Copies every tensor into staging: the held snapshot of `step` (I8). */
-static void hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+/* The CUDA engine, made at the first device tensor; its pinned region is staging. */
+static int dev_engine(ckpt_engine *e)
+{
+    int rc = e->dev_copy ? 0 : ckpt_copy_cuda_create(&e->dev_copy, e->cuda_stream);
+    if (!rc)
+        ckpt_copy_pin(e->dev_copy, e->staging, e->staging_cap);
+    return rc;
+}
+
+/* Starts the copies between t[0..n) and staging at the held layout, on both engines (I15):
+   to_staging for a snapshot, else a restore (tensors with defer left). *host_gen and
+   *dev_gen: the batches (0: none). On failure nothing more is started, but a host batch
+   already started may run: its gen is set. */
+static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_staging, uint64_t *host_gen,
+                      uint64_t *dev_gen)
+{
+    *host_gen = *dev_gen = 0;
+    if (n > e->ops_cap) {
+        if (!grow((void **)&e->ops, n, sizeof(*e->ops)))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint copy of %zu tensors", n);
+        e->ops_cap = n;
+    }
+    size_t nh = 0, nd = 0; /* host copies from the front, device ones from the back */
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].nbytes || (!to_staging && (t[i].defer || !e->held_have[i])))
+            continue;
+        char *at = e->staging + e->held_off[i];
+        ckpt_copy_op op = to_staging ? (ckpt_copy_op){.dst = at, .src = t[i].ptr, .n = t[i].nbytes}
+                                     : (ckpt_copy_op){.dst = t[i].ptr, .src = at, .n = t[i].nbytes};
+        if (t[i].device)
+            e->ops[n - ++nd] = op;
+        else
+            e->ops[nh++] = op;
+    }
+    int rc = nd ? dev_engine(e) : 0;
+    if (!rc && nh)
+        rc = ckpt_copy_start(e->host_copy, e->ops, nh, host_gen);
+    if (!rc && nd)
+        rc = ckpt_copy_start(e->dev_copy, e->ops + n - nd, nd, dev_gen);
+    return rc;
+}
+
+/* Starts copying every tensor into staging: the held snapshot of `step` once settled
+   (I8, I15). */
+static int hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     hold_layout(e, t, n);
-    for (size_t i = 0; i < n; i++)
-        if (t[i].nbytes)
-            memcpy(e->staging + e->held_off[i], t[i].ptr, t[i].nbytes);
-    ckpt__seal(e, step);
+    uint64_t hg, dg;
+    int rc = copy_start(e, t, n, true, &hg, &dg);
+    memset(&e->cp, 0, sizeof(e->cp));
+    e->cp.pending = hg || dg;
+    e->cp.step = step;
+    e->cp.host_gen = hg;
+    e->cp.dev_gen = dg;
+    e->cp.rc = rc;
+    if (!rc && !e->cp.pending)
+        ckpt__seal(e, step); /* nothing to copy */
+    return rc;
+}
+
+/* The copy under way gave up on at a deadline (I15): whatever it copies is never held nor
+   written, since the caller's buffers now move on under it. */
+static int give_up(ckpt_engine *e)
+{
+    char why[512];
+    snprintf(why, sizeof(why), "%s", rk_last_error());
+    if (!e->cp.torn) {
+        e->cp.torn = true;
+        ckpt_abandon(e); /* its writer never commits it (I10) */
+        pthread_mutex_lock(&e->mu);
+        note_failure(e, e->cp.step, RK_E_TIMEOUT);
+        pthread_mutex_unlock(&e->mu);
+        RK_LOG_ERR(RK_SUB_CKPT, "checkpoint of step %" PRId64 " failed: its copy into staging did not finish in time (%s)",
+                   e->cp.step, why);
+        RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", e->cp.step), RK_EV_S("reason", why),
+                 RK_EV_S("error", rk_strerror(RK_E_TIMEOUT)));
+    }
+    return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_TIMEOUT, "checkpoint of step %" PRId64 ": the copy into staging "
+                    "still runs (%s)", e->cp.step, why);
+}
+
+/* Waits for the copy under way (I15); once both batches are done, holds the snapshot if
+   neither failed nor was given up on. */
+static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
+{
+    if (!e->cp.pending)
+        return 0;
+    if (!e->cp.host_done) {
+        int rc = ckpt_copy_wait(e->host_copy, e->cp.host_gen, deadline_ns);
+        if (rc == RK_E_TIMEOUT)
+            return give_up(e);
+        e->cp.host_done = true;
+        if (rc && !e->cp.rc)
+            e->cp.rc = rc;
+    }
+    if (host_only && (e->cp.rc || e->cp.dev_gen))
+        return e->cp.rc; /* the device part is the caller's to wait for later */
+    if (e->cp.dev_gen) {
+        int rc = ckpt_copy_wait(e->dev_copy, e->cp.dev_gen, deadline_ns);
+        if (rc == RK_E_TIMEOUT)
+            return give_up(e);
+        if (rc && !e->cp.rc)
+            e->cp.rc = rc;
+    }
+    e->cp.pending = false;
+    if (!e->cp.rc && !e->cp.torn)
+        ckpt__seal(e, e->cp.step);
+    return e->cp.torn ? RK_E_TIMEOUT : e->cp.rc;
+}
+
+int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns)
+{
+    return settle(e, host_only, deadline_ns);
 }
 
 /* Waits until no checkpoint is in flight, at most a quarter of timeout_ms; RK_E_BUSY
@@ -660,9 +814,10 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         rc = stage(e, t, n, false);
     if (!rc)
         rc = plan(e, t, n);
+    if (!rc)
+        rc = hold_copy(e, step, t, n);
     if (rc)
         return not_started(e, step, rc);
-    hold_copy(e, step, t, n);
     struct ckpt_job *j = &e->job;
     for (size_t i = 0; i < j->m.n; i++) /* the previous job's block checksums */
         free(e->mine[i].blocks);
@@ -676,6 +831,8 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->m.world = e->world;
     j->m.nonce = e->nonce;
     j->m.t = e->mine;
+    j->copy_host = e->cp.host_gen;
+    j->copy_dev = e->cp.dev_gen;
     fmt_tmp_name(j->tmpname, sizeof(j->tmpname), step, j->m.nonce);
     for (size_t i = 0; i < n; i++) {
         j->n_all += t[i].flags ? (size_t)e->world : 1; /* entries in all the manifests */
@@ -778,7 +935,7 @@ void ckpt_hold_cancel(ckpt_engine *e)
     if (!e->was.open)
         return;
     /* Nobody reads the new region (the writer was abandoned before it existed). */
-    rk__unmap(e->staging, e->staging_cap);
+    unmap_region(e, e->staging, e->staging_cap);
     char **old = e->was.retired ? &e->retired : &e->prev;
     size_t *old_cap = e->was.retired ? &e->retired_cap : &e->prev_cap;
     e->staging = *old;
@@ -805,7 +962,7 @@ void ckpt_hold_seal(ckpt_engine *e, int64_t step)
         return; /* retired: the abandoned writer's until it is idle */
     /* The old snapshot's region is the next partner copy's inbox: that one is usually
        as large, so a partner copy after a rebuild grows it in place, not anew. */
-    rk__unmap(e->partner, e->partner_cap);
+    unmap_region(e, e->partner, e->partner_cap);
     e->partner = e->prev;
     e->partner_cap = e->prev_cap;
     e->partner_len = 0;
@@ -817,15 +974,16 @@ void ckpt_hold_seal(ckpt_engine *e, int64_t step)
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     int rc = ckpt__hold_space(e, t, n);
-    if (rc)
-        return rc;
-    hold_copy(e, step, t, n);
-    return 0;
+    if (!rc)
+        rc = hold_copy(e, step, t, n);
+    int src = settle(e, false, rk__deadline_ns(e->timeout_ms / 4));
+    return rc ? rc : src;
 }
 
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e)
 {
     ckpt_snapshot *s = &e->snap;
+    settle(e, false, rk__deadline_ns(e->timeout_ms / 4)); /* I15: held once copied whole */
     pthread_mutex_lock(&e->mu);
     uint64_t epoch = e->epoch;
     pthread_mutex_unlock(&e->mu);
@@ -863,6 +1021,7 @@ void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes)
     e->partner_len = 0;
     if (bytes > e->partner_cap) {
         size_t cap = ALIGN_UP(bytes);
+        ckpt_copy_unpin(e->dev_copy, e->partner); /* it may have been staging (ckpt_hold_seal) */
         void *p = rk__remap(e->partner, e->partner_cap, cap);
         if (!p) {
             rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", bytes, strerror(errno));
@@ -901,9 +1060,21 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     if (!ckpt_snapshot_matches(ckpt_snapshot_held(e), t, n))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
-    for (size_t i = 0; i < n; i++)
-        if (t[i].nbytes && e->held_have[i] && !t[i].defer)
-            memcpy(t[i].ptr, e->staging + e->held_off[i], t[i].nbytes);
+    /* Through the same engines as the snapshot, waited for here: the caller goes on with
+       the restored buffers (a device tensor's copy is done before its stream's next work
+       can read it, as the host waited for it). */
+    uint64_t hg, dg;
+    int64_t deadline = rk__deadline_ns(e->timeout_ms);
+    int rc = copy_start(e, t, n, false, &hg, &dg);
+    int hrc = ckpt_copy_wait(e->host_copy, hg, deadline);
+    int drc = dg ? ckpt_copy_wait(e->dev_copy, dg, deadline) : 0;
+    rc = rc ? rc : hrc ? hrc : drc;
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", rk_last_error());
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "restore of the snapshot of step %" PRId64 ": %s", e->held_step,
+                        why);
+    }
     return 0;
 }
 

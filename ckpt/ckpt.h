@@ -35,6 +35,7 @@ typedef struct ckpt_config {
        waiting thread, never with the engine's lock held. May be NULL. */
     bool (*member_lost)(void *arg);
     void *member_lost_arg;
+    void *cuda_stream; /* the caller's cudaStream_t (rk_options.cuda_stream; NULL: legacy) */
 } ckpt_config;
 
 /* A tensor as the engine sees it (the registry's, pointers stay the caller's). */
@@ -48,7 +49,13 @@ typedef struct ckpt_tensor {
     unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK (include/rekindle.h) */
     int64_t row0, rows;   /* RK_SHARDED: the slice's first row, the global tensor's rows */
     bool defer;           /* ckpt_restore_held leaves it (rk_rebind copies it later) */
+    bool device;          /* ptr is CUDA device memory (RK_DEVICE): copied by the CUDA engine */
 } ckpt_tensor;
+
+/* RK_DEVICE's check of a registration (ckpt/copy_cuda.c): 0 if p is device memory;
+   RK_E_CUDA naming the tensor for host memory or when the runtime has no device ("no
+   CUDA device: ..."); RK_E_NOTAVAIL in a build without CUDA. */
+int ckpt_device_check(const void *p, const char *name);
 
 /* Checks that cfg->dir exists (creating it) and is writable, starts the engine's thread.
    *e is owned by the caller, released with ckpt_destroy. Does not clean the directory:
@@ -68,14 +75,25 @@ int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
    -errno if dir cannot be listed. */
 int ckpt_clean_dir(const char *dir);
 
-/* Snapshot of t[0..n) labelled `step` into staging (the training thread blocks for this
-   copy only), then persisted in the background. If the previous checkpoint is still being
+/* Snapshot of t[0..n) labelled `step` into staging, then persisted in the background.
+   The copy into staging runs on the copy engines (ckpt/copy.h: host tensors on the host
+   engine, device tensors on the CUDA engine, after the work queued on the caller's stream)
+   and is not waited for here: t's buffers must not change until ckpt_copied says the copy
+   is done (the writer waits for it too before it writes). A copy that fails fails this
+   checkpoint (event ckpt_failed, reported by ckpt_wait) and leaves no snapshot held. If the previous checkpoint is still being
    written, waits for it up to timeout_ms / 4 (event ckpt_delayed), then skips this one
    (RK_E_BUSY, logged, event ckpt_skipped naming what the writer is stuck in). A rank that
    skips or cannot start a checkpoint says so in the attempt's directory, so the others
    stop waiting for its shard at once. A label already committed by this engine is
    skipped (returns 0). */
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* Until the copy of the last ckpt_start into staging is done (host_only: its host tensors'
+   part), or deadline_ns: then the buffers may change. 0 (also when none is under way), the
+   copy's failure (the checkpoint failed: reported by ckpt_wait, nothing held), or
+   RK_E_TIMEOUT (still copying at the deadline: that snapshot will never be held nor
+   written, as the buffers may now change under it). Every call below that reads or
+   changes staging waits for the whole copy first, bounded by timeout_ms. */
+int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns);
 /* Until no checkpoint is in flight, or deadline_ns (CLOCK_MONOTONIC); returns the first
    failure since the last call (and forgets it), 0 if every checkpoint since was committed,
    RK_E_TIMEOUT if one is still in flight at the deadline (rk_last_error() names the

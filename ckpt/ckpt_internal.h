@@ -10,6 +10,7 @@
 
 #include "../formats/fmt.h"
 #include "ckpt.h"
+#include "copy.h"
 
 enum ckpt_state { CKPT_IDLE, CKPT_QUEUED, CKPT_RUNNING };
 
@@ -33,6 +34,9 @@ struct ckpt_job {
        _DIR, _COMMIT, or r >= 1, rank r's shard; and since when. */
     atomic_int waiting;
     _Atomic int64_t waiting_since_ns;
+    /* The copy into staging this job writes from (ckpt/copy.h): the writer waits for both
+       batches first (0: none). */
+    uint64_t copy_host, copy_dev;
 };
 enum { CKPT_WAIT_NONE = 0, CKPT_WAIT_DIR = -1, CKPT_WAIT_COMMIT = -2 };
 /* Sets what the writer of j waits for now (one of the above, or a rank). */
@@ -112,6 +116,20 @@ struct ckpt_engine {
     ckpt_snapshot snap;
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
+    /* The copy engines (ckpt/copy.h): host tensors' and device tensors' (the CUDA engine,
+       made at the first device tensor, ordered after cuda_stream). */
+    ckpt_copy *host_copy, *dev_copy;
+    void *cuda_stream;
+    ckpt_copy_op *ops;   /* a batch being built */
+    size_t ops_cap;
+    struct {             /* the copy into staging under way (training thread only) */
+        bool pending;    /* started, not yet settled (ckpt.c, settle) */
+        bool host_done;  /* its host batch settled */
+        bool torn;       /* given up on at a deadline: never held (the buffers moved on) */
+        int64_t step;    /* the step it becomes once settled whole */
+        uint64_t host_gen, dev_gen;
+        int rc;          /* the first failure of its batches */
+    } cp;
     int *plan;           /* rank of each tensor */
     uint64_t *sizes;
     size_t plan_cap;

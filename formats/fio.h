@@ -5,7 +5,7 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress|rollback|allreduce
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress|rollback|allreduce|copy
  *           (unlink: removing a file or an empty directory; mkdir: creating a directory;
  *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring,
  *            or the checkpoint reader submitting reads to it;
@@ -17,7 +17,9 @@
  *            ring transfer, inside its MPI call, where hang stands for an MPI call that
  *            never returns; rollback: the rebuild of sharded state from memory on
  *            this member, where an error kind makes its part fail, fmt_fault_fail;
- *            allreduce: each call of rk_allreduce, on entry, where only crash applies)
+ *            allreduce: each call of rk_allreduce, on entry, where only crash applies;
+ *            copy: each copy of the host copy engine's batches (ckpt/copy.h), where an
+ *            error kind fails that copy and the rest of its batch, and hang holds it)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -79,6 +81,7 @@ enum fmt_op {
     FMT_OP_MKDIR,  /* "mkdir": creating a directory */
     FMT_OP_ROLLBACK, /* "rollback": a member's part of a rollback from memory (fmt_fault_fail) */
     FMT_OP_ALLREDUCE, /* "allreduce": a call of rk_allreduce, on entry (fmt_fault_point: crash) */
+    FMT_OP_COPY,   /* "copy": one copy of the host copy engine's batch (fmt_fault_fail) */
     FMT_OP_COUNT
 };
 

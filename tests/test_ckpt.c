@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../ckpt/copy.h"
+#include "../formats/fio.h"
 #include "../formats/fmt.h"
 #include "common.h"
 #include "harness.h"
@@ -295,6 +298,159 @@ START_TEST(cancelled_hold_keeps_the_held_snapshot)
     memcpy(where[0], s->own[0].data, sizeof(v));
     ckpt_hold_seal(e, 6);
     ck_assert_int_eq(ckpt_snapshot_held(e)->step, 6);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* RK_FAULT for the copy engines' fault point ("copy", ckpt/copy.h), hold: RK_FAULT_HOLD's
+   file (NULL: none); NULL rules: none. */
+static void copy_faults(const char *rules, const char *hold)
+{
+    if (rules)
+        setenv("RK_FAULT", rules, 1);
+    else
+        unsetenv("RK_FAULT");
+    if (hold)
+        setenv("RK_FAULT_HOLD", hold, 1);
+    else
+        unsetenv("RK_FAULT_HOLD");
+    th_assert_rc(fmt_fault_reset(), 0);
+}
+
+/* The host copy engine: a batch runs without the caller; its completion is queried and
+   waited for with a deadline (a copy held by RK_FAULT's hang: RK_E_TIMEOUT, nothing
+   copied yet, then done once released); one batch at a time; a copy failing halfway
+   leaves the copies before it done and the rest not, naming which failed; a batch
+   replaced by a later one is not waited for. */
+START_TEST(copy_engine_batches)
+{
+    char *dir = th_tmpdir("copyeng"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ck_assert_int_eq(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@0=hang,copy@4=eio", hold); /* batch 1: copies 0..2, batch 2: 3..5 */
+    ckpt_copy *c = NULL;
+    th_assert_rc(ckpt_copy_host_create(&c), 0);
+    char a[3][64], b[3][64];
+    for (int i = 0; i < 3; i++)
+        memset(a[i], 'a' + i, sizeof(a[i]));
+    memset(b, 0, sizeof(b));
+    ckpt_copy_op ops[3] = {{b[0], a[0], 64}, {b[1], a[1], 64}, {b[2], a[2], 64}};
+    uint64_t g1 = 0, g2 = 0;
+    th_assert_rc(ckpt_copy_start(c, ops, 3, &g1), 0);
+    ck_assert(g1 != 0 && !ckpt_copy_done(c, g1));
+    th_assert_rc(ckpt_copy_start(c, ops, 3, &g2), RK_E_BUSY);
+    int64_t t0 = rk__mono_ns();
+    th_assert_rc(ckpt_copy_wait(c, g1, rk__deadline_ns(100)), RK_E_TIMEOUT);
+    ck_assert_msg(rk__ms_since(t0) >= 90, "the wait ended before its deadline: %.0f ms", rk__ms_since(t0));
+    ck_assert_msg(b[0][0] == 0 && b[2][0] == 0, "copied while held");
+    unlink(hold);
+    th_assert_rc(ckpt_copy_wait(c, g1, rk__deadline_ns(10000)), 0);
+    ck_assert(ckpt_copy_done(c, g1));
+    ck_assert(memcmp(b, a, sizeof(a)) == 0);
+    memset(b, 0, sizeof(b));
+    th_assert_rc(ckpt_copy_start(c, ops, 3, &g2), 0);
+    th_assert_rc(ckpt_copy_wait(c, g2, rk__deadline_ns(10000)), -EIO);
+    ck_assert_msg(strstr(rk_last_error(), "copy 2 of 3"), "unclear: %s", rk_last_error());
+    ck_assert_msg(memcmp(b[0], a[0], 64) == 0 && b[1][0] == 0 && b[2][0] == 0, "not stopped at the failed copy");
+    th_assert_rc(ckpt_copy_wait(c, g1, rk__deadline_ns(10)), RK_E_ABORTED); /* replaced by g2 */
+    th_assert_rc(ckpt_copy_destroy(&c, rk__deadline_ns(10000)), 0);
+    ck_assert(c == NULL);
+    copy_faults(NULL, NULL);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+static void *unlink_later(void *path)
+{
+    rk__sleep_ns(300 * 1000000LL);
+    unlink(path);
+    return NULL;
+}
+
+/* The snapshot's copy runs on the host engine while the caller goes on (ckpt_start returns
+   with the copy held by a fault), sees the writes made before ckpt_start, and ckpt_copied
+   waits for it: an update right after the wait never reaches the checkpoint, in memory or
+   on disk, and the writer wrote only once the copy was done (ckpt.c I15). Without the
+   wait, the update (300 ms before the copy is released) would be what got copied. */
+START_TEST(snapshot_copied_before_the_update)
+{
+    char *dir = th_tmpdir("copywait"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ck_assert_int_eq(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@0=hang", hold);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 2, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[4096], out[4096];
+    int64_t shape[1] = {4096};
+    for (int i = 0; i < 4096; i++)
+        v[i] = i;
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    th_assert_rc(ckpt_start(e, 2, &t, 1), 0); /* returns: the copy is held, not waited for */
+    pthread_t thr;
+    ck_assert_int_eq(pthread_create(&thr, NULL, unlink_later, hold), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(20000)), 0);
+    for (int i = 0; i < 4096; i++) /* the update */
+        v[i] = -1;
+    pthread_join(thr, NULL);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    const ckpt_snapshot *s = ckpt_snapshot_held(e);
+    ck_assert_int_eq(s->step, 2);
+    ck_assert(((const double *)s->own[0].data)[4095] == 4095.0);
+    rk_reader *r = NULL;
+    th_assert_rc(rk_reader_open(&r, dir, 2), 0);
+    th_assert_rc(rk_reader_read(r, 0, out, sizeof(out)), 0);
+    rk_reader_close(&r);
+    for (int i = 0; i < 4096; i++)
+        ck_assert_msg(out[i] == i, "element %d on disk: %g", i, out[i]);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    copy_faults(NULL, NULL);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* A copy into staging that fails halfway fails its checkpoint (ckpt_copied and ckpt_wait
+   report it; nothing of it is committed; the one before stays) and holds no snapshot; the
+   next checkpoint commits. A restore whose copy fails says so, and restores once it works. */
+START_TEST(copy_failing_halfway_fails_the_checkpoint)
+{
+    char *dir = th_tmpdir("copyfail");
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v1[512], v2[512], out[512];
+    int64_t shape[1] = {512};
+    ckpt_tensor t[2] = {{.name = "a", .ptr = v1, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v1)},
+                        {.name = "b", .ptr = v2, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v2)}};
+    v1[0] = v2[0] = 2;
+    th_assert_rc(ckpt_start(e, 2, t, 2), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    copy_faults("copy@1=eio", NULL); /* the second tensor's copy */
+    v1[0] = v2[0] = 4;
+    th_assert_rc(ckpt_start(e, 4, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(20000)), -EIO);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), -EIO);
+    ck_assert(th_exists(dir, S2) && !th_exists(dir, S4));
+    copy_faults(NULL, NULL);
+    v1[0] = v2[0] = 6;
+    th_assert_rc(ckpt_start(e, 6, t, 2), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ck_assert(th_exists(dir, S6));
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 6);
+    /* the restore goes through the same engine */
+    t[1].ptr = out;
+    copy_faults("copy@1=eio", NULL);
+    th_assert_rc(ckpt_restore_held(e, t, 2), -EIO);
+    ck_assert_msg(strstr(rk_last_error(), "restore of the snapshot of step 6"), "unclear: %s", rk_last_error());
+    copy_faults(NULL, NULL);
+    v1[0] = 0;
+    th_assert_rc(ckpt_restore_held(e, t, 2), 0);
+    ck_assert(v1[0] == 6 && out[0] == 6);
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     th_rmrf(dir);
     free(dir);
@@ -766,6 +922,9 @@ int main(void)
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
     tcase_add_test(tc, cancelled_hold_keeps_the_held_snapshot);
+    tcase_add_test(tc, copy_engine_batches);
+    tcase_add_test(tc, snapshot_copied_before_the_update);
+    tcase_add_test(tc, copy_failing_halfway_fails_the_checkpoint);
     tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);
