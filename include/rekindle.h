@@ -104,6 +104,9 @@ typedef struct rk_options {
     /* The first RK_* variable rk_options_init() could not parse, as "NAME='value': why";
        empty when all parsed. rk_init() refuses options with an error here. */
     char env_error[192];
+    void *cuda_stream;    /* the cudaStream_t the program's GPU work runs on (NULL: the
+                             legacy default stream); a snapshot of RK_DEVICE tensors is
+                             copied after the work queued on it. No environment variable */
 } rk_options;
 
 /* Defaults, then RK_* environment variables. Never fails: a variable it cannot parse is
@@ -125,14 +128,23 @@ int rk_init(rk_ctx **ctx, const rk_options *o);
 
 /* Flags of rk_register (docs/SHARDING.md). 0: a host tensor with the same value on every
    rank (data parallel), written once into the checkpoint. */
-#define RK_DEVICE   1u /* ptr is CUDA device memory: RK_E_NOTAVAIL in this build */
+#define RK_DEVICE   1u /* ptr is CUDA device memory (docs/GPU.md), replicated (not with
+                          RK_SHARDED or RK_PER_RANK: RK_E_NOTAVAIL). Checked with
+                          cudaPointerGetAttributes: RK_E_CUDA naming the tensor for host
+                          memory, or where the CUDA runtime has no device; RK_E_NOTAVAIL in
+                          a build without CUDA. A snapshot copies it to pinned host staging
+                          on a stream of the library's own, after the work queued on
+                          rk_options.cuda_stream, and training goes on meanwhile: the copy
+                          is waited for before the next rk_allreduce or rk_step_done
+                          returns, so it must not be written before one of those (an
+                          update applied after the gradients' rk_allreduce is safe) */
 #define RK_SHARDED  2u /* this rank's slice of a global tensor split along dimension 0:
                           shape is the local slice (ndim >= 1); the global tensor is the
                           members' slices concatenated in rank order */
 #define RK_PER_RANK 4u /* state of this rank alone (an RNG, a data-loader position); the
                           checkpoint keeps every rank's, at ranks/<r>/<name> */
 
-/* flags: 0, RK_SHARDED or RK_PER_RANK (not both).
+/* flags: 0, RK_DEVICE, RK_SHARDED or RK_PER_RANK (not two of them).
    name is the tensor's path in the checkpoint ('/' makes HDF5 groups): non-empty, at most
    255 bytes, no leading or trailing '/', no empty, '.' or '..' component, no control
    characters, not a group of another tensor ("a" and "a/b" cannot both exist), and not
@@ -145,7 +157,7 @@ int rk_init(rk_ctx **ctx, const rk_options *o);
    shape[0]): the members check its registry and it learns its slice when a recovery
    brings it in (then rk_shard_rows / rk_rebind after rk_resume). Bound: the ring's
    (RK_TIMEOUT_MS).
-   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, RK_E_NOTAVAIL (RK_DEVICE),
+   Errors: RK_E_NAME, RK_E_DUPLICATE, RK_E_DTYPE, RK_E_NOTAVAIL / RK_E_CUDA (RK_DEVICE),
    RK_E_COLL_MISMATCH, -EINVAL (flags, ndim, shape, NULL). */
 int rk_register(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, int ndim,
                 const int64_t *shape, unsigned flags);

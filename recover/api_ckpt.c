@@ -37,7 +37,8 @@ int rec_ckpt_open(rk_ctx *ctx)
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
-                       .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx};
+                       .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx,
+                       .cuda_stream = ctx->opt.cuda_stream};
     /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     int rc = 0, worst = 0;
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
@@ -87,8 +88,9 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
     for (size_t i = 0; i < ctx->ntensors; i++) {
         const struct rec_tensor *r = &ctx->tensors[i];
         t[i] = (ckpt_tensor){.name = r->name, .ptr = r->pending ? NULL : r->ptr, .dtype = r->dtype, .ndim = r->ndim,
-                             .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags, .row0 = r->row0,
-                             .rows = r->rows_global, .defer = r->pending};
+                             .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags & ~RK_DEVICE,
+                             .row0 = r->row0, .rows = r->rows_global, .defer = r->pending,
+                             .device = r->flags & RK_DEVICE};
     }
     *out = t;
     return 0;
@@ -141,12 +143,25 @@ static int start(rk_ctx *ctx, int64_t step)
     if (!rc)
         rc = ckpt_start(ctx->ckpt, step, t, ctx->ntensors);
     free(t);
+    /* Host buffers may change as soon as rk_step_done returns (rekindle.h): their copy is
+       waited for here; device tensors' copy runs on until the next update (rec_ckpt_copied).
+       A copy that fails fails this checkpoint (reported by rk_wait), not the call. */
+    if (!rc)
+        ckpt_copied(ctx->ckpt, true, rk__deadline_ns(ctx->opt.timeout_ms / 4));
     rec_ckpt_mirror(ctx); /* every member, whatever its own start did: the shift is collective */
+    return rc;
+}
+
+int rec_ckpt_copied(rk_ctx *ctx, int rc)
+{
+    if (ctx->ckpt)
+        ckpt_copied(ctx->ckpt, false, rk__deadline_ns(ctx->opt.timeout_ms / 4));
     return rc;
 }
 
 int rec_ckpt_step_done(rk_ctx *ctx, int64_t step)
 {
+    rec_ckpt_copied(ctx, 0); /* the state is about to change: the last snapshot's copy is done */
     if (!ctx->ckpt || ctx->opt.ckpt_every <= 0 || (step + 1) % ctx->opt.ckpt_every != 0)
         return 0;
     /* A checkpoint that cannot start is logged, an event, and reported by rk_wait if it
@@ -415,32 +430,46 @@ void rec_ckpt_abandon(rk_ctx *ctx)
 }
 
 /* Every member gets the root's held snapshot: the root contributes its bytes and the
-   others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast). */
+   others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast), in
+   a new held snapshot (ckpt_hold_open), which then goes to the buffers through the copy
+   engines (device tensors too); a failure leaves the snapshot held before. */
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
-    int bad = trc ? 1 : 0, arc = agree(ctx, &bad, RK_I32, RK_MAX); /* t is needed everywhere */
-    if (arc || bad)
-        return arc ? arc
-               : trc ? trc
-                     : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part");
+    size_t n = ctx->ntensors;
     bool root = ctx->rank0 == dec->root;
     const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
-    bool have = root && s->step == dec->step && ckpt_snapshot_matches(s, t, ctx->ntensors);
-    for (size_t i = 0; i < ctx->ntensors; i++) {
+    bool have = !trc && root && s->step == dec->step && ckpt_snapshot_matches(s, t, n);
+    unsigned char **where = trc ? NULL : calloc(n, sizeof(*where));
+    int orc = trc ? trc : !where ? -ENOMEM : ckpt_hold_open(ctx->ckpt, t, n, where);
+    int bad = orc ? 1 : 0, arc = agree(ctx, &bad, RK_I32, RK_MAX); /* room is needed everywhere */
+    if (arc || bad) {
+        if (!orc)
+            ckpt_hold_cancel(ctx->ckpt);
+        free(where);
+        return arc ? arc
+               : orc ? orc
+                     : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part");
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         if (!t[i].nbytes)
             continue;
-        if (have)
-            memcpy(t[i].ptr, s->own[i].data, t[i].nbytes);
+        if (have) /* the old region stays readable until the seal */
+            memcpy(where[i], s->own[i].data, t[i].nbytes);
         else
-            memset(t[i].ptr, 0, t[i].nbytes);
-        int rc = rec_ckpt_call(ctx, t[i].ptr, t[i].nbytes, RK_U8, RK_MAX);
-        if (rc)
-            return rc;
+            memset(where[i], 0, t[i].nbytes);
+        rc = rec_ckpt_call(ctx, where[i], t[i].nbytes, RK_U8, RK_MAX);
     }
-    if (root && !have) /* the ring calls above still ran: the others are not left waiting */
-        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
-                        "rollback: the snapshot of step %" PRId64 " is no longer held for these tensors", dec->step);
-    return root ? 0 : ckpt_hold(ctx->ckpt, dec->step, t, ctx->ntensors);
+    free(where);
+    if (!rc && root && !have) /* the ring calls above still ran: the others are not left waiting */
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
+                      "rollback: the snapshot of step %" PRId64 " is no longer held for these tensors", dec->step);
+    if (rc) {
+        ckpt_hold_cancel(ctx->ckpt);
+        return rc;
+    }
+    ckpt_hold_seal(ctx->ckpt, dec->step);
+    return ckpt_restore_held(ctx->ckpt, t, n);
 }
 
 /* Every sharded tensor split evenly over the current members (after a membership

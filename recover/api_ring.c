@@ -56,7 +56,7 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
     rc = ring_allreduce(ctx->ring, buf, count, dtype, op, &cancel);
     if (rc != RK_E_PEER_LOST && rc != RK_E_TIMEOUT)
-        return rc;
+        return rec_ckpt_copied(ctx, rc); /* the caller updates the state next: the snapshot's copy is done */
     /* The ring saw a peer fail (or waited too long): recover once the detector agrees that
        the membership changed; it declares a lost worker within a few heartbeats. */
     int64_t deadline = rk__deadline_ns(20LL * ctx->opt.heartbeat_ms + 2000);

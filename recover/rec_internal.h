@@ -30,7 +30,7 @@ struct rec_tensor {
     int ndim;             /* 0: a scalar */
     int64_t shape[REC_MAX_DIMS];
     size_t nbytes;
-    unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK */
+    unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK; RK_DEVICE with 0 */
     /* RK_SHARDED: this rank's rows are [row0, row0 + shape[0]) of rows_global (agreed at
        rk_register, re-split evenly at a membership change: resplit in api_ckpt.c; a
        spare's rows_global is -1 until a recovery brings it in and it learns it). */
@@ -143,6 +143,11 @@ int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
 /* The partner copy of the held snapshot (api_ckpt.c; ckpt.c I14): collective over the
    ring, after every snapshot of a job with sharded or per-rank state. */
 int rec_ckpt_mirror(rk_ctx *ctx);
+/* The copy of the last snapshot into staging is done (device tensors' copy runs on after
+   rk_step_done returns), bounded by RK_TIMEOUT_MS / 4: called before the registered
+   state may change (rk_allreduce's return, rk_step_done). Returns rc (a copy that fails
+   fails its checkpoint, reported by rk_wait, not the caller's call). */
+int rec_ckpt_copied(rk_ctx *ctx, int rc);
 /* A member is lost for good (recovery stopped, or the program finalizes without
    recovering): the checkpoint in flight stops waiting for it. */
 void rec_ckpt_abandon(rk_ctx *ctx);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../ckpt/ckpt.h"
 #include "rec_internal.h"
 
 bool rec_name_valid(const char *name, const char **why)
@@ -78,10 +79,7 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
     if (strcmp(name, REC_RANKS_GROUP) == 0 || strncmp(name, REC_RANKS_GROUP "/", strlen(REC_RANKS_GROUP) + 1) == 0)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NAME,
                         "rk_register: name '%s': '" REC_RANKS_GROUP "' holds per-rank state in the checkpoint", name);
-    if (flags & RK_DEVICE)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOTAVAIL,
-                        "rk_register '%s': RK_DEVICE: GPU tensors are not supported in this build", name);
-    if (flags & ~(unsigned)(RK_SHARDED | RK_PER_RANK))
+    if (flags & ~(unsigned)(RK_DEVICE | RK_SHARDED | RK_PER_RANK))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': unknown flags 0x%x", name, flags);
     if ((flags & RK_SHARDED) && (flags & RK_PER_RANK))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL,
@@ -105,6 +103,13 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
     }
     if (!ptr && nbytes > 0)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': NULL buffer for %zu bytes", name, nbytes);
+    if ((flags & RK_DEVICE) && (flags & (RK_SHARDED | RK_PER_RANK)))
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOTAVAIL,
+                        "rk_register '%s': RK_DEVICE with RK_SHARDED or RK_PER_RANK: the rebuild of a rank's own state "
+                        "from the survivors' memory copies host memory only (register a host copy)", name);
+    int drc = (flags & RK_DEVICE) && nbytes > 0 ? ckpt_device_check(ptr, name) : 0;
+    if (drc)
+        return drc;
     for (size_t i = 0; i < ctx->ntensors; i++) {
         if (strcmp(ctx->tensors[i].name, name) == 0)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_DUPLICATE, "rk_register: '%s' is already registered", name);

@@ -203,6 +203,14 @@ static int expect(const char *name, int64_t step, uint64_t seed, const char *fil
     return 2;
 }
 
+/* RK_DEVICE on host memory: RK_E_CUDA in a build with CUDA (a host pointer, or no device),
+   RK_E_NOTAVAIL without. */
+#ifdef RK_HAVE_CUDA
+#define NO_DEVICE RK_E_CUDA
+#else
+#define NO_DEVICE RK_E_NOTAVAIL
+#endif
+
 /* Registration errors (one process). */
 static int flags_mode(rk_ctx *ctx)
 {
@@ -214,7 +222,8 @@ static int flags_mode(rk_ctx *ctx)
         unsigned flags;
         int want;
     } cases[] = {
-        {"dev", 1, RK_DEVICE, RK_E_NOTAVAIL},       {"both", 1, RK_SHARDED | RK_PER_RANK, -EINVAL},
+        {"dev", 1, RK_DEVICE, NO_DEVICE},           {"both", 1, RK_SHARDED | RK_PER_RANK, -EINVAL},
+        {"dev/sharded", 1, RK_DEVICE | RK_SHARDED, RK_E_NOTAVAIL},
         {"scalar", 0, RK_SHARDED, -EINVAL},          {"ranks/x", 1, RK_PER_RANK, RK_E_NAME},
         {"ranks", 1, 0, RK_E_NAME},                  {"unknown", 1, 8u, -EINVAL},
         {"ok/sharded", 2, RK_SHARDED, 0},            {"ok/per_rank", 1, RK_PER_RANK, 0},
