@@ -13,7 +13,7 @@
 #   make crash-sweep          the full crash-consistency sweep (tests/test_crash, every case)
 # Variables: SANITIZE=1 (ASan + UBSan, builds into build/asan), TSAN=1 (ThreadSanitizer,
 #            builds into build/tsan; make check runs the threaded suites), USE_CUDA=auto|yes|no,
-#            CUDA_HOME=/usr/local/cuda, BUILD=dir, V=1 (show commands).
+#            CUDA_HOME=/usr/local/cuda, NCCL_HOME=$(CUDA_HOME), BUILD=dir, V=1 (show commands).
 
 SANITIZE ?= 0
 TSAN     ?= 0
@@ -30,6 +30,7 @@ endif
 PREFIX   ?= /usr/local
 USE_CUDA ?= auto
 CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?= $(CUDA_HOME)
 VERSION  := $(shell sed -n 's/^\#define REKINDLE_VERSION_STRING "\(.*\)"/\1/p' include/rekindle.h)
 
 CC       := mpicc
@@ -45,12 +46,15 @@ CHECK_LIBS   := $(shell pkg-config --libs check 2>/dev/null)
 endif
 
 # ---- optional CUDA + NCCL, detected once --------------------------------------------
+# The CUDA runtime under CUDA_HOME, NCCL under NCCL_HOME (default: the same tree; a pip
+# wheel's nvidia/nccl works too). Features of a newer NCCL are built only when its nccl.h
+# has them: ncclCommShrink (NCCL >= 2.27) -> RK_HAVE_NCCL_SHRINK.
 CUDA_FOUND := no
 ifneq ($(USE_CUDA),no)
 ifneq ($(wildcard $(CUDA_HOME)/include/cuda_runtime.h),)
-ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+ifneq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
 ifneq ($(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so),)
-ifneq ($(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so),)
+ifneq ($(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so*),)
 CUDA_FOUND := yes
 endif
 endif
@@ -58,15 +62,23 @@ endif
 endif
 endif
 ifeq ($(USE_CUDA)-$(CUDA_FOUND),yes-no)
-$(error USE_CUDA=yes but CUDA runtime + NCCL were not found under CUDA_HOME=$(CUDA_HOME))
+$(error USE_CUDA=yes but the CUDA runtime (CUDA_HOME=$(CUDA_HOME)) or NCCL (NCCL_HOME=$(NCCL_HOME)) was not found)
 endif
 ifeq ($(CUDA_FOUND),yes)
-CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so)))
-CUDA_CFLAGS := -I$(CUDA_HOME)/include -DRK_HAVE_CUDA=1 -DRK_HAVE_NCCL=1
-CUDA_LIBS   := -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lnccl -lcudart
-CUDA_DESC   := CUDA $(shell awk '/^\#define CUDART_VERSION/ {printf "%d.%d", $$3/1000, ($$3%1000)/10}' $(CUDA_HOME)/include/cuda_runtime_api.h) + NCCL $(shell sed -n 's/^\#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' $(CUDA_HOME)/include/nccl.h | paste -sd.) found under $(CUDA_HOME): building the NCCL ring
+CUDA_LIBDIR := $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so)))
+NCCL_LIBDIR := $(firstword $(dir $(wildcard $(NCCL_HOME)/lib64/libnccl.so* $(NCCL_HOME)/lib/libnccl.so*)))
+# A wheel ships only libnccl.so.2: link it by its full name then.
+NCCL_LINK   := $(if $(wildcard $(NCCL_LIBDIR)libnccl.so),-lnccl,-l:libnccl.so.2)
+NCCL_VER    := $(shell sed -n 's/^\#define NCCL_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' $(NCCL_HOME)/include/nccl.h | paste -sd.)
+NCCL_SHRINK := $(shell awk '/^\#define NCCL_(MAJOR|MINOR) / {v[$$2] = $$3} END {print (v["NCCL_MAJOR"] > 2 || (v["NCCL_MAJOR"] == 2 && v["NCCL_MINOR"] >= 27)) ? "yes" : "no"}' $(NCCL_HOME)/include/nccl.h)
+# NCCL's directories first: CUDA_HOME may hold another NCCL of its own.
+CUDA_CFLAGS := $(if $(filter $(CUDA_HOME),$(NCCL_HOME)),,-I$(NCCL_HOME)/include) -I$(CUDA_HOME)/include \
+               -DRK_HAVE_CUDA=1 -DRK_HAVE_NCCL=1 $(if $(filter yes,$(NCCL_SHRINK)),-DRK_HAVE_NCCL_SHRINK=1)
+CUDA_LIBS   := $(if $(filter $(CUDA_LIBDIR),$(NCCL_LIBDIR)),,-L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR)) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) \
+               $(NCCL_LINK) -lcudart
+CUDA_DESC   := CUDA $(shell awk '/^\#define CUDART_VERSION/ {printf "%d.%d", $$3/1000, ($$3%1000)/10}' $(CUDA_HOME)/include/cuda_runtime_api.h) under $(CUDA_HOME) + NCCL $(NCCL_VER) under $(NCCL_HOME) (ncclCommShrink $(if $(filter yes,$(NCCL_SHRINK)),built,not built: NCCL < 2.27)): building the GPU parts
 else
-CUDA_DESC   := CUDA/NCCL $(if $(filter no,$(USE_CUDA)),disabled (USE_CUDA=no),not found under $(CUDA_HOME)): CPU-only build
+CUDA_DESC   := CUDA/NCCL $(if $(filter no,$(USE_CUDA)),disabled (USE_CUDA=no),not found (CUDA_HOME=$(CUDA_HOME), NCCL_HOME=$(NCCL_HOME))): CPU-only build
 endif
 
 # ---- flags --------------------------------------------------------------------------

@@ -153,6 +153,40 @@ uint16_t ring_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
    *off and has *len elements (docs/RING.md). */
 void ring_segment(size_t count, int size, int s, size_t *off, size_t *len);
 
+/* ---- what the NCCL ring needs that is not device code (built in every build, so the
+   CPU-only tests cover it) ------------------------------------------------------------- */
+
+/* Ring rank 0 sends `bytes` of blob (an NCCL unique id) to every other member, point-to-
+   point on the ring's communicator as a control message of its epoch; the others receive
+   it into blob. Every member of the ring calls it at the same point, right after a call
+   that all completed (a ring call of the same epoch drops such a message as stale). Bounded
+   by c: RK_E_TIMEOUT, RK_E_PEER_LOST (changed() or a failed transfer); blob then holds
+   nothing useful, and a transfer still pending keeps a copy of its own (never blob).
+   -EINVAL: no ring, NULL blob, bytes 0 or over INT_MAX; RK_E_FENCED, RK_E_STATE as
+   ring_allreduce. */
+int ring_share_blob(ring *r, void *blob, size_t bytes, const ring_cancel *c);
+
+/* How an NCCL communicator over `old` (parent ranks in NCCL rank order, ascending as a
+   ring orders them) becomes one over `now` (a ring's members after ring_rebuild):
+     RING_NCCL_KEEP:   the same members;
+     RING_NCCL_SHRINK: members were only dropped: excl (room for nold) gets the NCCL ranks
+                       of old not in now, ascending, *nexcl their number: the arguments of
+                       ncclCommShrink, whose ranks then are the ring ranks of now;
+     RING_NCCL_FRESH:  a member of now is not in old (a spare): a new communicator.
+   Pure: tests/test_ring.c checks it. */
+enum ring_nccl_plan { RING_NCCL_KEEP, RING_NCCL_SHRINK, RING_NCCL_FRESH };
+enum ring_nccl_plan ring_nccl_plan(const int *old, int nold, const int *now, int nnow, int *excl, int *nexcl);
+
+/* NCCL refuses two ranks of one communicator on the same device of the same host, and it
+   takes a host by NCCL_HOSTID. When more processes of the job run on this host than it has
+   devices (local_size > ndevices: tests that put several ranks on one GPU), each process
+   must name a host of its own: out gets "<host>-rk<rank>" and the result is true. False
+   (out untouched) when NCCL_HOSTID is already set (existing non-empty: the user's choice
+   stands), local_size is unknown (< 1) or the devices suffice (then NCCL's own host id
+   keeps the fast paths within the host). Pure: tests/test_ring.c checks it. */
+bool ring_nccl_hostid(char *out, size_t cap, const char *existing, const char *host, int rank, int local_size,
+                      int ndevices);
+
 /* ---- NCCL ring for device buffers (ring_nccl.c; built only with CUDA + NCCL) ----------
  * The same contract for device memory, on an NCCL communicator created non-blocking
  * (config.blocking = 0) over the members of an MPI ring: every wait polls
@@ -163,19 +197,31 @@ void ring_segment(size_t count, int size, int s, size_t *off, size_t *len);
 #if defined(RK_HAVE_NCCL)
 typedef struct ring_nccl ring_nccl;
 /* Collective over the members of r (the unique id travels point-to-point between them
-   on r's communicator, bounded by timeout_ms). device: the CUDA device of this process. */
-int ring_nccl_create(ring_nccl **g, ring *r, int device, int timeout_ms);
+   on r's communicator: ring_share_blob), bounded by cancel (NULL: timeout_ms). device: the
+   CUDA device of this process; timeout_ms: the default bound of the handle's later waits. */
+int ring_nccl_create(ring_nccl **g, ring *r, int device, int timeout_ms, const ring_cancel *cancel);
+/* Whether the communicator can take a call (made, not aborted, no asynchronous error). */
+bool ring_nccl_ok(const ring_nccl *g);
 /* Finalizes (or, after an abort, leaves alone: never destroyed after an abortive shrink)
    the NCCL communicator; *g = NULL. */
 void ring_nccl_destroy(ring_nccl **g);
-/* In place on device memory; returns when the result is in buf (the ring's stream is
-   synchronized). */
-int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtype, rk_op op,
+/* In place on device memory, after the work queued on `after` (a cudaStream_t; NULL: the
+   legacy default stream); returns when the result is in buf (the ring's stream polled to
+   completion, never a blocking synchronize). RK_E_PEER_LOST / RK_E_TIMEOUT abort the
+   communicator: the next call needs ring_nccl_rebuild (RK_E_STATE until then). */
+int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtype, rk_op op, void *after,
                         const ring_cancel *cancel);
-/* After ring_rebuild(r, ...) dropped members: ncclCommShrink excluding the NCCL ranks
-   that are gone (NCCL_SHRINK_ABORT if the communicator failed), or, when members were
-   added, a fresh communicator whose unique id travels between r's new members. */
-int ring_nccl_rebuild(ring_nccl *g, ring *r, const ring_cancel *cancel);
+/* Whether this member can take its communicator over to r's members (after ring_rebuild)
+   without a new one: it is intact, members were only dropped (ring_nccl_plan), and this
+   NCCL has ncclCommShrink (RK_HAVE_NCCL_SHRINK). Local. */
+bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r);
+/* After ring_rebuild(r, ...): a communicator over r's members. shrink (every member must
+   pass the same: the callers agree on it, each from ring_nccl_can_shrink): the same members
+   keep theirs, dropped ones are excluded by ncclCommShrink(NCCL_SHRINK_ABORT); a failed
+   shrink leaves the handle failed (a fresh one next). !shrink: the old communicator is
+   aborted and a fresh one made, its unique id sent by ring rank 0 (ring_share_blob): the
+   way spares join. Bounded by cancel. */
+int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *cancel);
 #endif
 
 #endif

@@ -347,6 +347,78 @@ int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, cons
     return 0;
 }
 
+/* A blob's message: the epoch and call number it belongs to, then its bytes. A receive
+   that takes one of an earlier exchange (abandoned in this epoch, so with the same tag)
+   drops it and posts again. */
+struct blob_head {
+    uint64_t epoch;
+    uint64_t seq;
+};
+
+int ring_share_blob(ring *r, void *blob, size_t bytes, const ring_cancel *c)
+{
+    if (!r || !blob || bytes == 0 || bytes > (size_t)INT32_MAX - sizeof(struct blob_head))
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_share_blob: no ring, no blob, or %zu bytes", bytes);
+    if (r->fenced)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_FENCED, "ring_share_blob: the membership of epoch %llu excludes this process",
+                        (unsigned long long)r->epoch);
+    if (r->rank < 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "ring_share_blob: this process is a spare");
+    if (r->size == 1)
+        return 0;
+    int tag = ring__ctrl_tag(r->epoch, RING_CTRL_NCCL_ID), n = r->rank == 0 ? r->size - 1 : 1, mrc = MPI_SUCCESS, rc = 0;
+    size_t len = sizeof(struct blob_head) + bytes;
+    struct blob_head head = {.epoch = r->epoch, .seq = r->seq}, got;
+    MPI_Request *q = malloc((size_t)n * sizeof(*q));
+    unsigned char *msg = malloc(len); /* MPI's copy: buried with q if a transfer is left pending */
+    if (!q || !msg) {
+        free(q);
+        free(msg);
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -ENOMEM, "ring_share_blob: %zu bytes", len);
+    }
+    for (int i = 0; i < n; i++)
+        q[i] = MPI_REQUEST_NULL;
+    if (r->rank == 0) {
+        memcpy(msg, &head, sizeof(head));
+        memcpy(msg + sizeof(head), blob, bytes);
+        for (int i = 1; i < r->size && mrc == MPI_SUCCESS; i++)
+            mrc = RK_MPI(MPI_Isend(msg, (int)len, MPI_BYTE, r->members[i], tag, r->parent, &q[i - 1]));
+    } else {
+        mrc = RK_MPI(MPI_Irecv(msg, (int)len, MPI_BYTE, r->members[0], tag, r->parent, &q[0]));
+    }
+    if (mrc != MPI_SUCCESS)
+        rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "ring_share_blob: post");
+    int64_t deadline = ring__deadline(r, c);
+    for (int done = 0; rc == 0 && !done;) {
+        MPI_Status st;
+        mrc = r->rank == 0 ? RK_MPI(MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE)) : RK_MPI(MPI_Test(&q[0], &done, &st));
+        int count = -1;
+        if (mrc != MPI_SUCCESS) {
+            rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "ring_share_blob");
+        } else if (!done) {
+            if ((rc = ring__poll_cancel(c, deadline)) == 0)
+                rk__sleep_ns(20000);
+        } else if (r->rank != 0 && (MPI_Get_count(&st, MPI_BYTE, &count), count != (int)len)) {
+            rc = rk__fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_COLL_MISMATCH, "ring_share_blob: %d bytes from parent rank %d, "
+                          "%zu expected", count, r->members[0], len);
+        } else if (r->rank != 0 && (memcpy(&got, msg, sizeof(got)), got.epoch != head.epoch || got.seq != head.seq)) {
+            RK_LOG_DEBUG(RK_SUB_RING, "ring_share_blob: dropped an earlier exchange's message (call %llu, this one %llu)",
+                         (unsigned long long)got.seq, (unsigned long long)head.seq);
+            done = 0;
+            if ((mrc = RK_MPI(MPI_Irecv(msg, (int)len, MPI_BYTE, r->members[0], tag, r->parent, &q[0]))) != MPI_SUCCESS)
+                rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_PEER_LOST, mrc, "ring_share_blob: post");
+        }
+    }
+    if (rc == 0 && r->rank != 0)
+        memcpy(blob, msg + sizeof(head), bytes);
+    bury(r, q, n, msg); /* frees both once MPI is done with them (at once on success) */
+    if (rc != 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_WARN, rc, "ring_share_blob: %s (ring rank %d of %d, epoch %llu): %s",
+                        r->rank == 0 ? "sending" : "receiving", r->rank, r->size, (unsigned long long)r->epoch,
+                        rc == RK_E_TIMEOUT ? "the deadline passed" : rc == RK_E_PEER_LOST ? "a member was lost" : rk_strerror(rc));
+    return 0;
+}
+
 bool ring_is_member(const ring *r)
 {
     return r && r->rank >= 0;

@@ -6,18 +6,21 @@
  *  - Communicators are created non-blocking (config.blocking = 0): every NCCL call may
  *    return ncclInProgress, and completion is polled with ncclCommGetAsyncError against
  *    the deadline and the cancellation source (wait_comm).
- *  - An allreduce is enqueued on the ring's own stream and polled with cudaStreamQuery,
+ *  - An allreduce is enqueued on the ring's own stream, after the work the caller's stream
+ *    had queued (an event recorded there), and polled with cudaStreamQuery,
  *    ncclCommGetAsyncError and the cancellation source; on loss or deadline the
  *    communicator is aborted (ncclCommAbort) so the kernel ends and nothing writes the
  *    caller's device buffer after the call returns; the call fails.
- *  - Rebuild: members only dropped, communicator not aborted (the loss was seen between
- *    calls) -> ncclCommShrink (NCCL >= 2.27) excluding the lost NCCL ranks, with
- *    NCCL_SHRINK_ABORT (ends whatever the lost member left pending); the old communicator
- *    is then never destroyed (NCCL forbids it after an abortive shrink) but kept until
- *    ring_nccl_destroy, which leaves it alone. Members added (spares) -> the old one is
- *    aborted and a fresh communicator is made, its unique id sent point-to-point by ring
- *    rank 0 to the MPI ring's new members with a bounded wait.
- * Untested on a GPU here (no GPU on the build machines): tests/test_ring_nccl.c skips.
+ *  - Rebuild (the caller says which way: every member must take the same one):
+ *    members only dropped, communicator intact (the loss was seen between calls) ->
+ *    ncclCommShrink (NCCL >= 2.27, RK_HAVE_NCCL_SHRINK) excluding the lost NCCL ranks
+ *    (ring_nccl_plan), with NCCL_SHRINK_ABORT (ends whatever the lost member left
+ *    pending); the old communicator is then never destroyed (NCCL forbids it after an
+ *    abortive shrink) but kept until ring_nccl_destroy, which leaves it alone. Otherwise
+ *    (members added: spares; a failed communicator; no shrink in this NCCL) the old one is
+ *    aborted and a fresh communicator is made, its unique id sent by ring rank 0 to the
+ *    MPI ring's members (ring_share_blob) with a bounded wait.
+ * Never run on a GPU (no GPU on the build machines): tests/test_ring_nccl.c skips.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -30,6 +33,7 @@
 struct ring_nccl {
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t after;    /* recorded on the caller's stream: the allreduce waits for it */
     int device;
     int timeout_ms;
     int *members, n;      /* parent ranks of the NCCL ranks, ring order */
@@ -83,54 +87,21 @@ static int nccl_type(rk_dtype t, ncclDataType_t *out)
     return RK_E_DTYPE;
 }
 
-/* Ring rank 0 makes a unique id and sends it to every member, point-to-point on r's
-   parent communicator. */
-static int share_id(ring *r, ncclUniqueId *id, const ring_cancel *c, int64_t deadline)
-{
-    int tag = ring__ctrl_tag(r->epoch, RING_CTRL_NCCL_ID), rc = 0, n = r->rank == 0 ? r->size - 1 : 1;
-    MPI_Request *q = calloc((size_t)(n > 0 ? n : 1), sizeof(*q));
-    if (!q)
-        return -ENOMEM;
-    if (r->rank == 0) {
-        ncclResult_t res = ncclGetUniqueId(id);
-        if (res != ncclSuccess) {
-            free(q);
-            return nccl_fail(res, RK_E_NCCL, "ncclGetUniqueId");
-        }
-        for (int i = 1; i < r->size; i++)
-            MPI_Isend(id, (int)sizeof(*id), MPI_BYTE, r->members[i], tag, r->parent, &q[i - 1]);
-    } else {
-        MPI_Irecv(id, (int)sizeof(*id), MPI_BYTE, r->members[0], tag, r->parent, &q[0]);
-    }
-    for (int done = 0; !done && rc == 0;) {
-        if (MPI_Testall(n, q, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-            rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_PEER_LOST, "NCCL unique id exchange failed");
-        else if (!done)
-            rc = ring__poll_cancel(c, deadline);
-    }
-    for (int i = 0; rc != 0 && i < n; i++)
-        if (q[i] != MPI_REQUEST_NULL) {
-            MPI_Cancel(&q[i]);
-            MPI_Request_free(&q[i]); /* the caller then leaks id: MPI may still write it */
-        }
-    free(q);
-    return rc;
-}
-
 static int fresh_comm(ring_nccl *g, ring *r, const ring_cancel *c)
 {
     int64_t deadline = ring__deadline(r, c);
-    ncclUniqueId *id = malloc(sizeof(*id)); /* leaked if an abandoned receive may write it */
-    if (!id)
-        return -ENOMEM;
-    int rc = share_id(r, id, c, deadline);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    ncclResult_t res = r->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+    if (res != ncclSuccess)
+        return nccl_fail(res, RK_E_NCCL, "ncclGetUniqueId");
+    int rc = ring_share_blob(r, &id, sizeof(id), c);
     if (rc != 0)
         return rc;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t comm = NULL;
-    ncclResult_t res = ncclCommInitRankConfig(&comm, r->size, *id, r->rank, &cfg);
-    free(id);
+    res = ncclCommInitRankConfig(&comm, r->size, id, r->rank, &cfg);
     if (res != ncclSuccess && res != ncclInProgress)
         return nccl_fail(res, RK_E_NCCL, "ncclCommInitRankConfig");
     if ((rc = wait_comm(g, comm, c, deadline)) != 0) {
@@ -154,7 +125,12 @@ static int copy_members(ring_nccl *g, const ring *r)
     return 0;
 }
 
-int ring_nccl_create(ring_nccl **out, ring *r, int device, int timeout_ms)
+bool ring_nccl_ok(const ring_nccl *g)
+{
+    return g && g->comm && !g->failed;
+}
+
+int ring_nccl_create(ring_nccl **out, ring *r, int device, int timeout_ms, const ring_cancel *cancel)
 {
     if (!out || !ring_is_member(r))
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_nccl_create: no ring, or not a member");
@@ -174,16 +150,22 @@ int ring_nccl_create(ring_nccl **out, ring *r, int device, int timeout_ms)
         rc = cuda_fail(e, "cudaStreamCreate");
         goto out_free;
     }
-    if ((rc = copy_members(g, r)) != 0)
+    if ((e = cudaEventCreateWithFlags(&g->after, cudaEventDisableTiming)) != cudaSuccess) {
+        rc = cuda_fail(e, "cudaEventCreate");
         goto out_stream;
+    }
+    if ((rc = copy_members(g, r)) != 0)
+        goto out_event;
     ring_cancel c = {.deadline_ns = rk__deadline_ns(timeout_ms)};
-    if ((rc = fresh_comm(g, r, &c)) != 0)
+    if ((rc = fresh_comm(g, r, cancel ? cancel : &c)) != 0)
         goto out_members;
     *out = g;
     return 0;
 
 out_members:
     free(g->members);
+out_event:
+    cudaEventDestroy(g->after);
 out_stream:
     cudaStreamDestroy(g->stream);
 out_free:
@@ -210,22 +192,25 @@ void ring_nccl_destroy(ring_nccl **pg)
     }
     /* g->retired: left after an abortive shrink; NCCL forbids destroying them. */
     free(g->retired);
+    cudaEventDestroy(g->after);
     cudaStreamDestroy(g->stream);
     free(g->members);
     free(g);
     *pg = NULL;
 }
 
+/* Aborts the communicator (never destroyed after a failed operation: newer NCCL can hang
+   in ncclCommDestroy then); ncclCommAbort ends the kernels so the stream drains. */
 static void fail_comm(ring_nccl *g)
 {
-    if (!g->failed) {
-        g->failed = true;
-        ncclCommAbort(g->comm); /* ends the kernels so the stream drains */
+    g->failed = true;
+    if (g->comm) {
+        ncclCommAbort(g->comm);
         g->comm = NULL;
     }
 }
 
-int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, rk_op op,
+int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, rk_op op, void *after,
                         const ring_cancel *c)
 {
     ncclDataType_t t;
@@ -234,11 +219,19 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
     if (nccl_type(dtype, &t) != 0)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_DTYPE, "ring_nccl_allreduce: dtype %d", (int)dtype);
     ncclRedOp_t o = op == RK_SUM ? ncclSum : op == RK_AVG ? ncclAvg : op == RK_MAX ? ncclMax : ncclMin;
-    if ((unsigned)op > RK_MIN)
-        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_OP, "ring_nccl_allreduce: op %d", (int)op);
+    if ((unsigned)op > RK_MIN || (op == RK_AVG && (dtype == RK_I32 || dtype == RK_I64 || dtype == RK_U8)))
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_OP, "ring_nccl_allreduce: op %d on dtype %d (avg of "
+                        "integers is refused, as on the MPI ring)", (int)op, (int)dtype);
     if (g->failed || !g->comm)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "ring_nccl_allreduce: communicator failed: rebuild first");
     int64_t deadline = c && c->deadline_ns ? c->deadline_ns : rk__deadline_ns(g->timeout_ms);
+    /* The gradients are the caller's stream's work: the ring's stream waits for it (a
+       device-side wait; the host never blocks). */
+    cudaError_t ce = cudaEventRecord(g->after, after ? (cudaStream_t)after : cudaStreamLegacy);
+    if (ce == cudaSuccess)
+        ce = cudaStreamWaitEvent(g->stream, g->after, 0);
+    if (ce != cudaSuccess)
+        return cuda_fail(ce, "ring_nccl_allreduce: ordering after the caller's stream");
     ncclResult_t res = ncclAllReduce(buf, buf, count, t, o, g->comm, g->stream);
     if (res != ncclSuccess && res != ncclInProgress) {
         fail_comm(g);
@@ -268,49 +261,70 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
     }
 }
 
-int ring_nccl_rebuild(ring_nccl *g, ring *r, const ring_cancel *c)
+bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r)
+{
+#if defined(RK_HAVE_NCCL_SHRINK)
+    if (!g || !g->comm || g->failed || !ring_is_member(r))
+        return false;
+    int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
+    if (!excl)
+        return false;
+    enum ring_nccl_plan p = ring_nccl_plan(g->members, g->n, r->members, r->size, excl, &nex);
+    free(excl);
+    return p != RING_NCCL_FRESH;
+#else
+    (void)g;
+    (void)r;
+    return false; /* NCCL < 2.27: no ncclCommShrink */
+#endif
+}
+
+int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
 {
     if (!g || !ring_is_member(r))
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_nccl_rebuild: no handle, or not a member");
-    int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0, rc;
+    int rc;
+#if defined(RK_HAVE_NCCL_SHRINK)
+    int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
     if (!excl)
         return -ENOMEM;
-    bool only_dropped = true;
-    for (int i = 0; i < r->size; i++) {
-        bool found = false;
-        for (int j = 0; j < g->n; j++)
-            found |= g->members[j] == r->members[i];
-        only_dropped &= found;
+    enum ring_nccl_plan plan = ring_nccl_plan(g->members, g->n, r->members, r->size, excl, &nex);
+    if (shrink && plan == RING_NCCL_KEEP && g->comm && !g->failed) {
+        free(excl);
+        return 0;
     }
-    for (int j = 0; j < g->n; j++) {
-        bool kept = false;
-        for (int i = 0; i < r->size; i++)
-            kept |= g->members[j] == r->members[i];
-        if (!kept)
-            excl[nex++] = j;
-    }
-    int64_t deadline = ring__deadline(r, c);
-    if (only_dropped && g->comm) {
+    if (shrink && plan == RING_NCCL_SHRINK && g->comm && !g->failed) {
+        int64_t deadline = ring__deadline(r, c);
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
         ncclComm_t nc = NULL;
         /* A lost member may have left operations pending: terminate them first. */
         ncclResult_t res = ncclCommShrink(g->comm, excl, nex, &nc, &cfg, NCCL_SHRINK_ABORT);
-        if ((res == ncclSuccess || res == ncclInProgress) && (rc = wait_comm(g, nc, c, deadline)) == 0) {
-            ncclComm_t *v = realloc(g->retired, (size_t)(g->nretired + 1) * sizeof(*v));
-            if (v) { /* never destroyed after an abortive shrink; kept for the record */
-                g->retired = v;
-                g->retired[g->nretired++] = g->comm;
-            }
-            g->comm = nc;
-            g->failed = false;
-            free(excl);
-            return copy_members(g, r);
+        free(excl);
+        if (res != ncclSuccess && res != ncclInProgress)
+            rc = nccl_fail(res, RK_E_NCCL, "ncclCommShrink");
+        else
+            rc = wait_comm(g, nc, c, deadline);
+        ncclComm_t *v = realloc(g->retired, (size_t)(g->nretired + 1) * sizeof(*v));
+        if (v) { /* never destroyed after an abortive shrink; kept for the record */
+            g->retired = v;
+            g->retired[g->nretired++] = g->comm;
         }
-        RK_LOG_WARN(RK_SUB_RING, "ncclCommShrink did not complete (%s): making a fresh communicator",
-                    ncclGetErrorString(res));
+        g->comm = NULL;
+        g->failed = true;
+        if (rc != 0) {
+            if (nc)
+                ncclCommAbort(nc);
+            return rc; /* the caller agrees on a fresh communicator next */
+        }
+        g->comm = nc;
+        g->failed = false;
+        return copy_members(g, r);
     }
     free(excl);
+#else
+    (void)shrink;
+#endif
     fail_comm(g);
     if ((rc = fresh_comm(g, r, c)) != 0)
         return rc;

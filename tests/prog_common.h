@@ -4,8 +4,10 @@
 #ifndef RK_PROG_COMMON_H
 #define RK_PROG_COMMON_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "rekindle.h"
 
@@ -32,6 +34,22 @@ static inline uint8_t prog_byte_at(uint64_t t, uint64_t i, int64_t step, uint64_
     x *= 0xBF58476D1CE4E5B9ull;
     x ^= x >> 32;
     return (uint8_t)x;
+}
+
+/* The test-only membership oracle of the ring's jobs (all ranks run on this host): a peer
+   is dead once /proc/<pid> is gone or a zombie. */
+static inline bool prog_pid_dead(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return true;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return !p || p[2] == 'Z' || p[2] == 'X';
 }
 
 #endif

@@ -36,6 +36,10 @@
  *                   call fails with -ENOMEM (not a crash); with the limit lifted, all
  *                   rebuild and are exact. Not under ASan (its allocator reserves the
  *                   address space the limit counts).
+ *   blob            ring_share_blob with a fake NCCL unique id on a ring of all ranks but
+ *                   the last (a spare, refused): every member gets rank 0's bytes; an
+ *                   exchange only rank 0 made is dropped by the next one's receivers; a
+ *                   receiver alone ends at its 300 ms deadline.
  * The test-only membership oracle: all ranks run on this host, so a peer is dead once
  * /proc/<pid> is gone or a zombie. It stands in for the detector's view.
  */
@@ -366,20 +370,6 @@ struct oracle {
     int64_t next_ns;
 };
 
-static bool pid_dead(int pid)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return true;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    return !p || p[2] == 'Z' || p[2] == 'X';
-}
-
 static bool oracle_changed(void *arg)
 {
     struct oracle *o = arg;
@@ -388,7 +378,7 @@ static bool oracle_changed(void *arg)
         return false;
     o->next_ns = now + 2000000; /* every 2 ms */
     for (int i = 0; i < o->nmembers; i++)
-        if (pid_dead(o->pids[o->members[i]]))
+        if (prog_pid_dead(o->pids[o->members[i]]))
             return true;
     return false;
 }
@@ -724,11 +714,71 @@ static int mode_no_memory(void)
 #endif
 }
 
+/* ---- blob: ring_share_blob with a fake NCCL unique id -------------------------------- */
+
+static void fake_id(unsigned char *id, size_t n, unsigned salt)
+{
+    for (size_t i = 0; i < n; i++)
+        id[i] = (unsigned char)(mix(salt * 1000003u + i) & 0xff);
+}
+
+static void blob_round(ring *r, unsigned salt, const char *what)
+{
+    unsigned char id[128], want[128];
+    fake_id(want, sizeof(want), salt);
+    if (ring_rank(r) == 0)
+        memcpy(id, want, sizeof(id));
+    else
+        memset(id, 0, sizeof(id));
+    expect(ring_share_blob(r, id, sizeof(id), NULL), 0, what);
+    if (memcmp(id, want, sizeof(id)) != 0)
+        FAIL("%s: the blob differs from rank 0's", what);
+}
+
+static int mode_blob(void)
+{
+    int m = g_world - 1; /* the last rank is a spare */
+    int *members = iota(m);
+    ring *r = NULL;
+    if (ring_create(&r, MPI_COMM_WORLD, members, m, 20000) != 0)
+        FAIL("ring_create: %s", rk_last_error());
+    unsigned char id[128];
+    if (!ring_is_member(r)) {
+        expect(ring_share_blob(r, id, sizeof(id), NULL), RK_E_STATE, "a spare's exchange");
+    } else {
+        expect(ring_share_blob(r, NULL, sizeof(id), NULL), -EINVAL, "a NULL blob");
+        blob_round(r, 1, "first exchange");
+        /* Rank 0 alone sends another (nobody receives it now: it stays queued), then every
+           member makes an allreduce (the call number moves on) and the next exchange. */
+        if (ring_rank(r) == 0) {
+            fake_id(id, sizeof(id), 99);
+            expect(ring_share_blob(r, id, sizeof(id), NULL), 0, "rank 0's lone exchange");
+        }
+        float x = 1.0f;
+        expect(ring_allreduce(r, &x, 1, RK_F32, RK_SUM, NULL), 0, "allreduce between exchanges");
+        blob_round(r, 2, "exchange after a lone one");
+        /* A receiver alone: its deadline ends the wait, nothing is taken. */
+        expect(ring_allreduce(r, &x, 1, RK_F32, RK_SUM, NULL), 0, "allreduce before the lone receiver");
+        if (ring_rank(r) == 1) {
+            int64_t t0 = rk__mono_ns();
+            ring_cancel c = {.deadline_ns = rk__deadline_ns(300)};
+            expect(ring_share_blob(r, id, sizeof(id), &c), RK_E_TIMEOUT, "a lone receiver");
+            if (rk__ms_since(t0) > 5000)
+                FAIL("the lone receiver waited %.0f ms for a 300 ms deadline", rk__ms_since(t0));
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    printf("ok blob rank %d\n", g_rank);
+    ring_destroy(&r);
+    free(members);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         fprintf(stderr, "usage: prog_ring exact|bad|kill V PHASE STEP [deadline] [spare]|rebuild-kill V"
-                        "|rebuild-early V|shift-mismatch|epoch-wrap|no-memory\n");
+                        "|rebuild-early V|shift-mismatch|epoch-wrap|no-memory|blob\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -764,6 +814,8 @@ int main(int argc, char **argv)
         rc = mode_epoch_wrap();
     } else if (strcmp(argv[1], "no-memory") == 0) {
         rc = mode_no_memory();
+    } else if (strcmp(argv[1], "blob") == 0) {
+        rc = mode_blob();
     } else {
         fprintf(stderr, "prog_ring: unknown mode %s\n", argv[1]);
         rc = 2;

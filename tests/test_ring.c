@@ -3,7 +3,8 @@
  * conversions as unit tests; then real mpirun jobs of tests/prog_ring (exact results on
  * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining, a member
  * killed inside a rebuild, shifts whose lengths differ, a stale message eight recoveries
- * old, an abort without memory for fresh slots).
+ * old, an abort without memory for fresh slots, the NCCL unique id's exchange with a fake
+ * id). The NCCL ring's membership logic (shrink plan, NCCL_HOSTID) as unit tests.
  * Each test names the invariant of ring/ring.c it checks.
  */
 #include <math.h>
@@ -313,6 +314,58 @@ END_TEST
 
 /* Invariant 5: a message left queued in epoch 0 is still stale in epoch 16 (the data
    tags carry the epoch in every bit MPI_TAG_UB allows, not 4). */
+/* ---- the NCCL ring's membership logic (ring_dev.c), checked without a device ---------- */
+
+START_TEST(nccl_shrink_plan)
+{
+    int excl[8], nex = -1;
+    int old[] = {0, 1, 2, 3};
+    int drop1[] = {0, 2, 3}, same[] = {0, 1, 2, 3}, spare[] = {0, 2, 4}, last[] = {3};
+    ck_assert_int_eq(ring_nccl_plan(old, 4, drop1, 3, excl, &nex), RING_NCCL_SHRINK);
+    ck_assert_int_eq(nex, 1);
+    ck_assert_int_eq(excl[0], 1);
+    ck_assert_int_eq(ring_nccl_plan(old, 4, same, 4, excl, &nex), RING_NCCL_KEEP);
+    ck_assert_int_eq(nex, 0);
+    ck_assert_int_eq(ring_nccl_plan(old, 4, spare, 3, excl, &nex), RING_NCCL_FRESH);
+    ck_assert_int_eq(nex, 0);
+    ck_assert_int_eq(ring_nccl_plan(old, 4, last, 1, excl, &nex), RING_NCCL_SHRINK);
+    ck_assert_int_eq(nex, 3);
+    ck_assert(excl[0] == 0 && excl[1] == 1 && excl[2] == 2);
+    /* NCCL ranks, not job ranks: after an earlier shrink the old list is sparse. */
+    int old2[] = {2, 5, 7, 9}, now2[] = {5, 9};
+    ck_assert_int_eq(ring_nccl_plan(old2, 4, now2, 2, excl, &nex), RING_NCCL_SHRINK);
+    ck_assert_int_eq(nex, 2);
+    ck_assert(excl[0] == 0 && excl[1] == 2);
+}
+END_TEST
+
+START_TEST(nccl_hostid_only_where_a_device_is_shared)
+{
+    char id[32] = "untouched";
+    ck_assert(ring_nccl_hostid(id, sizeof(id), NULL, "node7", 3, 4, 1));
+    ck_assert_str_eq(id, "node7-rk3");
+    ck_assert(ring_nccl_hostid(id, sizeof(id), "", NULL, 0, 2, 0)); /* no device counted, no name */
+    ck_assert_str_eq(id, "host-rk0");
+    strcpy(id, "untouched");
+    ck_assert(!ring_nccl_hostid(id, sizeof(id), "mine", "node7", 3, 4, 1)); /* the user's stands */
+    ck_assert(!ring_nccl_hostid(id, sizeof(id), NULL, "node7", 3, 4, 4));   /* a device each */
+    ck_assert(!ring_nccl_hostid(id, sizeof(id), NULL, "node7", 3, 0, 1));   /* local size unknown */
+    ck_assert(!ring_nccl_hostid(id, 6, NULL, "node7", 3, 4, 1));            /* would not fit */
+    ck_assert_str_eq(id, "untouched");
+}
+END_TEST
+
+/* ring_share_blob (an NCCL unique id's way, with a fake id): every member gets rank 0's
+   bytes; an exchange only rank 0 made is dropped by the next one's receivers (the call
+   number in its header), not taken for it; a receiver alone ends at its deadline; a spare
+   and bad arguments are refused. */
+START_TEST(blob_exchange)
+{
+    char *args[] = {"blob", NULL};
+    job(4, false, args, "ok blob ", 4);
+}
+END_TEST
+
 START_TEST(stale_across_sixteen_epochs)
 {
     char *args[] = {"epoch-wrap", NULL};
@@ -341,6 +394,8 @@ int main(void)
     tcase_add_test(tu, kernels_16bit_round_once_per_hop);
     tcase_add_test(tu, kernels_integers_wrap);
     tcase_add_test(tu, segments_cover_exactly);
+    tcase_add_test(tu, nccl_shrink_plan);
+    tcase_add_test(tu, nccl_hostid_only_where_a_device_is_shared);
     suite_add_tcase(s, tu);
     TCase *tj = tcase_create("jobs");
     tcase_set_timeout(tj, 170);
@@ -361,6 +416,7 @@ int main(void)
     tcase_add_test(tj, shift_length_mismatch_4);
     tcase_add_test(tj, stale_across_sixteen_epochs);
     tcase_add_test(tj, abort_without_memory);
+    tcase_add_test(tj, blob_exchange);
     suite_add_tcase(s, tj);
     return th_main(s);
 }

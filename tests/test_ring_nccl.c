@@ -1,9 +1,12 @@
 /*
  * tests/test_ring_nccl.c - the NCCL ring (ring/ring_nccl.c) on device buffers. Needs a
  * CUDA GPU: without one the suite is skipped (exit 77, reported SKIP). With one, a ring
- * of one process on device 0: exact sum/avg/max of f32 and f16 device buffers, bad
- * arguments, and a call cancelled by the membership source (the communicator is then
- * aborted, and rebuilt fresh).
+ * of one process on device 0: exact sum/avg/max of f32 device buffers, bad arguments, and
+ * a call cancelled by the membership source (the communicator is then aborted, and rebuilt
+ * fresh); then mpirun jobs of 2-3 ranks sharing device 0 (tests/prog_ring_nccl.c): a
+ * member killed between calls (shrink) and inside a call (abort, fresh), and rk_allreduce
+ * of device and host buffers, with NCCL and through the host staging (RK_NCCL=0).
+ * None of it has run on a GPU yet (docs/GPU.md).
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -21,7 +24,7 @@ static void setup(void)
     int provided;
     MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
     th_assert_rc(ring_create(&g_ring, MPI_COMM_SELF, NULL, 0, 30000), 0);
-    th_assert_rc(ring_nccl_create(&g_nccl, g_ring, 0, 30000), 0);
+    th_assert_rc(ring_nccl_create(&g_nccl, g_ring, 0, 30000, NULL), 0);
 }
 
 static void teardown(void)
@@ -41,12 +44,12 @@ START_TEST(exact_world_of_one)
     rk_op ops[] = {RK_SUM, RK_AVG, RK_MAX, RK_MIN};
     for (int k = 0; k < 4; k++) {
         cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice);
-        th_assert_rc(ring_nccl_allreduce(g_nccl, d, n, RK_F32, ops[k], NULL), 0);
+        th_assert_rc(ring_nccl_allreduce(g_nccl, d, n, RK_F32, ops[k], NULL, NULL), 0);
         cudaMemcpy(back, d, n * 4, cudaMemcpyDeviceToHost);
         ck_assert(memcmp(h, back, n * 4) == 0);
     }
-    th_assert_rc(ring_nccl_allreduce(g_nccl, d, n, (rk_dtype)99, RK_SUM, NULL), RK_E_DTYPE);
-    th_assert_rc(ring_nccl_allreduce(g_nccl, NULL, n, RK_F32, RK_SUM, NULL), -22);
+    th_assert_rc(ring_nccl_allreduce(g_nccl, d, n, (rk_dtype)99, RK_SUM, NULL, NULL), RK_E_DTYPE);
+    th_assert_rc(ring_nccl_allreduce(g_nccl, NULL, n, RK_F32, RK_SUM, NULL, NULL), -22);
     cudaFree(d);
     free(h);
     free(back);
@@ -64,12 +67,82 @@ START_TEST(cancelled_then_rebuilt)
     float *d = NULL;
     ck_assert(cudaMalloc((void **)&d, 4096 * 4) == cudaSuccess);
     ring_cancel c = {.deadline_ns = 0, .changed = yes};
-    int rc = ring_nccl_allreduce(g_nccl, d, 4096, RK_F32, RK_SUM, &c);
+    int rc = ring_nccl_allreduce(g_nccl, d, 4096, RK_F32, RK_SUM, NULL, &c);
     /* A world of one may finish before the first poll: success or a clean abort. */
     ck_assert_msg(rc == 0 || rc == RK_E_PEER_LOST, "rc %d", rc);
-    th_assert_rc(ring_nccl_rebuild(g_nccl, g_ring, NULL), 0);
-    th_assert_rc(ring_nccl_allreduce(g_nccl, d, 4096, RK_F32, RK_SUM, NULL), 0);
+    th_assert_rc(ring_nccl_rebuild(g_nccl, g_ring, false, NULL), 0);
+    th_assert_rc(ring_nccl_allreduce(g_nccl, d, 4096, RK_F32, RK_SUM, NULL, NULL), 0);
     cudaFree(d);
+}
+END_TEST
+
+/* ---- jobs of several ranks on device 0 (tests/prog_ring_nccl.c) ---------------------- */
+
+static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want)
+{
+    const char *b = getenv("RK_TEST_BUILD");
+    char *p = NULL, *out = NULL, *argv[16];
+    ck_assert(asprintf(&p, "%s/tests/prog_ring_nccl", b ? b : "build") > 0);
+    int a = 0;
+    if (recovery) {
+        argv[a++] = "--enable-recovery";
+        argv[a++] = "--mca";
+        argv[a++] = "orte_abort_on_non_zero_status";
+        argv[a++] = "0";
+    }
+    argv[a++] = p;
+    for (int i = 0; args[i]; i++)
+        argv[a++] = args[i];
+    argv[a] = NULL;
+    int rc = th_mpirun(n, argv, env, 180, &out);
+    ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring_nccl %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
+                  out ? out : "");
+    int got = 0;
+    for (const char *q = out; (q = strstr(q, tag)); q++)
+        got += q == out || q[-1] == '\n';
+    ck_assert_msg(got == want, "%d lines '%s', want %d (rc %d):\n%s", got, tag, want, rc, out);
+    if (!recovery)
+        ck_assert_msg(rc == 0, "prog_ring_nccl exit %d:\n%s", rc, out);
+    free(out);
+    free(p);
+}
+
+/* A member lost between two calls: the survivors keep their communicator, shrunk by
+   ncclCommShrink (NCCL >= 2.27), and are exact. */
+START_TEST(shrink_after_a_loss_between_calls)
+{
+    char *args[] = {"between", "1", NULL};
+#if defined(RK_HAVE_NCCL_SHRINK)
+    job(3, true, args, NULL, "ok shrunk ", 2);
+#else
+    job(3, true, args, NULL, "ok fresh ", 2);
+#endif
+}
+END_TEST
+
+/* A member lost inside a call: the survivors' calls are cancelled, the communicator
+   aborted, nothing writes their buffers afterwards, and a fresh one is exact. */
+START_TEST(fresh_after_a_loss_inside_a_call)
+{
+    char *args[] = {"inside", "2", NULL};
+    job(3, true, args, NULL, "ok fresh ", 2);
+}
+END_TEST
+
+/* rk_allreduce: a device buffer through NCCL, a host buffer through the MPI ring. */
+START_TEST(api_device_and_host_buffers)
+{
+    char *args[] = {"api", NULL};
+    job(2, false, args, NULL, "ok api ", 2);
+}
+END_TEST
+
+/* RK_NCCL=0: device buffers through pinned host staging and the MPI ring. */
+START_TEST(api_staged_without_nccl)
+{
+    char *args[] = {"api", NULL};
+    const char *env[] = {"RK_NCCL=0", NULL};
+    job(2, false, args, env, "ok api ", 2);
 }
 END_TEST
 
@@ -85,5 +158,12 @@ int main(void)
     tcase_add_test(tc, exact_world_of_one);
     tcase_add_test(tc, cancelled_then_rebuilt);
     suite_add_tcase(s, tc);
+    TCase *tj = tcase_create("jobs");
+    tcase_set_timeout(tj, 240);
+    tcase_add_test(tj, shrink_after_a_loss_between_calls);
+    tcase_add_test(tj, fresh_after_a_loss_inside_a_call);
+    tcase_add_test(tj, api_device_and_host_buffers);
+    tcase_add_test(tj, api_staged_without_nccl);
+    suite_add_tcase(s, tj);
     return th_main(s);
 }
