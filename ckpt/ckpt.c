@@ -886,6 +886,8 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 static void was_copy(ckpt_engine *e, bool save)
 {
     size_t n = e->was.n;
+    if (n == 0)
+        return; /* a spare's engine has held nothing yet: no arrays */
     size_t *off = e->was.save;
     uint64_t *len = (uint64_t *)(off + n);
     int64_t *row0 = (int64_t *)(len + n);
