@@ -9,7 +9,9 @@
  * multiply-add; gcc contracts none on x86-64 either) and IEEE division and square root.
  * Parallelism comes only from independent values: outputs of a sample, samples of a layer,
  * parameters of a gradient. Everything runs on the legacy default stream, the one the
- * library orders its snapshot copies after (rk_options' stream, by default).
+ * library orders its snapshot copies after (rk_options' stream, by default). Waits are
+ * for that stream alone (cudaStreamSynchronize(0)): the library's copy stream is not
+ * waited for, so training goes on while a snapshot is copied.
  */
 #include <stdio.h>
 #ifdef RKT_EMULATE
@@ -273,7 +275,7 @@ extern "C" int rkt_cuda_grads(const struct rkt_net *net, const float *params, fl
         below = t;
     }
     /* Faults of the kernels surface here, named, rather than in a later library call. */
-    return check(cudaDeviceSynchronize(), "the gradient kernels");
+    return check(cudaStreamSynchronize(0), "the gradient kernels");
 }
 
 extern "C" int rkt_cuda_adam(float *params, const float *grads, float *m, float *v, size_t off, size_t n,
@@ -285,5 +287,5 @@ extern "C" int rkt_cuda_adam(float *params, const float *grads, float *m, float 
     LAUNCH(adam, blocks(n, 256), 256, params, grads, m, v, off, n, inv_batch, c1, c2, lr, beta1, beta2, eps);
     if (LAUNCHED("adam") != 0)
         return -1;
-    return check(cudaDeviceSynchronize(), "the Adam kernel");
+    return check(cudaStreamSynchronize(0), "the Adam kernel");
 }

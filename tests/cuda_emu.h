@@ -120,8 +120,10 @@ static inline cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src
         memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
-static inline cudaError_t cudaDeviceSynchronize(void)
+typedef void *cudaStream_t;
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
+    (void)s;
     return emu_result();
 }
 
