@@ -9,7 +9,9 @@
  * changes, or the ring reports a lost peer that the detector then confirms, rk_allreduce
  * runs the recovery rounds (recover/recovery.c) and returns RK_RECOVERED with the state
  * rolled back. Other errors (RK_E_COLL_MISMATCH, a timeout without a lost member, ...)
- * are returned as they are.
+ * are returned as they are. In a CUDA + NCCL build a device buffer goes to
+ * api_ring_nccl.c (NCCL, or pinned staging and the MPI ring) with the same cancellation
+ * and the same recovery; every other buffer takes the MPI ring as in a CPU-only build.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -36,6 +38,9 @@ int rec_ring_open(rk_ctx *ctx)
 
 void rec_ring_close(rk_ctx *ctx)
 {
+#if defined(RK_HAVE_NCCL)
+    rec_ring_dev_close(ctx);
+#endif
     ring_destroy(&ctx->ring);
 }
 
@@ -54,7 +59,15 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
         return rec_recover(ctx);
     fmt_fault_point("allreduce"); /* tests: RK_FAULT=allreduce@N=crash, a member lost in its Nth call */
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+#if defined(RK_HAVE_NCCL)
+    /* Device memory: NCCL (api_ring_nccl.c); any other buffer: the MPI ring, as below. */
+    if ((rc = rec_ring_is_device(ctx, buf)) < 0)
+        return rc;
+    rc = rc ? rec_ring_dev_allreduce(ctx, buf, count, dtype, op, &cancel)
+            : ring_allreduce(ctx->ring, buf, count, dtype, op, &cancel);
+#else
     rc = ring_allreduce(ctx->ring, buf, count, dtype, op, &cancel);
+#endif
     if (rc != RK_E_PEER_LOST && rc != RK_E_TIMEOUT)
         return rec_ckpt_copied(ctx, rc); /* the caller updates the state next: the snapshot's copy is done */
     /* The ring saw a peer fail (or waited too long): recover once the detector agrees that

@@ -72,6 +72,7 @@ struct rk_ctx {
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
+    struct rec_dev *dev;      /* rk_allreduce's device path (api_ring_nccl.c); NULL: not looked at */
     struct {                  /* the wedge watchdog (api_det.c), on the detector's thread */
         uint64_t call;        /* the MPI call in progress at the last turn */
         int turns;            /* turns it has been in progress */
@@ -93,6 +94,17 @@ void rec_det_forget_secret(rk_ctx *ctx);
 int rec_det_status(rk_ctx *ctx);
 int rec_ring_open(rk_ctx *ctx);
 void rec_ring_close(rk_ctx *ctx);
+#if defined(RK_HAVE_NCCL)
+/* rk_allreduce's device buffers (api_ring_nccl.c, CUDA + NCCL builds): 1 when buf is device
+   memory, 0 for any other (and always without a device), or -ENOMEM; the allreduce of a
+   device buffer (NCCL, or pinned staging and the MPI ring), with the MPI ring's errors;
+   rec_ring_dev_close (from rec_ring_close) frees the communicator and the staging. */
+struct ring_cancel;
+int rec_ring_is_device(rk_ctx *ctx, const void *buf);
+int rec_ring_dev_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op,
+                           const struct ring_cancel *c);
+void rec_ring_dev_close(rk_ctx *ctx);
+#endif
 
 /* The registry (recover/registry.c). rec_registry_add validates everything and names
    what is wrong; rec_registry_free releases the copies, never the caller's buffers. */

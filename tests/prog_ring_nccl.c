@@ -2,7 +2,7 @@
  * tests/prog_ring_nccl.c - a worker for the NCCL ring's jobs on a GPU, run under mpirun
  * by tests/test_ring_nccl.c (built only with CUDA + NCCL; never run without a device).
  * Every rank uses device 0 (several ranks share one GPU: each names a host of its own for
- * NCCL, ring_nccl_hostid). Prints "ok ..." lines, "FAIL ..." and exits 1 on a wrong result.
+ * NCCL, ring_nccl_hostid, before any communicator). Prints "ok ..." lines, "FAIL ..." and exits 1 on a wrong result.
  * Modes:
  *   between V  an exact device allreduce over all ranks; rank V dies between two calls;
  *              the survivors (the test-only oracle: /proc) rebuild the MPI ring, agree on
@@ -83,14 +83,14 @@ static bool oracle_changed(void *arg)
     return prog_pid_dead(o->pids[o->victim]);
 }
 
+/* Every rank of these jobs uses device 0, however many the host has: each names a host of
+   its own (as the library does where ranks outnumber devices). */
 static void name_host(void)
 {
     char host[128] = "", id[192];
-    int devices = 0;
     const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     gethostname(host, sizeof(host) - 1);
-    cudaGetDeviceCount(&devices);
-    if (ring_nccl_hostid(id, sizeof(id), getenv("NCCL_HOSTID"), host, g_rank, ls ? atoi(ls) : 0, devices))
+    if (ring_nccl_hostid(id, sizeof(id), getenv("NCCL_HOSTID"), host, g_rank, ls ? atoi(ls) : 0, 0))
         setenv("NCCL_HOSTID", id, 1);
 }
 
@@ -100,7 +100,6 @@ static int mode_kill(int victim, bool inside)
     MPI_Allgather(&me, 1, MPI_INT, pids, 1, MPI_INT, MPI_COMM_WORLD);
     for (int i = 0; i < g_world; i++)
         all[i] = i;
-    name_host();
     ring *r = NULL;
     ring_nccl *g = NULL;
     if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_nccl_create(&g, r, 0, 60000, NULL) != 0)
@@ -212,6 +211,7 @@ int main(int argc, char **argv)
         return 3;
     g_rank = rk_rank(ctx);
     g_world = rk_world(ctx);
+    name_host();
     int rc;
     if ((strcmp(argv[1], "between") == 0 || strcmp(argv[1], "inside") == 0) && argc >= 3) {
         rc = mode_kill(atoi(argv[2]), strcmp(argv[1], "inside") == 0);

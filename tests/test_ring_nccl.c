@@ -78,7 +78,10 @@ END_TEST
 
 /* ---- jobs of several ranks on device 0 (tests/prog_ring_nccl.c) ---------------------- */
 
-static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want)
+/* Runs prog_ring_nccl; asserts no FAIL line, `want` lines starting with tag, and that the
+   output has (staged) or has not the line of device buffers going through host staging. */
+static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want,
+                bool staged)
 {
     const char *b = getenv("RK_TEST_BUILD");
     char *p = NULL, *out = NULL, *argv[16];
@@ -103,6 +106,8 @@ static void job(int n, bool recovery, char *const args[], const char *const env[
     ck_assert_msg(got == want, "%d lines '%s', want %d (rc %d):\n%s", got, tag, want, rc, out);
     if (!recovery)
         ck_assert_msg(rc == 0, "prog_ring_nccl exit %d:\n%s", rc, out);
+    ck_assert_msg(!strstr(out, "pinned host staging") == !staged, "staging %s:\n%s", staged ? "expected" : "unexpected",
+                  out);
     free(out);
     free(p);
 }
@@ -113,9 +118,9 @@ START_TEST(shrink_after_a_loss_between_calls)
 {
     char *args[] = {"between", "1", NULL};
 #if defined(RK_HAVE_NCCL_SHRINK)
-    job(3, true, args, NULL, "ok shrunk ", 2);
+    job(3, true, args, NULL, "ok shrunk ", 2, false);
 #else
-    job(3, true, args, NULL, "ok fresh ", 2);
+    job(3, true, args, NULL, "ok fresh ", 2, false);
 #endif
 }
 END_TEST
@@ -125,7 +130,7 @@ END_TEST
 START_TEST(fresh_after_a_loss_inside_a_call)
 {
     char *args[] = {"inside", "2", NULL};
-    job(3, true, args, NULL, "ok fresh ", 2);
+    job(3, true, args, NULL, "ok fresh ", 2, false);
 }
 END_TEST
 
@@ -133,7 +138,7 @@ END_TEST
 START_TEST(api_device_and_host_buffers)
 {
     char *args[] = {"api", NULL};
-    job(2, false, args, NULL, "ok api ", 2);
+    job(2, false, args, NULL, "ok api ", 2, false);
 }
 END_TEST
 
@@ -142,7 +147,7 @@ START_TEST(api_staged_without_nccl)
 {
     char *args[] = {"api", NULL};
     const char *env[] = {"RK_NCCL=0", NULL};
-    job(2, false, args, env, "ok api ", 2);
+    job(2, false, args, env, "ok api ", 2, true);
 }
 END_TEST
 
