@@ -145,9 +145,9 @@ static int start(rk_ctx *ctx, int64_t step)
     free(t);
     /* Host buffers may change as soon as rk_step_done returns (rekindle.h): their copy is
        waited for here; device tensors' copy runs on until the next update (rec_ckpt_copied).
-       A copy that fails fails this checkpoint (reported by rk_wait), not the call. */
-    if (!rc)
-        ckpt_copied(ctx->ckpt, true, rk__deadline_ns(ctx->opt.timeout_ms / 4));
+       A copy that fails fails this checkpoint (reported by rk_wait), not the call; one that
+       could not start whole may still read them: waited for all the same. */
+    ckpt_copied(ctx->ckpt, true, rk__deadline_ns(ctx->opt.timeout_ms / 4));
     rec_ckpt_mirror(ctx); /* every member, whatever its own start did: the shift is collective */
     return rc;
 }
