@@ -1,7 +1,8 @@
 /*
  * tests/test_cli.c - the `rekindle` entry point (exit codes of contract section 4:
  * 0 ok, 1 bad thing found, 2 usage/environment) and the installed library: `make install`
- * then a small program built with `pkg-config --cflags --libs rekindle` compiles, links, runs.
+ * then a small program built with `pkg-config --cflags --libs rekindle` compiles, links, runs;
+ * the build's CUDA + NCCL detection against fake toolkits.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,55 @@ START_TEST(install_and_pkg_config)
 }
 END_TEST
 
+/* The build's CUDA + NCCL detection against fake toolkits (headers with only the version
+   macros, empty libraries): NCCL found under NCCL_HOME apart from CUDA_HOME, its version in
+   the build line, ncclCommShrink compiled (-DRK_HAVE_NCCL_SHRINK) from NCCL 2.27 on only,
+   NCCL's directories ahead of CUDA's, a wheel's libnccl.so.2 linked by name; and no GPU
+   part where NCCL is missing or USE_CUDA=no. */
+START_TEST(build_detects_nccl_version_and_shrink)
+{
+    const char *src = getenv("RK_TEST_SRC");
+    char *d = th_tmpdir("cudafake");
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "cd %s && mkdir -p cuda/include cuda/lib64 n226/include n226/lib n227/include n227/lib64 && "
+             "echo '#define CUDART_VERSION 13000' > cuda/include/cuda_runtime_api.h && "
+             "touch cuda/include/cuda_runtime.h cuda/lib64/libcudart.so n226/lib/libnccl.so.2 n227/lib64/libnccl.so && "
+             "printf '#define NCCL_MAJOR 2\n#define NCCL_MINOR 26\n#define NCCL_PATCH 5\n' > n226/include/nccl.h && "
+             "printf '#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 3\n' > n227/include/nccl.h", d);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    free(out);
+    const char *vers[] = {"n226", "n227"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof(cmd), "make -s -C %s CUDA_HOME=%s/cuda NCCL_HOME=%s/%s config && "
+                 "make -s -n -C %s BUILD=%s/b CUDA_HOME=%s/cuda NCCL_HOME=%s/%s %s/b/obj/ring/ring_nccl.o %s/b/lib/librekindle.so",
+                 src, d, d, vers[i], src, d, d, d, vers[i], d, d);
+        ck_assert_int_eq(sh_ok(cmd, &out), 0);
+        char want[512];
+        snprintf(want, sizeof(want), "CUDA 13.0 under %s/cuda + NCCL %s under %s/%s (ncclCommShrink %s): building the GPU parts",
+                 d, i ? "2.27.3" : "2.26.5", d, vers[i], i ? "built" : "not built: NCCL < 2.27");
+        ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
+        ck_assert_msg(!strstr(out, "-DRK_HAVE_NCCL_SHRINK") == !i, "RK_HAVE_NCCL_SHRINK %s:\n%s", i ? "missing" : "set", out);
+        snprintf(want, sizeof(want), "-I%s/%s/include -I%s/cuda/include", d, vers[i], d);
+        ck_assert_msg(strstr(out, want), "want '%s' in:\n%s", want, out);
+        snprintf(want, sizeof(want), "-L%s/%s/%s/", d, vers[i], i ? "lib64" : "lib");
+        ck_assert_msg(strstr(out, want) && strstr(out, i ? "-lnccl " : "-l:libnccl.so.2 "), "NCCL's library:\n%s", out);
+        free(out);
+    }
+    snprintf(cmd, sizeof(cmd), "make -s -C %s CUDA_HOME=%s/cuda NCCL_HOME=%s/none config && "
+             "make -s -C %s CUDA_HOME=%s/cuda NCCL_HOME=%s/n227 USE_CUDA=no config && "
+             "make -s -n -C %s BUILD=%s/c CUDA_HOME=%s/cuda NCCL_HOME=%s/n227 USE_CUDA=no %s/c/lib/librekindle.a",
+             src, d, d, src, d, d, src, d, d, d, d);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "not found (CUDA_HOME=") && strstr(out, "disabled (USE_CUDA=no): CPU-only build") &&
+                      !strstr(out, "_nccl.") && !strstr(out, "_cuda.") && !strstr(out, "RK_HAVE_CUDA"),
+                  "CPU-only builds:\n%s", out);
+    free(out);
+    th_rmrf(d);
+    free(d);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -106,6 +156,7 @@ static Suite *cli_suite(void)
     tc = tcase_create("install");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, install_and_pkg_config);
+    tcase_add_test(tc, build_detects_nccl_version_and_shrink);
     suite_add_tcase(s, tc);
     return s;
 }
