@@ -65,6 +65,21 @@ static void final_lines(const char *out, int world, int steps, char hash[17])
     ck_assert_msg(n == world, "%d final lines, want %d:\n%s", n, world, out);
 }
 
+/* A job script's output: the job's final lines, then "replay" and the replay's; both give
+   `world` lines of `steps` steps and the same hash. Frees out. */
+static void job_equals_replay(char *out, int world, int steps)
+{
+    char h_job[17], h_replay[17];
+    const char *replay = strstr(out, "replay\n");
+    ck_assert_ptr_nonnull(replay);
+    char *job = strndup(out, (size_t)(replay - out));
+    final_lines(strstr(job, "final"), world, steps, h_job);
+    final_lines(replay, world, steps, h_replay);
+    ck_assert_str_eq(h_job, h_replay);
+    free(job);
+    free(out);
+}
+
 static int count_of(const char *out, const char *needle)
 {
     int n = 0;
@@ -355,15 +370,7 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
     bool memory = count_of(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
     bool unpartnered = !strstr(out, "unpartnered=0\n") && count_of(out, "\"from\": \"disk\"") == 3;
     ck_assert_msg(memory || unpartnered, "not every survivor resumed from memory:\n%s", out);
-    char h_job[17], h_replay[17];
-    const char *replay = strstr(out, "replay\n");
-    ck_assert_ptr_nonnull(replay);
-    char *job = strndup(out, (size_t)(replay - out));
-    final_lines(strstr(job, "final"), 3, 200, h_job);
-    final_lines(replay, 3, 200, h_replay);
-    ck_assert_str_eq(h_job, h_replay);
-    free(job);
-    free(out);
+    job_equals_replay(out, 3, 200);
     th_rmrf(w);
     free(w);
     free(bin);
@@ -396,15 +403,7 @@ START_TEST(zero_loss_in_final_allgather_finishes_in_place)
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
     ck_assert_msg(!strstr(out, "relaunch") && !strstr(out, "rk-train:"), "the survivors failed:\n%s", out);
     ck_assert_msg(strstr(out, "resumed=30\n"), "the survivors did not resume at step 30:\n%s", out);
-    char h_job[17], h_replay[17];
-    const char *replay = strstr(out, "replay\n");
-    ck_assert_ptr_nonnull(replay);
-    char *job = strndup(out, (size_t)(replay - out));
-    final_lines(strstr(job, "final"), 3, 30, h_job);
-    final_lines(replay, 3, 30, h_replay);
-    ck_assert_str_eq(h_job, h_replay);
-    free(job);
-    free(out);
+    job_equals_replay(out, 3, 30);
     th_rmrf(w);
     free(w);
     free(bin);
