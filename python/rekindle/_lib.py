@@ -53,6 +53,7 @@ class _Options(ctypes.Structure):
         ("io", ctypes.c_char_p),
         ("rollback", ctypes.c_char_p),
         ("env_error", ctypes.c_char * 192),
+        ("cuda_stream", ctypes.c_void_p),  # rk_options_init writes it: the struct must be whole
     ]
 
 
