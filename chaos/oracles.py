@@ -149,6 +149,14 @@ def lost_ranks(job, plan):
     return lost
 
 
+def nothing_to_roll_back(job):
+    """Whether the survivors of the first launch found neither a partnered snapshot in
+    memory nor a committed checkpoint on disk (the recovery's own words in the log)."""
+    err = job.stderr_text()
+    return bool(re.search(r"no partner copy of the snapshot of step \d+", err) and
+                "rollback: no snapshot in memory or on disk" in err)
+
+
 def check_in_place(job, plan, workers):
     lost = lost_ranks(job, plan)
     in_place = plan["in_place"]
@@ -162,6 +170,12 @@ def check_in_place(job, plan, workers):
                      % (sorted(lost), workers))
     if not in_place:
         return _skip("in_place", "this kind may relaunch the job")
+    if (job.phase != 0 or job.relaunches()) and nothing_to_roll_back(job):
+        # Sharded state whose newest snapshot lost its partner copy with the member (the
+        # loss fell inside that copy: docs/SHARDING.md), and no checkpoint committed yet:
+        # no survivor holds the lost slice anywhere, so only a fresh start can go on.
+        return _skip("in_place", "the loss fell inside the first snapshot's partner copy, before any commit: "
+                     "nothing to roll back to in place, so the job was relaunched")
     if job.phase != 0 or job.relaunches():
         return _bad("in_place", "the job was relaunched %d time(s): survivors did not carry on" % job.relaunches())
     late = killed_after_end(job, plan)
