@@ -189,22 +189,14 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("job");
     tcase_set_timeout(tc, 600);
-    /* Under SANITIZE=1 every worker is torch beside an instrumented library, several times
-       slower: the whole job case would overrun the suite's bound (tests/run). There one
-       job of each shape runs (a kill through the documented loop, and sharded state); the
-       C suites cover the library itself under the sanitizers. */
-    const char *san = getenv("RK_TEST_SANITIZE");
-    bool all = !san || strcmp(san, "1") != 0;
-    if (all) {
-        tcase_add_test(tc, killed_worker_replay);
-        tcase_add_test(tc, killed_worker_replay_ddp);
-        tcase_add_test(tc, lost_in_last_collective_zero);
-        tcase_add_test(tc, spare_takes_lost_slice_zero);
-        tcase_add_test(tc, docs_program_with_survives_kill);
-        tcase_add_test(tc, relaunch_resumes_from_disk);
-    }
+    tcase_add_test(tc, killed_worker_replay);
+    tcase_add_test(tc, killed_worker_replay_ddp);
     tcase_add_test(tc, killed_worker_replay_zero);
+    tcase_add_test(tc, lost_in_last_collective_zero);
+    tcase_add_test(tc, spare_takes_lost_slice_zero);
+    tcase_add_test(tc, docs_program_with_survives_kill);
     tcase_add_test(tc, docs_program_call_survives_kill);
+    tcase_add_test(tc, relaunch_resumes_from_disk);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
