@@ -303,3 +303,21 @@ int th_chaos_summary(const char *out, int *r, int *f, int *v)
     }
     return last ? 0 : -1;
 }
+
+int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], const char *const envp_extra[],
+                   int timeout_s, char **out)
+{
+    char *argv[16];
+    int a = 0;
+    if (recovery) {
+        argv[a++] = "--enable-recovery";
+        argv[a++] = "--mca";
+        argv[a++] = "orte_abort_on_non_zero_status";
+        argv[a++] = "0";
+    }
+    argv[a++] = (char *)prog;
+    for (int i = 0; args[i] && a < 15; i++)
+        argv[a++] = args[i];
+    argv[a] = NULL;
+    return th_mpirun(n, argv, envp_extra, timeout_s, out);
+}

@@ -54,6 +54,10 @@ int th_sh(const char *cmd, int timeout_s, char **out);
 int th_chaos_summary(const char *out, int *r, int *f, int *v);
 /* mpirun -n N --oversubscribe --allow-run-as-root --mca btl self,vader,tcp ... argv. */
 int th_mpirun(int n, char *const argv[], const char *const envp_extra[], int timeout_s, char **out);
+/* th_mpirun of prog args... (at most 10); with recovery, as `rekindle run` starts a job
+   (--enable-recovery, no abort on a non-zero exit), so that the others outlive a killed rank. */
+int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], const char *const envp_extra[],
+                   int timeout_s, char **out);
 
 /* Whether a CUDA GPU is usable; why gets the reason when not. */
 bool th_have_gpu(char *why, size_t cap);

@@ -192,20 +192,8 @@ static int count_lines(const char *out, const char *prefix)
 static void job(int n, bool recovery, char *const args[], const char *tag, int want)
 {
     char *p = prog();
-    char *argv[16];
-    int a = 0;
-    if (recovery) {
-        argv[a++] = "--enable-recovery";
-        argv[a++] = "--mca";
-        argv[a++] = "orte_abort_on_non_zero_status";
-        argv[a++] = "0";
-    }
-    argv[a++] = p;
-    for (int i = 0; args[i]; i++)
-        argv[a++] = args[i];
-    argv[a] = NULL;
     char *out = NULL;
-    int rc = th_mpirun(n, argv, NULL, 150, &out);
+    int rc = th_mpirun_prog(n, recovery, p, args, NULL, 150, &out);
     ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
                   out ? out : "");
     int got = count_lines(out, tag);

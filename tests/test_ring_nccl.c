@@ -84,20 +84,9 @@ static void job(int n, bool recovery, char *const args[], const char *const env[
                 bool staged)
 {
     const char *b = getenv("RK_TEST_BUILD");
-    char *p = NULL, *out = NULL, *argv[16];
+    char *p = NULL, *out = NULL;
     ck_assert(asprintf(&p, "%s/tests/prog_ring_nccl", b ? b : "build") > 0);
-    int a = 0;
-    if (recovery) {
-        argv[a++] = "--enable-recovery";
-        argv[a++] = "--mca";
-        argv[a++] = "orte_abort_on_non_zero_status";
-        argv[a++] = "0";
-    }
-    argv[a++] = p;
-    for (int i = 0; args[i]; i++)
-        argv[a++] = args[i];
-    argv[a] = NULL;
-    int rc = th_mpirun(n, argv, env, 180, &out);
+    int rc = th_mpirun_prog(n, recovery, p, args, env, 180, &out);
     ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring_nccl %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
                   out ? out : "");
     int got = 0;
