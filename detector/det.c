@@ -237,10 +237,14 @@ static void publish(det *d, det_event *e)
     const char *name = event_name(e->kind);
     switch (e->kind) {
     case DET_EV_DEAD:
-        RK_LOG_WARN(RK_SUB_DET, "peer %d declared dead after %.0f ms of silence: epoch %llu, %d members",
-                    e->peer, e->after_ms, (unsigned long long)e->epoch, d->view.nmembers);
+        if (e->via == DET_VIA_PARENT)
+            RK_LOG_WARN(RK_SUB_DET, "peer %d declared dead: its parent saw it end: epoch %llu, %d members", e->peer,
+                        (unsigned long long)e->epoch, d->view.nmembers);
+        else
+            RK_LOG_WARN(RK_SUB_DET, "peer %d declared dead after %.0f ms of silence: epoch %llu, %d members",
+                        e->peer, e->after_ms, (unsigned long long)e->epoch, d->view.nmembers);
         RK_EVENT(d->cfg.ev, name, RK_EV_I("peer", e->peer), RK_EV_I("epoch", e->epoch),
-                 RK_EV_D("after_ms", e->after_ms));
+                 RK_EV_D("after_ms", e->after_ms), RK_EV_S("via", e->via == DET_VIA_PARENT ? "parent" : "silence"));
         break;
     case DET_EV_FENCED:
         RK_LOG_ERR(RK_SUB_DET, "the other workers declared this one dead: fenced, it sends nothing more");
@@ -350,6 +354,7 @@ int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES], c
     }
     d->started = true;
     d->t_start = rk__mono_ns();
+    detpar_tell_start(d->cfg.parent_fd, d->cfg.rank, d->cfg.nslots, salt, d->addrs);
     return 0;
 
 out_proto:
@@ -365,6 +370,7 @@ void det_close(det **pd)
         return;
     det *d = *pd;
     if (d->started) {
+        detpar_tell_close(d->cfg.parent_fd); /* a worker that left is no news of a death */
         pthread_mutex_lock(&d->mu);
         detp_leave(d->proto, rk__mono_ns());
         flush(d);
@@ -468,6 +474,9 @@ int det_set_addr(det *d, int slot, const det_addr *a)
     d->addrs[slot].sin_family = AF_INET;
     d->addrs[slot].sin_addr.s_addr = a->ipv4;
     d->addrs[slot].sin_port = a->port;
+    struct sockaddr_in sa = d->addrs[slot];
     pthread_mutex_unlock(&d->mu);
+    if (d->started)
+        detpar_tell_addr(d->cfg.parent_fd, slot, &sa);
     return 0;
 }

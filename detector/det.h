@@ -45,6 +45,9 @@ typedef struct det_cfg {
     void (*watch)(void *arg);       /* called by the detector's thread each turn (at least
                                        every heartbeat), outside its lock; NULL: none */
     void *watch_arg;
+    int parent_fd;                  /* > 2: a pipe to this worker's parent (rekindle run's
+                                       wrapper), told what it needs to report the worker's
+                                       death (det_parent_*); 0: none. Not owned */
 } det_cfg;
 
 /* The membership as this worker sees it. */
@@ -75,7 +78,13 @@ typedef struct det_event {
     uint64_t epoch;       /* view epoch after the event */
     double after_ms;      /* silence of peer when it was suspected/declared */
     int64_t t_ns;         /* CLOCK_REALTIME when this worker learned it */
+    int via;              /* DEAD: enum det_via, how the death was learned */
 } det_event;
+
+enum det_via {
+    DET_VIA_SILENCE = 0,  /* its observers heard nothing for the timeout */
+    DET_VIA_PARENT,       /* its parent saw it end (an exit or a kill) and said so */
+};
 
 /* Counters of everything received and dropped (never acted on). */
 typedef struct det_stats {
@@ -123,5 +132,25 @@ void det_stats_get(const det *d, det_stats *out);
 int det_set_addr(det *d, int slot, const det_addr *a);
 /* The UDP port bound (host byte order), for diagnostics and tests. */
 int det_port(const det *d);
+
+/* ---- the worker's parent: reports its death at once (det_parent.c) ---------------------- *
+ * Under `rekindle run` each worker is the child of a wrapper, which learns of its death the
+ * moment it happens (waitpid). The worker's detector tells the wrapper, through a pipe
+ * (det_cfg.parent_fd), the attempt's salt, its slot and where every slot listens; the
+ * wrapper holds the job's key (RK_JOB_SECRET, inherited like the worker's) and, when the
+ * worker exits or is killed, sends every member a DEATH datagram under the attempt's MAC
+ * key. A stopped worker is never reported: the wrapper reports only what waitpid says ended. */
+typedef struct det_parent det_parent;
+/* fd: the pipe's read end (made non-blocking here; owned by the caller); key: the job's.
+   *out owned by the caller, det_parent_close. */
+int det_parent_open(det_parent **out, int fd, const uint8_t key[DET_KEY_BYTES]);
+/* Reads what the worker told, without blocking. 0: more may come; 1: the pipe is closed
+   (the worker is ending, or exec'd another program): do not poll it again (what it told
+   is kept for the report). */
+int det_parent_read(det_parent *pp);
+/* The worker ended with wait status `status`: tells every known member at once. Returns
+   how many datagrams were sent (0: the worker's detector was not running). */
+int det_parent_report(det_parent *pp, int status);
+void det_parent_close(det_parent **pp);
 
 #endif

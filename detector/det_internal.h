@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 
 #include "det.h"
 
@@ -22,10 +23,15 @@ enum detm_type {
     DETM_DECL,       /* membership news only (declarations in decl[])                     */
     DETM_DECL_ACK,   /* got the declarations in decl[] (stop piggybacking them)           */
     DETM_LEAVE,      /* the sender leaves cleanly                                          */
+    DETM_DEATH,      /* from the parent of src (rekindle run's wrapper): src ended (exit or
+                        kill; inc = its wait status); sent with seq >= DETW_PARENT_SEQ      */
     DETM_TYPE_MAX
 };
 
 #define DETM_MAX_DECL 16
+/* detm_decl.silence_ms: this bit set (and not all bits: a clean leave) means the death was
+   learned from the worker's parent (DETM_DEATH), not from its silence. */
+#define DETM_DECL_PARENT 0x80000000u
 
 /* A membership change: rank `rank` is out (dead, or left when `left`). */
 typedef struct detm_decl {
@@ -79,7 +85,11 @@ enum { DETP_ALIVE = 0, DETP_PROBING, DETP_SUSPECT, DETP_DEAD, DETP_NONMEMBER };
 
 /* ---- wire format and authentication (det_wire.c) -------------------------------------- */
 #define DETW_MAGIC 0x54444b52u /* "RKDT" little-endian */
-#define DETW_VERSION 1
+#define DETW_VERSION 2
+/* A worker's parent (det_parent.c) numbers its datagrams from here: the worker's own
+   numbers never reach it, so the two never collide in a receiver's replay window, and a
+   DEATH below it (or anything else above it) is malformed. */
+#define DETW_PARENT_SEQ (1ull << 62)
 #define DETW_HDR 60
 #define DETW_MAC 32
 #define DETW_MAX (DETW_HDR + 8 * DETM_MAX_DECL + DETW_MAC)
@@ -109,5 +119,14 @@ size_t detw_encode(detw *w, const detm *m, uint8_t *buf);
 int detw_decode(detw *w, const uint8_t *buf, size_t len, detm *m);
 /* Adds a verdict to the counters. */
 void detw_count(det_stats *s, int verdict, size_t len);
+
+/* ---- the channel from a worker to its parent (det_parent.c) --------------------------- */
+/* What the worker's detector tells its parent through the pipe det_cfg.parent_fd: the
+   attempt's salt and its slot at det_start, where every slot listens (at det_start and
+   det_set_addr), and that it closed (det_close: nothing to report any more). */
+void detpar_tell_start(int fd, int self, int nslots, const uint8_t salt[DET_KEY_BYTES],
+                       const struct sockaddr_in *addrs);
+void detpar_tell_addr(int fd, int slot, const struct sockaddr_in *a);
+void detpar_tell_close(int fd);
 
 #endif

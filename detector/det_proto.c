@@ -17,8 +17,8 @@
  * INVARIANTS
  *   I1  A member observes exactly its k ring predecessors in its current view and sends
  *       heartbeats to exactly its k successors (det_ring_recompute after every change).
- *   I2  An observed peer is declared dead only after a silence of at least its timeout
- *       T = clamp(mean + 8 dev of its heartbeat inter-arrivals, 3p, 10p) (a peer never
+ *   I2  An observed peer is declared dead for its silence only after a silence of at least
+ *       its timeout T = clamp(mean + 8 dev of its heartbeat inter-arrivals, 3p, 10p) (a peer never
  *       heard yet: max(10p, 1 s)), and only after probes were asked of other members
  *       (PING direct + PING_REQ to helpers at T - p) and it was suspect (at T - p/2).
  *   I3  Any authentic sign of life from a peer (heartbeat, ACK, ALIVE with a newer
@@ -37,6 +37,14 @@
  *   I7  Messages from ranks outside the view are never acted on.
  *   I8  A member that was not run for longer than 2p (its own stall) restarts its
  *       silence clocks instead of blaming its peers for its own pause.
+ *   I9  A member's death reported by its parent (DEATH: the wrapper saw the process exit
+ *       or be killed; authenticated like any datagram, det_wire.c) is a fact, not a
+ *       suspicion: every member that gets it declares the member dead at once, without
+ *       probes (the one exception to I2), and the declaration says how it was learned
+ *       (DETM_DECL_PARENT), so every member's event says "via parent". A stopped process
+ *       is never reported (the parent reports only an end), so hangs, lost hosts and
+ *       partitions go through I2 exactly as before; whichever way comes first declares,
+ *       the other then finds the rank out (I4) and does nothing.
  *
  * STATES of a peer, as seen by an observer (function performing each transition)
  *
@@ -50,6 +58,7 @@
  *                               |                                  detp_tick:declare       v
  *    NONMEMBER <-- install_view |                DEAD <------------------------------------+
  *    (spare)   --> install_view-+                 ^  decl received: apply_decl (any state)
+ *                                                 |  DEATH from its parent: detp_recv:declare
  *                                       LEAVE / left decl: apply_decl (LEFT, also out)
  *
  *   Self: MEMBER --(a declaration of self received: apply_decl)--> FENCED (final).
@@ -139,9 +148,9 @@ static bool is_member(const detp *p, int r)
     return r >= 0 && r < p->cfg.nslots && p->peers[r].state < DETP_DEAD;
 }
 
-static void emit(detp *p, int kind, int peer, double after_ms)
+static void emit(detp *p, int kind, int peer, double after_ms, int via)
 {
-    det_event e = {.kind = kind, .peer = peer, .epoch = p->epoch, .after_ms = after_ms};
+    det_event e = {.kind = kind, .peer = peer, .epoch = p->epoch, .after_ms = after_ms, .via = via};
     vec_push(&p->ev, &e);
 }
 
@@ -267,11 +276,11 @@ static void sample_hb(detp *p, struct peer *q, int64_t now)
 static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
 {
     int r = (int)d->rank;
-    bool left = d->silence_ms == LEFT_MARK;
+    bool left = d->silence_ms == LEFT_MARK, parent = !left && (d->silence_ms & DETM_DECL_PARENT);
     if (r == p->cfg.self) {
         if (!left && !p->fenced) { /* I6 */
             p->fenced = true;
-            emit(p, DET_EV_FENCED, r, 0);
+            emit(p, DET_EV_FENCED, r, 0, 0);
         }
         return false;
     }
@@ -285,15 +294,19 @@ static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
     p->epoch++;
     p->log[p->nlog++] = *d; /* each rank goes out once: nlog < nslots */
     ring_recompute(p, now);
-    emit(p, left ? DET_EV_LEFT : DET_EV_DEAD, r, left ? 0 : (double)d->silence_ms);
+    emit(p, left ? DET_EV_LEFT : DET_EV_DEAD, r, left ? 0 : (double)(d->silence_ms & ~DETM_DECL_PARENT),
+         parent ? DET_VIA_PARENT : DET_VIA_SILENCE);
     return true;
 }
 
-/* This member declares r dead and tells every member directly (I5). */
-static void declare(detp *p, int r, int64_t now)
+/* This member declares r dead, for its silence or on its parent's report (I9), and tells
+   every member directly (I5). */
+static void declare(detp *p, int r, int64_t now, bool parent)
 {
-    int64_t silence = now - p->peers[r].last_heard;
-    detm_decl d = {.rank = (uint32_t)r, .silence_ms = (uint32_t)(silence / 1000000)};
+    /* the silence of a peer this member does not observe means nothing: 0 */
+    int64_t silence = p->peers[r].observed ? now - p->peers[r].last_heard : 0;
+    uint32_t ms = (uint32_t)(silence / 1000000) & ~DETM_DECL_PARENT;
+    detm_decl d = {.rank = (uint32_t)r, .silence_ms = ms | (parent ? DETM_DECL_PARENT : 0)};
     if (!apply_decl(p, &d, now))
         return;
     for (int j = 0; j < p->cfg.nslots; j++) {
@@ -345,7 +358,7 @@ static void heard(detp *p, int r, int64_t now)
     struct peer *q = &p->peers[r];
     q->last_heard = now;
     if (q->state == DETP_SUSPECT)
-        emit(p, DET_EV_REFUTED, r, 0);
+        emit(p, DET_EV_REFUTED, r, 0, 0);
     if (q->state == DETP_PROBING || q->state == DETP_SUSPECT)
         q->state = DETP_ALIVE;
 }
@@ -356,6 +369,11 @@ void detp_recv(detp *p, const detm *m, int64_t now)
     if (p->fenced || src == self || src < 0 || src >= p->cfg.nslots || m->dst != self)
         return;
     struct peer *q = &p->peers[src];
+    if (m->type == DETM_DEATH) { /* I9: from src's parent, not from src */
+        if (is_member(p, src))
+            declare(p, src, now, true);
+        return;
+    }
     if (q->state == DETP_DEAD) { /* I6, I7 */
         notify_dead(p, src, now);
         return;
@@ -455,7 +473,7 @@ static void suspect(detp *p, int r, int64_t now)
 {
     struct peer *q = &p->peers[r];
     q->state = DETP_SUSPECT;
-    emit(p, DET_EV_SUSPECT, r, (double)(now - q->last_heard) / 1e6);
+    emit(p, DET_EV_SUSPECT, r, (double)(now - q->last_heard) / 1e6, 0);
     detm m;
     msg_init(p, &m, DETM_SUSPECT, r);
     m.subject = r;
@@ -493,7 +511,7 @@ void detp_tick(detp *p, int64_t now)
                 probe_start(p, r);
             if (q->state == DETP_PROBING)
                 suspect(p, r, now);
-            declare(p, r, now);
+            declare(p, r, now, false);
         } else if (silence >= t - p->p / 2) {
             if (q->state == DETP_ALIVE)
                 probe_start(p, r);
@@ -606,7 +624,7 @@ int detp_install_view(detp *p, const det_view *v, int64_t now)
     p->nmembers = n;
     p->epoch = v->epoch;
     ring_recompute(p, now);
-    emit(p, DET_EV_VIEW, -1, 0);
+    emit(p, DET_EV_VIEW, -1, 0, 0);
     return 0;
 }
 

@@ -13,6 +13,11 @@
  * size, magic, version and job, authentic, addressed to this worker, from a slot of this
  * job, well formed, and not a replay (per-sender window of 64 sequence numbers, updated
  * only after the MAC checked). Anything else is dropped and counted, never acted on.
+ *
+ * A DEATH datagram is sent by the sender's parent (det_parent.c) in the sender's name, with
+ * sequence numbers from DETW_PARENT_SEQ up, which the sender itself never reaches: it is
+ * bound to the launch attempt by the MAC key like any datagram, to its receiver by dst,
+ * and a copy of it replayed to the same receiver falls in the window (DETW_REPLAY).
  */
 #include <errno.h>
 #include <sodium.h>
@@ -177,6 +182,10 @@ int detw_decode(detw *w, const uint8_t *buf, size_t len, detm *m)
     }
     if (m->type < DETM_HB || m->type >= DETM_TYPE_MAX || dst != w->self || buf[7] != 0 || seq == 0 ||
         !slot_ok(w, m->subject, true) || !slot_ok(w, m->origin, true))
+        return DETW_MALFORMED;
+    /* a DEATH comes from src's parent, numbered apart, and speaks of src alone */
+    if ((seq >= DETW_PARENT_SEQ) != (m->type == DETM_DEATH) ||
+        (m->type == DETM_DEATH && (m->subject != src || m->ndecl != 0)))
         return DETW_MALFORMED;
     /* replay window: accept each sequence number of a sender once */
     uint64_t *top = &w->rx_top[src], *win = &w->rx_win[src];

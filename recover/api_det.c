@@ -11,10 +11,19 @@
  * it rank 0 makes a random key that travels in the same Allgather, and says so once. Rank 0
  * also draws the attempt's salt there: the MAC key depends on both, so datagrams of an
  * earlier launch attempt of the job are rejected (docs/DETECTOR.md, "Threat model").
+ *
+ * Under `rekindle run` the worker's parent (the launcher's wrapper) passes a pipe in
+ * RK_RUN_PARENT=FD:PID; the detector tells it what it needs to report this worker's death
+ * at once (detector/det_parent.c). It is used only by the wrapper's own child (getppid() is
+ * PID: a process the program started is not the one the wrapper watches), and marked
+ * close-on-exec so that no program the worker starts inherits it.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../detector/det.h"
@@ -78,6 +87,24 @@ static void wedge_watch(void *arg)
     _exit(RK_EXIT_WEDGED);
 }
 
+/* The pipe to this worker's parent from RK_RUN_PARENT ("FD:PID"), or 0: none (not under
+   rekindle run, reports turned off there, or this process is not the wrapper's child). */
+static int parent_pipe(void)
+{
+    const char *v = getenv("RK_RUN_PARENT");
+    int fd = -1, end = 0;
+    long pid = 0;
+    struct stat st;
+    if (!v || sscanf(v, "%d:%ld%n", &fd, &pid, &end) != 2 || v[end] != '\0' || fd <= 2)
+        return 0;
+    if (pid != (long)getppid() || fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode))
+        return 0;
+    int fl = fcntl(fd, F_GETFL);
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0 || fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0)
+        return 0;
+    return fd;
+}
+
 int rec_det_open(rk_ctx *ctx)
 {
     int rc, mrc, who = -1;
@@ -87,7 +114,8 @@ int rec_det_open(rk_ctx *ctx)
     uint8_t key[DET_KEY_BYTES];
     const char *secret = ctx->job_secret;
     det_cfg cfg = {.rank = ctx->rank0, .world = ctx->world0, .heartbeat_ms = ctx->opt.heartbeat_ms,
-                   .iface = ctx->opt.det_iface, .ev = ctx->ev, .watch = wedge_watch, .watch_arg = ctx};
+                   .iface = ctx->opt.det_iface, .ev = ctx->ev, .watch = wedge_watch, .watch_arg = ctx,
+                   .parent_fd = parent_pipe()};
 
     mine.status = det_open(&ctx->det, &cfg);
     if (mine.status == 0)

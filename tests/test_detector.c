@@ -3,15 +3,18 @@
  *
  * "sim": the protocol state machine (det_proto.c) driven by a simulated clock and network
  * with loss, delay, reordering, duplication, partitions, crashes and pauses. Each test
- * names the invariants (I1..I8 of det_proto.c's header) it checks.
- * "wire": the datagram format, MAC, replay window and key parsing (det_wire.c).
+ * names the invariants (I1..I9 of det_proto.c's header) it checks.
+ * "wire": the datagram format, MAC, replay window and key parsing (det_wire.c), and the
+ * death report of a worker's parent (det_parent.c, P1-P4).
  * "proc": real workers under mpirun (tests/prog_det.c), the event log as the oracle:
- * kill -9, SIGSTOP/SIGCONT (fencing), forged and garbage datagrams from outside the job.
+ * kill -9, SIGSTOP/SIGCONT (fencing), forged and garbage datagrams from outside the job;
+ * under `rekindle run`, a kill reported by the parent and a stop found by silence.
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,8 +241,9 @@ START_TEST(sim_crash_detected_same_view)
         ck_assert_int_ge(count_ev(s, i, DET_EV_SUSPECT, 3), 1);
         for (int j = 0; j < s->nev[i]; j++)
             if (s->ev[i][j].kind == DET_EV_DEAD)
-                ck_assert_msg(s->ev[i][j].after_ms >= 300, "declared after %.0f ms < 3 periods",
-                              s->ev[i][j].after_ms);
+                ck_assert_msg(s->ev[i][j].after_ms >= 300 && s->ev[i][j].via == DET_VIA_SILENCE,
+                              "declared after %.0f ms < 3 periods (via %d)", s->ev[i][j].after_ms,
+                              s->ev[i][j].via);
     }
     ck_assert_int_ge(preq, 2);
     ck_assert_uint_eq(assert_same_view(s), 1);
@@ -482,6 +486,53 @@ START_TEST(sim_nonmember_ignored)
 }
 END_TEST
 
+/* I9, I4, I5: a death reported by the worker's parent is declared at once, without probes,
+   and reaches every member "via parent" even when the report reached only one of them;
+   the silence that follows changes nothing (whichever way comes first declares). A report
+   of a rank already out, or of a spare slot not in the view, changes nothing either. */
+START_TEST(sim_parent_report_declares_at_once)
+{
+    struct sim *s = sim_new(6, 31); /* slots 6, 7 are spares */
+    sim_run(s, s->now + 1000 * MS);
+    s->crashed[2] = true;
+    int64_t t_kill = s->now;
+    detm d = {.type = DETM_DEATH, .src = 2, .dst = 0, .inc = 9, .subject = 2, .origin = -1};
+    sim_enqueue(s, &d); /* the copies to the others were lost */
+    sim_run(s, s->now + 20 * MS);
+    for (int i = 0; i < s->n; i++) {
+        if (i == 2)
+            continue;
+        ck_assert_msg(detp_peer_state(s->node[i], 2) == DETP_DEAD, "node %d does not hold 2 dead 20 ms after its "
+                      "parent's report", i);
+        ck_assert_int_eq(count_ev(s, i, DET_EV_SUSPECT, 2), 0); /* no probes, no suspicion */
+    }
+    sim_run(s, t_kill + 3000 * MS);
+    for (int i = 0; i < s->n; i++) {
+        if (i == 2)
+            continue;
+        ck_assert_msg(count_ev(s, i, DET_EV_DEAD, -1) == 1, "node %d: %d deaths", i, count_ev(s, i, DET_EV_DEAD, -1));
+        for (int j = 0; j < s->nev[i]; j++)
+            if (s->ev[i][j].kind == DET_EV_DEAD)
+                ck_assert_msg(s->ev[i][j].peer == 2 && s->ev[i][j].via == DET_VIA_PARENT && s->ev[i][j].after_ms < 300,
+                              "node %d: peer %d via %d after %.0f ms", i, s->ev[i][j].peer, s->ev[i][j].via,
+                              s->ev[i][j].after_ms);
+    }
+    ck_assert_uint_eq(assert_same_view(s), 1);
+    /* already out, or never in: nothing changes, nothing is sent to the dead */
+    detp *p = s->node[0];
+    long decl = s->sent[0][DETM_DECL];
+    d.dst = 0;
+    detp_recv(p, &d, s->now);
+    d.src = d.subject = 6;
+    detp_recv(p, &d, s->now);
+    sim_collect(s, 0);
+    ck_assert_int_eq(detp_peer_state(p, 6), DETP_NONMEMBER);
+    ck_assert_int_eq(count_ev(s, 0, DET_EV_DEAD, -1), 1);
+    ck_assert_int_eq(s->sent[0][DETM_DECL], decl);
+    sim_free(s);
+}
+END_TEST
+
 /* ---- wire ----------------------------------------------------------------------------------- */
 
 static const uint8_t key1[DET_KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -516,7 +567,7 @@ START_TEST(wire_roundtrip_and_rejects)
     n = detw_encode(&other, &m, buf); /* another job's key */
     th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADJOB);
     n = detw_encode(&tx, &m, buf);
-    buf[4] = 2;
+    buf[4] = DETW_VERSION + 1;
     th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADVERSION);
     buf[0] = 'X';
     th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADMAGIC);
@@ -605,6 +656,105 @@ START_TEST(wire_earlier_attempt_rejected)
 }
 END_TEST
 
+/* The parent's death report (det_parent.c) and what a receiver makes of it: authentic
+   once; its replay, a forgery, a report of an earlier attempt, one numbered like the
+   worker's own datagrams, or one about another rank, are dropped (P3). Nothing is
+   reported after the worker's CLOSE; the pipe's end of file (the worker dying) is no CLOSE. */
+static size_t recv_one(int fd, uint8_t *buf, size_t cap)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&pf, 1, 5000), 1);
+    ssize_t n = recv(fd, buf, cap, 0);
+    ck_assert_int_gt(n, 0);
+    return (size_t)n;
+}
+
+START_TEST(wire_death_report_forged_or_replayed_rejected)
+{
+    static const uint8_t salt2[DET_KEY_BYTES] = {5, 5, 5};
+    int us = socket(AF_INET, SOCK_DGRAM, 0), pfd[2];
+    ck_assert_int_ge(us, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(a);
+    ck_assert_int_eq(bind(us, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(getsockname(us, (struct sockaddr *)&a, &sl), 0);
+    struct sockaddr_in addrs[4] = {{0}};
+    addrs[1] = a; /* only slot 1 listens here: one datagram per report */
+    ck_assert_int_eq(pipe(pfd), 0);
+    det_parent *pp = NULL;
+    th_assert_rc(det_parent_open(&pp, pfd[0], key1), 0);
+    th_assert_rc(det_parent_report(pp, 9), 0); /* nothing told yet: nothing to report */
+    detpar_tell_start(pfd[1], 2, 4, salt, addrs); /* what worker 2's det_start tells */
+    th_assert_rc(det_parent_read(pp), 0);
+    th_assert_rc(det_parent_report(pp, 9), 1);
+    uint8_t good[DETW_MAX], buf[DETW_MAX];
+    size_t n = recv_one(us, good, sizeof(good));
+    detw rx;
+    detm got;
+    th_assert_rc(detw_init(&rx, key1, salt, 4, 1), 0);
+    th_assert_rc(detw_decode(&rx, good, n, &got), DETW_OK);
+    ck_assert_int_eq(got.type, DETM_DEATH);
+    ck_assert_int_eq(got.src, 2);
+    ck_assert_int_eq(got.subject, 2);
+    ck_assert_uint_eq(got.inc, 9);
+    detp *p = one_node(1, 4, 4, 3);
+    detp_recv(p, &got, MS);
+    ck_assert_int_eq(detp_peer_state(p, 2), DETP_DEAD);
+    det_event e;
+    ck_assert_int_eq(detp_pop_event(p, &e), 1);
+    ck_assert_int_eq(e.kind, DET_EV_DEAD);
+    ck_assert_int_eq(e.via, DET_VIA_PARENT);
+    detp_destroy(&p);
+    th_assert_rc(detw_decode(&rx, good, n, &got), DETW_REPLAY); /* the same report again */
+    /* forged: a MAC under another key, with the job's id copied in */
+    detw forger;
+    th_assert_rc(detw_init(&forger, key2, salt, 4, 2), 0);
+    forger.tx_seq = DETW_PARENT_SEQ;
+    detm m = {.type = DETM_DEATH, .src = 3, .dst = 1, .subject = 3, .origin = -1};
+    n = detw_encode(&forger, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADJOB);
+    memcpy(buf + 8, good + 8, 8);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADMAC);
+    detw_fini(&forger);
+    /* with the job's key but numbered as the worker's own datagrams, or about another rank */
+    detw tx;
+    th_assert_rc(detw_init(&tx, key1, salt, 4, 3), 0);
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_MALFORMED);
+    tx.tx_seq = DETW_PARENT_SEQ;
+    m.subject = 0;
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_MALFORMED);
+    m = (detm){.type = DETM_HB, .src = 3, .dst = 1, .subject = -1, .origin = -1}; /* not a DEATH */
+    n = detw_encode(&tx, &m, buf);
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_MALFORMED);
+    detw_fini(&tx);
+    /* the worker left cleanly: nothing to report */
+    detpar_tell_close(pfd[1]);
+    th_assert_rc(det_parent_report(pp, 0), 0);
+    /* a later attempt (another salt): its report does not authenticate in this one */
+    detpar_tell_start(pfd[1], 2, 4, salt2, addrs);
+    th_assert_rc(det_parent_report(pp, 9), 1);
+    n = recv_one(us, buf, sizeof(buf));
+    th_assert_rc(detw_decode(&rx, buf, n, &got), DETW_BADMAC);
+    detw rx2;
+    th_assert_rc(detw_init(&rx2, key1, salt2, 4, 1), 0);
+    th_assert_rc(detw_decode(&rx2, buf, n, &got), DETW_OK);
+    /* the pipe closes as the worker dies, before waitpid tells: the report still goes */
+    close(pfd[1]);
+    th_assert_rc(det_parent_read(pp), 1);
+    th_assert_rc(det_parent_report(pp, 9), 1);
+    n = recv_one(us, buf, sizeof(buf));
+    th_assert_rc(detw_decode(&rx2, buf, n, &got), DETW_OK);
+    detw_fini(&rx2);
+    det_parent_close(&pp);
+    ck_assert_ptr_null(pp);
+    detw_fini(&rx);
+    close(pfd[0]);
+    close(us);
+}
+END_TEST
+
 START_TEST(wire_secret_parsing)
 {
     uint8_t k[DET_KEY_BYTES];
@@ -634,8 +784,9 @@ struct job {
     int n;
 };
 
-/* Starts prog_det on n workers in the background; extra: mpirun options before it. */
-static struct job start_job(int n, int run_ms, const char *const extra[], const char *secret)
+/* Starts prog_det on n workers in the background; extra: mpirun options before it; with
+   `launcher`, under `rekindle run -n n` instead of mpirun (extra unused). */
+static struct job start_job_as(int n, int run_ms, const char *const extra[], const char *secret, bool launcher)
 {
     struct job j = {.n = n};
     j.dir = th_tmpdir("det");
@@ -667,7 +818,16 @@ static struct job start_job(int n, int run_ms, const char *const extra[], const 
         const char *argv[32] = {"timeout", "-k", "5", "150", "mpirun", "-n", nb, "--oversubscribe",
                                 "--allow-run-as-root", "--mca", "btl", "self,vader,tcp"};
         int a = 12;
-        for (int i = 0; extra && extra[i]; i++)
+        char *cli = NULL;
+        if (launcher) {
+            if (asprintf(&cli, "%s/bin/rekindle", getenv("RK_TEST_BUILD")) < 0)
+                _exit(90);
+            const char *run[] = {"timeout", "-k", "5", "150", cli, "run", "-n", nb, "--"};
+            a = 0;
+            for (size_t i = 0; i < sizeof(run) / sizeof(run[0]); i++)
+                argv[a++] = run[i];
+        }
+        for (int i = 0; !launcher && extra && extra[i]; i++)
             argv[a++] = extra[i];
         argv[a++] = prog;
         argv[a] = NULL;
@@ -675,6 +835,11 @@ static struct job start_job(int n, int run_ms, const char *const extra[], const 
         _exit(127);
     }
     return j;
+}
+
+static struct job start_job(int n, int run_ms, const char *const extra[], const char *secret)
+{
+    return start_job_as(n, run_ms, extra, secret, false);
 }
 
 /* Waits (bounded) until every worker wrote its pid and port. */
@@ -745,6 +910,9 @@ START_TEST(proc_kill9_every_survivor_sees_peer_dead)
         char *ev = event_log(&j, r);
         ck_assert_msg(strstr(ev, "\"event\": \"peer_dead\", \"peer\": 2, \"epoch\": 1") != NULL,
                       "rank %d event log lacks peer_dead of 2:\n%s\njob output:\n%s", r, ev, out);
+        /* plain mpirun: no parent to report it, its silence tells */
+        ck_assert_msg(strstr(ev, "\"via\": \"silence\"") != NULL && !strstr(ev, "\"via\": \"parent\""),
+                      "rank %d: not learned from silence:\n%s", r, ev);
         ck_assert_msg(count_str(ev, "\"event\": \"peer_dead\"") == 1, "rank %d: more than one death:\n%s", r, ev);
         char want[64]; /* it went on to the end (later epochs: workers that finished left) */
         snprintf(want, sizeof(want), "rank %d epoch ", r);
@@ -796,6 +964,58 @@ START_TEST(proc_sigstop_then_fenced)
     }
     free(ev);
     free(ev1);
+    free(out);
+    job_free(&j);
+}
+END_TEST
+
+/* The peer_dead line of `peer` in an event log, or NULL. */
+static const char *dead_line(const char *ev, int peer)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "\"event\": \"peer_dead\", \"peer\": %d,", peer);
+    return strstr(ev, want);
+}
+
+/* I9, P2 under `rekindle run`: a SIGKILLed worker is declared dead by every survivor on
+   its parent's report, in well under a heartbeat period; a worker stopped at the same
+   moment is not reported by its parent (a stop is not an end): silence finds it, as
+   before, and once continued it fences itself. */
+START_TEST(proc_run_kill_via_parent_stop_via_silence)
+{
+    struct job j = start_job_as(5, 9000, NULL, NULL, true);
+    int pids[5], ports[5];
+    job_addrs(&j, pids, ports);
+    usleep(1500 * 1000);
+    ck_assert_int_eq(kill(pids[1], SIGSTOP), 0);
+    ck_assert_int_eq(kill(pids[3], SIGKILL), 0);
+    char *ev = NULL;
+    for (int t = 0; t < 200; t++) {
+        free(ev);
+        ev = event_log(&j, 0);
+        if (dead_line(ev, 1))
+            break;
+        usleep(50 * 1000);
+    }
+    ck_assert_int_eq(kill(pids[1], SIGCONT), 0);
+    free(ev);
+    int status;
+    char *out = finish_job(&j, &status);
+    ck_assert_msg(status == 0, "rekindle run exit %d:\n%s", status, out);
+    for (int r = 0; r < 5; r++) {
+        if (r == 1 || r == 3)
+            continue;
+        char *e = event_log(&j, r);
+        const char *k = dead_line(e, 3), *st = dead_line(e, 1);
+        ck_assert_msg(k && st, "rank %d lacks a death:\n%s\n%s", r, e, out);
+        const char *kv = strstr(k, "\"via\": "), *sv = strstr(st, "\"via\": ");
+        ck_assert_msg(kv && strncmp(kv, "\"via\": \"parent\"", 15) == 0, "rank %d: the kill not via parent:\n%s", r, e);
+        ck_assert_msg(sv && strncmp(sv, "\"via\": \"silence\"", 16) == 0, "rank %d: the stop not via silence:\n%s", r,
+                      e);
+        ck_assert_int_eq(count_str(e, "\"event\": \"peer_dead\""), 2);
+        free(e);
+    }
+    ck_assert_msg(strstr(out, "rank 1 fenced: ") != NULL, "rank 1 did not fence itself:\n%s", out);
     free(out);
     job_free(&j);
 }
@@ -971,6 +1191,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, sim_leave_is_not_death);
     tcase_add_test(tc, sim_install_view_spares);
     tcase_add_test(tc, sim_nonmember_ignored);
+    tcase_add_test(tc, sim_parent_report_declares_at_once);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("wire");
@@ -978,6 +1199,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, wire_replay_window_reorder);
     tcase_add_test(tc, wire_secret_parsing);
     tcase_add_test(tc, wire_earlier_attempt_rejected);
+    tcase_add_test(tc, wire_death_report_forged_or_replayed_rejected);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("proc");
@@ -988,6 +1210,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, proc_iface_subnet);
     tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
     tcase_add_test(tc, proc_sigstop_then_fenced);
+    tcase_add_test(tc, proc_run_kill_via_parent_stop_via_silence);
     tcase_add_test(tc, proc_forged_and_garbage_rejected);
     suite_add_tcase(s, tc);
     return s;

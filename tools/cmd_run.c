@@ -12,8 +12,11 @@
  *      the secret never appears on a command line).
  *   2. mpirun runs N+S copies of `rekindle run --rk-worker DIR -- PROGRAM ARGS`: a small
  *      wrapper that runs PROGRAM as its child, passes signals on, and when PROGRAM ends
- *      records how ("exit C" or "signal S", then "host H pid P": hosts may share a PID
- *      space) in DIR/rank-<R>, then ends the same way.
+ *      (an exit or a kill, never a stop) first tells the job's other workers at once
+ *      (detector/det_parent.c: the child's detector told it, through a pipe passed in
+ *      RK_RUN_PARENT, where they listen and the attempt's salt; RK_PARENT_REPORT=0 turns
+ *      this off), then records how ("exit C" or "signal S", then "host H pid P": hosts
+ *      may share a PID space) in DIR/rank-<R>, then ends the same way.
  *   3. Completion: with `--enable-recovery --mca orte_abort_on_non_zero_status 0`,
  *      mpirun (Open MPI 4.1) exits 0 whatever its processes did, even when every one of
  *      them failed. So the launcher judges by the records: the job completed if at least
@@ -40,12 +43,15 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "../detector/det.h"
 #include "../formats/fmt.h"
 #include "tools.h"
 
@@ -172,6 +178,30 @@ static int write_record(const char *dir, const char *rank, const char *text)
     return 0;
 }
 
+/* The channel for reporting the child's death (detector/det_parent.c): a pipe, and the
+   job's key from RK_JOB_SECRET, as the child's detector will derive it. NULL (and pfd
+   -1) when RK_PARENT_REPORT=0 or there is no secret: the others then learn of a death
+   from its silence alone. */
+static det_parent *report_channel(const char *rank, int pfd[2])
+{
+    pfd[0] = pfd[1] = -1;
+    const char *off = getenv("RK_PARENT_REPORT"), *secret = getenv("RK_JOB_SECRET");
+    uint8_t key[DET_KEY_BYTES];
+    if ((off && strcmp(off, "0") == 0) || !secret || det_key_from_secret(secret, key) != 0)
+        return NULL;
+    det_parent *pp = NULL;
+    if (pipe2(pfd, O_CLOEXEC) != 0 || det_parent_open(&pp, pfd[0], key) != 0) {
+        fprintf(stderr, "rekindle: run: rank %s: no channel to report its death (%s): the others will learn "
+                        "it from its silence\n", rank, strerror(errno));
+        for (int i = 0; i < 2; i++)
+            if (pfd[i] >= 0)
+                close(pfd[i]);
+        pfd[0] = pfd[1] = -1;
+    }
+    explicit_bzero(key, sizeof(key));
+    return pp;
+}
+
 static int worker_main(const char *dir, char **prog)
 {
     const char *rank = getenv("OMPI_COMM_WORLD_RANK");
@@ -182,6 +212,11 @@ static int worker_main(const char *dir, char **prog)
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
+    int sfd = signalfd(-1, &all, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0)
+        return tool_error(TOOL_USAGE, "run: rank %s: signalfd: %s", rank, strerror(errno));
+    int pfd[2];
+    det_parent *pp = report_channel(rank, pfd);
     pid_t wrapper = getpid();
     pid_t child = fork();
     if (child < 0)
@@ -192,34 +227,56 @@ static int worker_main(const char *dir, char **prog)
             raise(SIGKILL); /* it was lost before the line above: as if it had been after */
         sigprocmask(SIG_SETMASK, &old, NULL);
         setenv("RK_RUN_RECORDS", dir, 1); /* where a spare notes that it joined (recover/) */
+        char chan[64];
+        int wfd = pfd[1] >= 0 ? fcntl(pfd[1], F_DUPFD, 3) : -1; /* a copy without close-on-exec */
+        snprintf(chan, sizeof(chan), "%d:%ld", wfd, (long)wrapper);
+        if (wfd >= 0)
+            setenv("RK_RUN_PARENT", chan, 1); /* read by rk_init (recover/api_det.c) */
+        else
+            unsetenv("RK_RUN_PARENT");
         execvp(prog[0], prog);
         fprintf(stderr, "rekindle: run: rank %s: cannot start %s: %s\n", rank, prog[0], strerror(errno));
         _exit(127);
     }
-    /* Pass on what is sent to the wrapper; end when the program ends; beat meanwhile, so the
-       launcher can tell a worker still at work from one whose host is gone. */
+    if (pfd[1] >= 0)
+        close(pfd[1]);
+    /* Pass on what is sent to the wrapper; end when the program ends (waitpid reports an end,
+       never a stop), telling the others first; beat meanwhile, so the launcher can tell a
+       worker still at work from one whose host is gone. */
     int status = 0;
+    bool pipe_open = pp != NULL;
     char alive[PATH_MAX];
     snprintf(alive, sizeof(alive), "%s/alive-%s", dir, rank);
-    for (;;) {
-        siginfo_t si;
-        struct timespec beat = {BEAT_MS / 1000, (BEAT_MS % 1000) * 1000000L};
-        int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-        if (afd >= 0) {
-            futimens(afd, NULL);
-            close(afd);
+    for (int64_t beat_at = 0;;) {
+        if (rk__mono_ns() >= beat_at) {
+            int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+            if (afd >= 0) {
+                futimens(afd, NULL);
+                close(afd);
+            }
+            beat_at = rk__deadline_ns(BEAT_MS);
         }
-        int sig = sigtimedwait(&all, &si, &beat);
-        if (sig < 0)
-            continue; /* the beat's time */
-        if (sig == SIGCHLD) {
-            pid_t w = waitpid(child, &status, WNOHANG);
-            if (w == child)
-                break;
-        } else if (sig > 0 && sig != SIGCHLD) {
-            kill(child, sig);
+        struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
+        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
+        poll(pf, 2, ms > 0 ? ms : 0);
+        if (pf[1].revents && det_parent_read(pp) != 0)
+            pipe_open = false; /* closed: the child ended or exec'd a program without a detector */
+        struct signalfd_siginfo si;
+        bool ended = false;
+        while (!ended && read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+            if (si.ssi_signo == SIGCHLD)
+                ended = waitpid(child, &status, WNOHANG) == child;
+            else
+                kill(child, (int)si.ssi_signo);
         }
+        if (ended)
+            break;
     }
+    det_parent_report(pp, status); /* before anything slower: the others are waiting */
+    det_parent_close(&pp);
+    if (pfd[0] >= 0)
+        close(pfd[0]);
+    close(sfd);
     char text[384], host[256] = "?";
     gethostname(host, sizeof(host) - 1);
     snprintf(text, sizeof(text), "%s %d host %s pid %ld\n", WIFSIGNALED(status) ? "signal" : "exit",

@@ -1,0 +1,282 @@
+/*
+ * detector/det_parent.c - a worker's death, reported by its parent the moment it happens.
+ *
+ * PURPOSE
+ *   Silence needs a timeout (3 heartbeat periods at least) before a worker is declared
+ *   dead. For the commonest fault, a process that ends on a host that stays up (a crash,
+ *   an OOM kill, an uncaught exception, SIGKILL), waiting is not needed: under
+ *   `rekindle run` the worker is the child of a wrapper, and waitpid tells the wrapper at
+ *   once. This file is both ends of what lets the wrapper tell the members:
+ *
+ *   worker (det.c calls detpar_tell_*)          wrapper (tools/cmd_run.c calls det_parent_*)
+ *     det_start:     START {slot, nslots, salt}  ->  derives the attempt's MAC key (detw_init)
+ *                    ADDR {slot, address} x n    ->  from the job's key it holds and the salt
+ *     det_set_addr:  ADDR                        ->  where a spare listens
+ *     det_close:     CLOSE                       ->  forgets: a worker that left is no news
+ *     (the process ends: exit or kill)               waitpid -> det_parent_report: a DEATH
+ *                                                    datagram to every member it knows
+ *
+ * INVARIANTS
+ *   P1  Nothing secret crosses the pipe: the wrapper has the job's key from its own
+ *       environment (RK_JOB_SECRET, which the worker inherited from it); the pipe carries
+ *       the attempt's salt, slots and addresses. The pipe is private to the two processes
+ *       (the worker marks its end close-on-exec at rk_init), never a file.
+ *   P2  The wrapper reports only an end that waitpid returned (an exit or a kill), never a
+ *       stop: a stopped worker is found, or not, by silence alone.
+ *   P3  A report is a datagram of the job like any other (det_wire.c): the attempt's MAC
+ *       key, addressed to one receiver, numbered from DETW_PARENT_SEQ so that a replayed
+ *       copy falls in the receiver's window; one that does not authenticate is dropped and
+ *       counted. Between a CLOSE and the next START there is nothing to report. The pipe's
+ *       end of file is no CLOSE: a dying worker's end closes before waitpid tells.
+ *   P4  The worker never waits on its parent for long: its writes are non-blocking, wait
+ *       at most TELL_WAIT_MS for room, and a record that does not fit is dropped (logged):
+ *       the members then learn of the death by silence, as without a parent.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "det_internal.h"
+
+#define DETPAR_MAGIC 0x50444b52u /* "RKDP" little-endian */
+#define TELL_WAIT_MS 100
+
+enum { REC_START = 1, REC_ADDR, REC_CLOSE };
+
+/* One record on the pipe (host byte order: both ends are one host, one build). */
+struct detpar_rec {
+    uint32_t magic;
+    uint16_t kind;
+    uint16_t zero;
+    int32_t slot;   /* START: the worker's; ADDR: the slot that listens there */
+    int32_t nslots; /* START */
+    uint8_t data[DET_KEY_BYTES]; /* START: the attempt's salt; ADDR: ipv4, port (network order) */
+};
+
+#define RECS_PER_WRITE (PIPE_BUF / sizeof(struct detpar_rec)) /* a write this size is atomic */
+
+/* ---- the worker's end -------------------------------------------------------------------- */
+
+static void tell(int fd, const struct detpar_rec *r, size_t n)
+{
+    int64_t deadline = rk__deadline_ns(TELL_WAIT_MS);
+    while (n > 0) {
+        size_t k = n < RECS_PER_WRITE ? n : RECS_PER_WRITE;
+        ssize_t w = write(fd, r, k * sizeof(*r));
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno == EAGAIN && !rk__deadline_passed(deadline)) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            poll(&pf, 1, 10);
+            continue;
+        }
+        if (w != (ssize_t)(k * sizeof(*r))) {
+            RK_LOG_WARN(RK_SUB_DET, "could not tell this worker's parent where the members listen (%s): if "
+                        "it dies, the others will learn it from its silence", w < 0 ? strerror(errno) : "short write");
+            return;
+        }
+        r += k;
+        n -= k;
+    }
+}
+
+static void addr_rec(struct detpar_rec *r, int slot, const struct sockaddr_in *a)
+{
+    memset(r, 0, sizeof(*r));
+    r->magic = DETPAR_MAGIC;
+    r->kind = REC_ADDR;
+    r->slot = slot;
+    memcpy(r->data, &a->sin_addr.s_addr, 4);
+    memcpy(r->data + 4, &a->sin_port, 2);
+}
+
+void detpar_tell_start(int fd, int self, int nslots, const uint8_t salt[DET_KEY_BYTES],
+                       const struct sockaddr_in *addrs)
+{
+    if (fd <= 2)
+        return;
+    struct detpar_rec *r = calloc((size_t)nslots + 1, sizeof(*r));
+    if (!r) {
+        RK_LOG_WARN(RK_SUB_DET, "out of memory: this worker's parent cannot report its death");
+        return;
+    }
+    r[0] = (struct detpar_rec){.magic = DETPAR_MAGIC, .kind = REC_START, .slot = self, .nslots = nslots};
+    memcpy(r[0].data, salt, DET_KEY_BYTES);
+    size_t n = 1;
+    for (int s = 0; s < nslots; s++)
+        if (s != self && addrs[s].sin_port != 0)
+            addr_rec(&r[n++], s, &addrs[s]);
+    tell(fd, r, n);
+    free(r);
+}
+
+void detpar_tell_addr(int fd, int slot, const struct sockaddr_in *a)
+{
+    if (fd <= 2)
+        return;
+    struct detpar_rec r;
+    addr_rec(&r, slot, a);
+    tell(fd, &r, 1);
+}
+
+void detpar_tell_close(int fd)
+{
+    if (fd <= 2)
+        return;
+    struct detpar_rec r = {.magic = DETPAR_MAGIC, .kind = REC_CLOSE};
+    tell(fd, &r, 1);
+}
+
+/* ---- the parent's end -------------------------------------------------------------------- */
+
+struct det_parent {
+    int fd;                    /* the pipe's read end (not owned) */
+    int sock;                  /* UDP, for the reports; -1 until the first START */
+    uint8_t key[DET_KEY_BYTES];
+    bool started;              /* a START since the last CLOSE */
+    int self, nslots;
+    detw wire;
+    struct sockaddr_in *addrs; /* nslots; sin_port 0: unknown */
+    uint8_t part[sizeof(struct detpar_rec)];
+    size_t npart;              /* bytes of a record not yet complete */
+};
+
+int det_parent_open(det_parent **out, int fd, const uint8_t key[DET_KEY_BYTES])
+{
+    if (!out || fd < 0 || !key)
+        return -EINVAL;
+    *out = NULL;
+    det_parent *pp = calloc(1, sizeof(*pp));
+    if (!pp)
+        return -ENOMEM;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        int rc = -errno;
+        free(pp);
+        return rk__fail(RK_SUB_DET, RK_LOG_ERROR, rc, "det_parent_open: fd %d: %s", fd, strerror(-rc));
+    }
+    pp->fd = fd;
+    pp->sock = -1;
+    memcpy(pp->key, key, DET_KEY_BYTES);
+    *out = pp;
+    return 0;
+}
+
+static void forget(det_parent *pp)
+{
+    if (!pp->started)
+        return;
+    detw_fini(&pp->wire);
+    free(pp->addrs);
+    pp->addrs = NULL;
+    pp->started = false;
+}
+
+static void take(det_parent *pp, const struct detpar_rec *r)
+{
+    if (r->magic != DETPAR_MAGIC)
+        return;
+    switch (r->kind) {
+    case REC_START:
+        forget(pp);
+        if (r->nslots < 1 || r->nslots > DET_MAX_SLOTS || r->slot < 0 || r->slot >= r->nslots)
+            return;
+        if (pp->sock < 0)
+            pp->sock = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        pp->addrs = calloc((size_t)r->nslots, sizeof(*pp->addrs));
+        if (pp->sock < 0 || !pp->addrs || detw_init(&pp->wire, pp->key, r->data, r->nslots, r->slot) != 0) {
+            free(pp->addrs);
+            pp->addrs = NULL;
+            return;
+        }
+        pp->wire.tx_seq = DETW_PARENT_SEQ; /* P3 */
+        pp->self = r->slot;
+        pp->nslots = r->nslots;
+        pp->started = true;
+        break;
+    case REC_ADDR:
+        if (pp->started && r->slot >= 0 && r->slot < pp->nslots) {
+            struct sockaddr_in *a = &pp->addrs[r->slot];
+            a->sin_family = AF_INET;
+            memcpy(&a->sin_addr.s_addr, r->data, 4);
+            memcpy(&a->sin_port, r->data + 4, 2);
+        }
+        break;
+    case REC_CLOSE:
+        forget(pp);
+        break;
+    default:
+        break;
+    }
+}
+
+int det_parent_read(det_parent *pp)
+{
+    uint8_t buf[RECS_PER_WRITE * sizeof(struct detpar_rec)];
+    for (;;) {
+        ssize_t n = read(pp->fd, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return errno == EAGAIN ? 0 : 1;
+        if (n == 0) /* the worker is gone (its end closes before waitpid can tell), or exec'd
+                       another program: its detector is gone either way; kept for the report */
+            return 1;
+        for (size_t i = 0; i < (size_t)n;) {
+            size_t k = sizeof(pp->part) - pp->npart;
+            if (k > (size_t)n - i)
+                k = (size_t)n - i;
+            memcpy(pp->part + pp->npart, buf + i, k);
+            pp->npart += k;
+            i += k;
+            if (pp->npart == sizeof(pp->part)) {
+                struct detpar_rec r;
+                memcpy(&r, pp->part, sizeof(r));
+                take(pp, &r);
+                pp->npart = 0;
+            }
+        }
+    }
+}
+
+int det_parent_report(det_parent *pp, int status)
+{
+    if (!pp)
+        return 0;
+    det_parent_read(pp); /* what the worker said last, before it died */
+    if (!pp->started)
+        return 0;
+    int sent = 0;
+    uint8_t buf[DETW_MAX];
+    for (int r = 0; r < pp->nslots; r++) {
+        const struct sockaddr_in *to = &pp->addrs[r];
+        if (r == pp->self || to->sin_port == 0)
+            continue;
+        detm m = {.type = DETM_DEATH, .src = pp->self, .dst = r, .inc = (uint32_t)status,
+                  .subject = pp->self, .origin = -1};
+        size_t n = detw_encode(&pp->wire, &m, buf);
+        if (sendto(pp->sock, buf, n, MSG_DONTWAIT, (const struct sockaddr *)to, sizeof(*to)) == (ssize_t)n)
+            sent++;
+    }
+    return sent;
+}
+
+void det_parent_close(det_parent **ppp)
+{
+    if (!ppp || !*ppp)
+        return;
+    det_parent *pp = *ppp;
+    forget(pp);
+    if (pp->sock >= 0)
+        close(pp->sock);
+    sodium_memzero(pp->key, sizeof(pp->key));
+    free(pp);
+    *ppp = NULL;
+}
