@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """examples/torch_train.py - a real PyTorch training job that survives lost workers.
 
-    rekindle run -n 4 -- python3 examples/torch_train.py --steps 300 [--ddp | --zero]
+    rekindle run -n 4 -- python3 examples/torch_train.py --steps 300 [--ddp | --zero] [--device cuda]
 
 An MLP (64 -> H -> H -> 10, ReLU) learns the handwritten digits of scikit-learn's
 load_digits with Adam, data parallel over the job's workers through Rekindle's ring.
@@ -25,6 +25,13 @@ its slice of the parameters from the averaged gradient, and the parameters are m
 whole again by an allgather (a byte-wise MAX allreduce of the flat parameters, zero
 outside each rank's slice: exact). After a recovery the slices are those of the new
 world: ZeroAdam.reshard takes them (rk.shard_rows, rk.rebind).
+
+--device cuda: the model, its Adam state and the data on the GPU (worker r of a host uses
+device r mod the host's device count); the gradients are averaged by NCCL on the device,
+and snapshots are copied from it to pinned host memory while the next step computes
+(docs/GPU.md). cuBLAS is made deterministic (CUBLAS_WORKSPACE_CONFIG=:4096:8), so a CUDA run
+is bitwise reproducible like a CPU one; its bits differ from the CPU's (other kernels).
+Not with --zero (sharded state is host memory only).
 
 Any collective may find a lost member, the last one too (the final hash gathers the
 sharded moments): after rekindle.Recovered the program goes back to its loop at the
@@ -64,6 +71,10 @@ def parse_args():
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
     p.add_argument("--ddp", action="store_true", help="average gradients through a DDP comm hook")
     p.add_argument("--zero", action="store_true", help="shard Adam's moments over the workers (ZeRO-1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default cpu)")
+    p.add_argument("--data", metavar="FILE",
+                   help="the digits as scikit-learn ships them (sklearn/datasets/data/digits.csv.gz), "
+                        "read directly: for a machine without scikit-learn")
     p.add_argument("--save-state", metavar="FILE",
                    help="rank 0 saves the model's final state_dict() with torch.save (to compare with rekindle.load)")
     a = p.parse_args()
@@ -71,15 +82,36 @@ def parse_args():
         p.error("--steps must be >= 0, --batch and --hidden >= 1")
     if a.ddp and a.zero:
         p.error("--ddp and --zero exclude each other: the DDP hook needs a registered torch optimizer")
+    if a.zero and a.device == "cuda":
+        p.error("--zero is for --device cpu: sharded state is registered in host memory only")
     return a
 
 
-def digits():
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = torch.from_numpy((d.data / 16.0).astype(np.float32))
-    y = torch.from_numpy(d.target.astype(np.int64))
+def digits(path=None):
+    """scikit-learn's load_digits: 1,797 8x8 images (64 values 0..16) and their labels.
+    With path, its file read directly (the same CSV: 64 pixels, then the label)."""
+    if path:
+        rows = np.loadtxt(path, delimiter=",")
+        data, target = rows[:, :-1], rows[:, -1]
+    else:
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        data, target = d.data, d.target
+    x = torch.from_numpy((data / 16.0).astype(np.float32))
+    y = torch.from_numpy(target.astype(np.int64))
     return x, y
+
+
+def pick_device(name):
+    """cpu, or this worker's GPU: local rank mod the host's devices (mpirun and
+    `rekindle run` give OMPI_COMM_WORLD_LOCAL_RANK). None when CUDA has no device."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return None
+    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+    torch.cuda.set_device(local % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def make_ddp(model):
@@ -144,13 +176,21 @@ class ZeroAdam:
 
 def main():
     a = parse_args()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before CUDA starts: deterministic cuBLAS
     torch.set_num_threads(1)  # the same arithmetic on every rank and every run
     torch.use_deterministic_algorithms(True)
-    x_all, y_all = digits()
+    device = pick_device(a.device)
+    if device is None:
+        print("torch_train: --device cuda: no CUDA device (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 1
+    x_all, y_all = digits(a.data)
     order = torch.from_numpy(np.random.default_rng(a.seed).permutation(len(y_all)))
     torch.manual_seed(a.seed)
     model = nn.Sequential(nn.Linear(64, a.hidden), nn.ReLU(), nn.Linear(a.hidden, a.hidden), nn.ReLU(),
                           nn.Linear(a.hidden, 10))
+    # The same initial weights on every device: made on the CPU, then moved.
+    model.to(device)
+    x_all, y_all = x_all.to(device), y_all.to(device)
     optim = ZeroAdam(model.parameters(), a.lr) if a.zero else torch.optim.Adam(model.parameters(), lr=a.lr)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -173,7 +213,7 @@ def main():
             return 0
         if a.zero:
             optim.reshard(rk)
-        loss_buf = torch.zeros(1)
+        loss_buf = torch.zeros(1, device=device)
         while True:
             try:
                 while step < a.steps:

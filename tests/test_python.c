@@ -7,79 +7,19 @@
  * Skipped, with the reason, when RK_TEST_PYTHON cannot import torch and sklearn
  * (Debian's python3-torch and python3-sklearn; scripts/install-deps installs them).
  */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "harness.h"
+#include "harness_py.h"
 
-static char python[4096], pypath[4200], libpath[4200], script_api[4200], script_job[4200];
-static char preload[4200], asan_options[256];
-/* The package loads the library of the build under test, not whichever build/ it finds
-   next to it; a sanitized build's needs its runtime preloaded (sanitized()). */
-static const char *env_extra[] = {pypath, libpath, NULL, NULL, NULL};
-
-static void paths(void)
-{
-    const char *py = getenv("RK_TEST_PYTHON"), *src = getenv("RK_TEST_SRC"), *build = getenv("RK_TEST_BUILD");
-    snprintf(python, sizeof(python), "%s", py ? py : "/usr/bin/python3");
-    snprintf(pypath, sizeof(pypath), "PYTHONPATH=%s/python", src ? src : ".");
-    snprintf(libpath, sizeof(libpath), "REKINDLE_LIB=%s/lib/librekindle.so.0", build ? build : "build");
-    snprintf(script_api, sizeof(script_api), "%s/tests/py/api_check.py", src ? src : ".");
-    snprintf(script_job, sizeof(script_job), "%s/tests/py/job_check.py", src ? src : ".");
-}
-
-/* A SANITIZE=1 library in the uninstrumented interpreter: ASan's runtime must come first
-   in the processes that load it, so it is preloaded (into the launcher and mpirun too,
-   which is harmless), with libstdc++ so that its __cxa_throw interceptor finds the real
-   one (torch throws C++ exceptions). Leak checking is off there: CPython and torch keep
-   memory to their exit by design; the library's leaks are the C suites' to find. */
-static void sanitized(void)
-{
-    const char *san = getenv("RK_TEST_SANITIZE");
-    if (!san || strcmp(san, "1") != 0)
-        return;
-    char *out = NULL;
-    int rc = th_sh("mpicc -print-file-name=libasan.so && mpicc -print-file-name=libstdc++.so", 60, &out);
-    char *nl = out ? strchr(out, '\n') : NULL;
-    if (rc != 0 || !nl || out[0] != '/' || nl[1] != '/') {
-        char msg[600];
-        snprintf(msg, sizeof(msg), "a sanitized build, and mpicc -print-file-name does not name ASan's runtime and "
-                 "libstdc++ to preload into python: %.400s", out ? out : "");
-        free(out);
-        th_skip_suite(msg);
-    }
-    *nl = ' ';
-    out[strcspn(out, "\n")] = '\0';
-    snprintf(preload, sizeof(preload), "LD_PRELOAD=%s", out);
-    free(out);
-    snprintf(asan_options, sizeof(asan_options), "ASAN_OPTIONS=detect_leaks=0:detect_odr_violation=0");
-    env_extra[2] = preload;
-    env_extra[3] = asan_options;
-}
-
-/* Runs argv; the test fails with its output unless it exits 0 and prints `want`. */
-static void expect_ok(char *const argv[], int ranks, const char *want, int timeout_s)
-{
-    char *out = NULL;
-    int rc = ranks ? th_mpirun(ranks, argv, env_extra, timeout_s, &out) : th_run(argv, env_extra, timeout_s, &out);
-    const char *o = out ? out : "";
-    size_t len = strlen(o);
-    /* Check carries at most a few KiB of message: the tail of the output goes there, all
-       of it to the suite's log. */
-    if (rc != 0 || !strstr(o, want))
-        fprintf(stderr, "---- %s %s: output ----\n%s\n", argv[1], argv[2] ? argv[2] : "", o);
-    ck_assert_msg(rc == 0 && strstr(o, want), "%s %s: exit %d, want \"%s\"; output's tail:\n%s", argv[1],
-                  argv[2] ? argv[2] : "", rc, want, len > 3000 ? o + len - 3000 : o);
-    free(out);
-}
+static char *script_api, *script_job;
 
 static void api_on(int ranks)
 {
     char *dir = th_tmpdir("py-api");
-    char *w[] = {python, script_api, dir, "write", NULL}, *r[] = {python, script_api, dir, "read", NULL};
-    expect_ok(w, ranks, "api_check write: ok", 120);
-    expect_ok(r, ranks, "api_check read: ok", 120);
+    char *w[] = {th_python, script_api, dir, "write", NULL}, *r[] = {th_python, script_api, dir, "read", NULL};
+    th_py_expect(w, ranks, "api_check write: ok", 120);
+    th_py_expect(r, ranks, "api_check read: ok", 120);
     free(dir);
 }
 
@@ -100,8 +40,8 @@ END_TEST
 static void job(const char *mode, const char *flag, const char *want)
 {
     char *work = th_tmpdir("py-job");
-    char *argv[] = {python, script_job, (char *)getenv("RK_TEST_BUILD"), work, (char *)mode, (char *)flag, NULL};
-    expect_ok(argv, 0, want, 540);
+    char *argv[] = {th_python, script_job, (char *)getenv("RK_TEST_BUILD"), work, (char *)mode, (char *)flag, NULL};
+    th_py_expect(argv, 0, want, 540);
     free(work);
 }
 
@@ -169,18 +109,10 @@ END_TEST
 
 int main(void)
 {
-    paths();
-    char cmd[4400], *why = NULL;
-    snprintf(cmd, sizeof(cmd), "%s -c 'import torch, sklearn' 2>&1", python);
-    if (th_sh(cmd, 120, &why) != 0) {
-        char msg[4700];
-        snprintf(msg, sizeof(msg), "%s cannot import torch and sklearn (install python3-torch python3-sklearn: "
-                 "scripts/install-deps): %.400s", python, why ? why : "");
-        free(why);
-        th_skip_suite(msg);
-    }
-    free(why);
-    sanitized();
+    th_py_setup("import torch, sklearn",
+                "cannot import torch and sklearn (install python3-torch python3-sklearn: scripts/install-deps)");
+    script_api = th_py_script("api_check.py");
+    script_job = th_py_script("job_check.py");
     Suite *s = suite_create("python");
     TCase *tc = tcase_create("api");
     tcase_set_timeout(tc, 300);

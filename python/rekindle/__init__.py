@@ -34,8 +34,8 @@ __all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "S
 globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's table
 
 # Flags of register() (include/rekindle.h, docs/SHARDING.md): SHARDED, this rank's slice
-# of a global tensor along dimension 0; PER_RANK, state of this rank alone. DEVICE (CUDA
-# memory) is refused by this build (RK_E_NOTAVAIL).
+# of a global tensor along dimension 0; PER_RANK, state of this rank alone; DEVICE, CUDA
+# memory (set by register() itself for a CUDA tensor; docs/GPU.md).
 RK_DEVICE, RK_SHARDED, RK_PER_RANK = 1, 2, 4
 DEVICE, SHARDED, PER_RANK = RK_DEVICE, RK_SHARDED, RK_PER_RANK
 
@@ -68,7 +68,10 @@ def _finalize_live():
 def init(**options):
     """rk_init with the RK_* environment, each keyword overriding its variable:
     ckpt_dir, ckpt_every, keep, heartbeat_ms, min_world, timeout_ms, event_log,
-    det_iface, io, rollback. Returns a Context (also a context manager that finalizes)."""
+    det_iface, io, rollback; and cuda_stream, the CUDA stream the program's GPU work runs
+    on (a torch.cuda.Stream or its integer handle; default: the legacy default stream,
+    PyTorch's default stream). Returns a Context (also a context manager that
+    finalizes)."""
     o = _lib._Options()
     _lib.lib.rk_options_init(ctypes.byref(o))
     keep_alive = []
@@ -81,9 +84,14 @@ def init(**options):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError("rekindle.init: %s=%r: want an int" % (key, value))
             setattr(o, key, value)
+        elif key == "cuda_stream":
+            handle = getattr(value, "cuda_stream", value)
+            if value is not None and (isinstance(handle, bool) or not isinstance(handle, int)):
+                raise TypeError("rekindle.init: cuda_stream=%r: want a torch.cuda.Stream or an int handle" % (value,))
+            o.cuda_stream = handle or None
         else:
             raise TypeError("rekindle.init: unknown option %r (known: %s)" % (
-                key, ", ".join(_lib.STRING_OPTIONS + _lib.INT_OPTIONS)))
+                key, ", ".join(_lib.STRING_OPTIONS + _lib.INT_OPTIONS + ("cuda_stream",))))
     handle = ctypes.c_void_p()
     _lib.call("rk_init", _lib.lib.rk_init(ctypes.byref(handle), ctypes.byref(o)))
     # rk_init removed the job secret from the C environment; Python's copy goes too, so
@@ -163,15 +171,22 @@ class Context:
 
     # ---- registration -----------------------------------------------------------------
     def register(self, name, tensor, flags=0):
-        """Registers a contiguous CPU torch tensor or a C-contiguous numpy array under
-        `name` (its path in the checkpoint). Its memory is checkpointed and restored in
-        place: keep training on this very tensor (in-place updates, as optimizers do).
+        """Registers a contiguous torch tensor (CPU or CUDA) or a C-contiguous numpy array
+        under `name` (its path in the checkpoint). Its memory is checkpointed and restored
+        in place: keep training on this very tensor (in-place updates, as optimizers do).
+        A CUDA tensor (on the current device) is registered with DEVICE, set here: its
+        snapshot is copied to pinned host memory while training goes on, and waited for
+        before the next allreduce or step_done returns (docs/GPU.md).
         Rekindle keeps the memory alive; replacing the tensor's storage (`t.data = ...`,
         `load_state_dict` into a new tensor) is reported as an Error at the next call.
         flags: 0 (the same on every rank), SHARDED (this rank's rows of a global tensor;
         collective: every rank registers it, in the same order; see shard_rows and
         rebind for what a recovery changes) or PER_RANK."""
         addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
+        if _tensor.is_cuda(tensor):
+            flags |= RK_DEVICE
+        elif flags & RK_DEVICE:
+            raise Error(-22, "tensor '%s': flag DEVICE on a tensor in host memory" % name, "register")
         c_shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
         _lib.call("rk_register '%s'" % name,
                   _lib.lib.rk_register(self._handle(), name.encode(), addr or None, dtype, len(shape),
@@ -211,6 +226,9 @@ class Context:
         e = self._entry(name, "rebind")
         addr, dtype, shape, nbytes = _tensor.describe(name, tensor)
         want = self._shape_now(e)[0]
+        if _tensor.is_cuda(tensor) != bool(e.flags & RK_DEVICE):
+            raise Error(-22, "tensor '%s' was registered in %s memory: rebind it to a tensor there, not %s" % (
+                name, "CUDA" if e.flags & RK_DEVICE else "host", tensor.device), "rebind")
         if dtype != e.dtype or shape != want:
             raise Error(-22, "tensor '%s': a %s tensor of shape %s, want %s of shape %s" % (
                 name, _lib.DTYPE_NAMES[dtype], shape, _lib.DTYPE_NAMES[e.dtype], want), "rebind")
@@ -318,8 +336,8 @@ class Context:
 
     def allreduce_gradients(self, model, op="avg"):
         """Every gradient of model (parameters whose .grad is set; the same set on every
-        rank) flattened into one buffer per dtype in parameter order, one allreduce
-        each, copied back."""
+        rank) flattened into one buffer per device and dtype in parameter order, one
+        allreduce each, copied back. CUDA gradients are reduced on the device (NCCL)."""
         self._reduce_flat([p.grad for p in model.parameters() if p.grad is not None], op)
 
     def _reduce_flat(self, grads, op):
@@ -327,12 +345,12 @@ class Context:
         summed in the same order on every run) reduced as one flat buffer per dtype."""
         groups = {}
         for g in grads:
-            groups.setdefault(g.dtype, []).append(g)
-        for dtype, group in groups.items():
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        for (device, dtype), group in groups.items():
             total = sum(g.numel() for g in group)
-            flat = self._flat.get(dtype)
+            flat = self._flat.get((device, dtype))
             if flat is None or flat.numel() != total:
-                flat = self._flat[dtype] = _tensor.torch.empty(total, dtype=dtype)
+                flat = self._flat[(device, dtype)] = _tensor.torch.empty(total, dtype=dtype, device=device)
             views, off = [], 0
             for g in group:
                 v = flat[off:off + g.numel()]
@@ -366,10 +384,15 @@ class Context:
         tensor counts as its global tensor (every rank's slice in rank order), a per-rank
         tensor as every rank's piece in rank order, so every rank prints the same; with
         such state this is a collective (gathered over the ring) and may raise
-        Recovered, like any other."""
+        Recovered, like any other. CUDA tensors are copied to the host for it."""
         self._check_registered()
         chunks, keep = [], []
         for e in self._reg:
+            if e.flags & RK_DEVICE:
+                host = _tensor.host_bytes(e.obj)
+                keep.append(host)
+                chunks.append((host.data_ptr(), e.nbytes))
+                continue
             if not e.flags & (RK_SHARDED | RK_PER_RANK):
                 chunks.append((e.addr, e.nbytes))
                 continue
@@ -465,12 +488,54 @@ def allreduce_hook(state, bucket):
     return fut
 
 
-def load(ckpt_dir, step=None, prefix=None, as_numpy=False):
+def _placer(map_location):
+    """The function that moves a loaded CPU tensor where map_location says, as
+    torch.load's map_location does; a checkpoint does not record the device a tensor was
+    trained on, so every tensor's saved location is "cpu"."""
+    torch = _tensor.torch
+    bad = lambda why: Error(-22, "map_location=%r: %s" % (map_location, why), "load")
+    if map_location is None:
+        return lambda t: t
+    if callable(map_location):
+        def by_function(t):
+            storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+            placed = map_location(storage, "cpu")
+            if placed is None or placed is storage:
+                return t
+            return torch.empty(0, dtype=t.dtype, device=placed.device).set_(placed, 0, t.shape)
+        return by_function
+    if isinstance(map_location, dict):
+        # Saved location -> device; a key naming another location matches no tensor here.
+        where = next((v for k, v in map_location.items() if str(k) == "cpu"), None)
+        if where is None:
+            return lambda t: t
+        map_location = where
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, TypeError) as e:
+        raise bad("not a device, a dict of devices or a function (%s)" % e)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise bad("no CUDA device here (torch.cuda.is_available() is False)")
+    if device.type == "cpu":
+        return lambda t: t
+    return lambda t: t.to(device)
+
+
+def load(ckpt_dir, step=None, prefix=None, as_numpy=False, map_location=None):
     """Every tensor of a committed checkpoint (the newest, or `step`) as a dict name ->
     torch.Tensor (numpy.ndarray with as_numpy=True or without torch; bf16 then comes as
     its raw uint16 bits), each checksum verified. With prefix, only the names under
-    "<prefix>/", with the prefix removed (for module.load_state_dict). Needs no job."""
+    "<prefix>/", with the prefix removed (for module.load_state_dict). Needs no job.
+    map_location, as torch.load's: None or "cpu" (host tensors), a device ("cuda",
+    "cuda:1", a torch.device), a dict mapping saved locations to devices, or a function
+    (storage, location) -> storage. A checkpoint does not record where a tensor was
+    trained, so every tensor's saved location is "cpu" (None: host tensors, where
+    torch.load would put them back on their saved device)."""
     as_torch = _tensor.torch is not None and not as_numpy
+    if map_location is not None and not as_torch:
+        raise Error(-22, "map_location=%r: numpy arrays live in host memory (as_numpy=True or no torch)"
+                    % (map_location,), "load")
+    place = _placer(map_location) if as_torch else None
     r = ctypes.c_void_p()
     _lib.call("load %s" % os.fspath(ckpt_dir),
               _lib.lib.rk_reader_open(ctypes.byref(r), os.fsencode(ckpt_dir), -1 if step is None else step))
@@ -487,7 +552,7 @@ def load(ckpt_dir, step=None, prefix=None, as_numpy=False):
             t = _tensor.empty(info.dtype, tuple(info.shape[:info.ndim]), as_torch)
             _lib.call("load '%s'" % name,
                       _lib.lib.rk_reader_read(r, i, _tensor.address(t) or None, info.nbytes))
-            out[name] = t
+            out[name] = place(t) if place else t
         return out
     finally:
         _lib.lib.rk_reader_close(ctypes.byref(r))

@@ -1,6 +1,7 @@
 """What the library needs to know of a torch tensor or a numpy array: its address, dtype,
-shape and size, after checking that it can be registered (CPU memory, C-contiguous,
-writable, a dtype the checkpoint format holds). torch is imported only when present.
+shape and size, after checking that it can be registered (CPU or CUDA memory,
+C-contiguous, writable, a dtype the checkpoint format holds). torch is imported only when
+present.
 """
 from . import _lib
 
@@ -41,14 +42,22 @@ def is_torch(x):
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def is_cuda(x):
+    return is_torch(x) and x.device.type == "cuda"
+
+
 def describe(name, x):
     """(address, dtype code, shape tuple, nbytes) of x, or Error(-EINVAL) naming what is
-    wrong with it."""
+    wrong with it. A CUDA tensor must be on the current device (one GPU per worker: the
+    library's copies and NCCL run there)."""
     bad = lambda why: _lib.Error(-22, "tensor '%s': %s" % (name, why), "register")
     if is_torch(x):
-        if x.device.type != "cpu":
-            raise bad("on device %s: this build registers host memory only "
-                      "(move it with .cpu(), or see RK_DEVICE)" % x.device)
+        if x.device.type not in ("cpu", "cuda"):
+            raise bad("on device %s: Rekindle takes CPU and CUDA tensors (move it with .cpu())" % x.device)
+        if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
+            raise bad("on %s, but this worker's current device is cuda:%d: one GPU per worker, "
+                      "chosen with torch.cuda.set_device() before its tensors are made"
+                      % (x.device, torch.cuda.current_device()))
         if x.dtype not in TORCH_DTYPES:
             raise bad("dtype %s is not one of %s" % (x.dtype, ", ".join(str(d) for d in TORCH_DTYPES)))
         if not x.is_contiguous():
@@ -76,8 +85,14 @@ def address(x):
     return x.data_ptr() if is_torch(x) else x.ctypes.data
 
 
+def host_bytes(x):
+    """x's bytes in host memory, as a C-contiguous object with .data_ptr() or .ctypes: x
+    itself for host memory, a copy for a CUDA tensor (waits for the work queued on it)."""
+    return x.detach().cpu() if is_cuda(x) else x
+
+
 def empty(dtype, shape, as_torch):
-    """A new C-contiguous buffer of the library's dtype code and shape."""
+    """A new C-contiguous host buffer of the library's dtype code and shape."""
     if as_torch:
         return torch.empty(shape, dtype=TORCH_OF[dtype])
     return np.empty(shape, dtype=NUMPY_OF[dtype])

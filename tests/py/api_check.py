@@ -72,13 +72,14 @@ def same(a, b):
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-def expect_error(what, fn, name=None):
+def expect_error(what, fn, name=None, contains=None):
     try:
         fn()
     except rekindle.Error as e:
         want = (name,) if isinstance(name, str) else name
         assert name is None or e.name in want, "%s: got %s, want %s" % (what, e.name, name)
         assert e.message, what
+        assert contains is None or contains in str(e), "%s: %r does not say %r" % (what, str(e), contains)
         return
     raise AssertionError("%s: no rekindle.Error" % what)
 
@@ -109,9 +110,17 @@ def write():
     expect_error("a list", lambda: rk.register("bad/l", [1.0, 2.0]))
     expect_error("duplicate name", lambda: rk.register("scalar", torch.zeros(1)), "RK_E_DUPLICATE")
     expect_error("bad name", lambda: rk.register("a//b", torch.zeros(1)), "RK_E_NAME")
-    # DEVICE on host memory: RK_E_CUDA where the build has CUDA, RK_E_NOTAVAIL elsewhere.
+    # DEVICE is register()'s to set, from tensor.is_cuda: asked for on host memory, an error.
     expect_error("device flag", lambda: rk.register("flagged", torch.zeros(1), flags=rekindle.DEVICE),
-                 ("RK_E_CUDA", "RK_E_NOTAVAIL"))
+                 contains="flag DEVICE on a tensor in host memory")
+    # A tensor on a device other than the CPU and CUDA (the meta device has no memory).
+    expect_error("meta tensor", lambda: rk.register("bad/m", torch.zeros(3, device="meta")),
+                 contains="Rekindle takes CPU and CUDA tensors")
+    try:
+        rekindle.init(cuda_stream="default")
+        raise AssertionError("cuda_stream='default' accepted")
+    except TypeError as e:
+        assert "cuda_stream" in str(e)
     expect_error("two kinds", lambda: rk.register("flagged", torch.zeros(1),
                                                   flags=rekindle.SHARDED | rekindle.PER_RANK))
     # Sharded and per-rank state: the slice's place, rebind, the gathered hash.
@@ -210,8 +219,38 @@ def read():
             assert np_got["numpy/int32"].tobytes() == want["numpy/int32"].tobytes()
             sub = rekindle.load(DIR, prefix="torch")
             assert sorted(sub) == sorted(n[len("torch/"):] for n in want if n.startswith("torch/"))
+            map_location_checks(want)
             expect_error("no such step", lambda: rekindle.load(DIR, step=8), "RK_E_NOCKPT")
             expect_error("no such dir", lambda: rekindle.load(os.path.join(DIR, "absent")))
+
+
+def map_location_checks(want):
+    """rekindle.load(map_location=...) as torch.load's: devices, dicts of saved location
+    -> device, functions (storage, location) -> storage; every saved location is "cpu"."""
+    seen = []
+
+    def keep(storage, location):
+        seen.append(location)
+        return storage
+
+    def default(storage, location):
+        return None
+
+    for where in ("cpu", torch.device("cpu"), {"cpu": "cpu"}, {"cuda:0": "cuda:1"}, keep, default):
+        got = rekindle.load(DIR, step=7, map_location=where)
+        for name, t in want.items():
+            if isinstance(t, torch.Tensor):
+                assert got[name].device.type == "cpu" and same(got[name], t), (where, name)
+    assert seen and set(seen) == {"cpu"}, seen
+    expect_error("not a device", lambda: rekindle.load(DIR, map_location="nowhere"), contains="map_location='nowhere'")
+    expect_error("numpy on a device", lambda: rekindle.load(DIR, as_numpy=True, map_location="cuda"),
+                 contains="host memory")
+    if torch.cuda.is_available():
+        got = rekindle.load(DIR, map_location="cuda")
+        assert got["torch/float32"].is_cuda and same(got["torch/float32"].cpu(), want["torch/float32"])
+    else:
+        expect_error("cuda without a device", lambda: rekindle.load(DIR, map_location="cuda"),
+                     contains="no CUDA device here")
 
 
 write() if MODE == "write" else read()
