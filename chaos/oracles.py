@@ -416,25 +416,46 @@ def check_no_false_dead(job, plan):
     wrong = [w for w in wrong if w[1] not in hit]
     if wrong:
         return _bad("no_false_dead", "declared dead but never killed or stopped (observer, peer): %s" % wrong[:6])
+    # A stop is not an end: the parent of a stopped worker never reports it (its silence
+    # does); and with the parent's report turned off (RK_PARENT_REPORT=0) nothing is.
+    killed = set()
+    for f in plan["faults"]:
+        if f.get("fired") and f["kind"] == "kill":
+            killed |= set(f["victims"])
+    by_parent = {(e["rank"], e["peer"]) for e in job.events_named("peer_dead") if e.get("via") == "parent"}
+    if not plan.get("parent_report", True) and by_parent:
+        return _bad("no_false_dead", "reported by a parent with RK_PARENT_REPORT=0 (observer, peer): %s"
+                    % sorted(by_parent)[:6])
+    stopped_only = stopped - killed
+    wrong = sorted(w for w in by_parent if w[1] in stopped_only)
+    if wrong:
+        return _bad("no_false_dead", "a stopped worker reported dead by its parent (observer, peer): %s" % wrong[:6])
     return _ok("no_false_dead", "wedged inside MPI and left: %s" % sorted(wedged(job)) if wedged(job) else "")
 
 
 def check_events(job):
     if job.bad_event_lines:
         return _bad("events", "%d malformed lines, first %s" % (len(job.bad_event_lines), job.bad_event_lines[0]))
+    # a death was learned from the worker's parent or from its silence (docs/DETECTOR.md)
+    odd = [e for e in job.events_named("peer_dead") if e.get("via") not in ("parent", "silence")]
+    if odd:
+        return _bad("events", "%d peer_dead events without via parent|silence, first %s" % (len(odd), odd[0]))
     return _ok("events", "%d lines" % len(job.events))
 
 
 def latencies(job, plan):
     """Per fired kill/stop fault: kill -> first peer_dead naming a victim (detect_ms),
     kill -> the last survivor's first resume after it (recover_ms), and steps lost
-    (rank 0's steps done at the kill minus the step resumed)."""
+    (rank 0's steps done at the kill minus the step resumed); how that first death was
+    learned (via: parent or silence) and whether the parent's report was on."""
     out = []
     for f in plan["faults"]:
         if not f.get("fired") or f["kind"] not in ("kill", "stop", "host_loss", "partition") or f["pick"] == "all":
             continue
         t = f["t_ns"]
-        dead = [e["t_ns"] for e in job.events_named("peer_dead", t) if e.get("peer") in f["victims"]]
+        dead_ev = sorted((e for e in job.events_named("peer_dead", t) if e.get("peer") in f["victims"]),
+                         key=lambda e: e["t_ns"])
+        dead = [e["t_ns"] for e in dead_ev]
         first = {}
         for e in sorted(job.events_named("resumed", t), key=lambda e: e["t_ns"]):
             first.setdefault(e["rank"], e)
@@ -442,6 +463,7 @@ def latencies(job, plan):
                "detect_ms": (min(dead) - t) / 1e6 if dead else None,
                "recover_ms": (max(e["t_ns"] for e in first.values()) - t) / 1e6 if first else None,
                "steps_lost": f["progress"] - min(e["step"] for e in first.values()) if first else None,
-               "from": sorted({e.get("from") for e in first.values()}) if first else None}
+               "from": sorted({e.get("from") for e in first.values()}) if first else None,
+               "via": dead_ev[0].get("via") if dead_ev else None, "parent_report": plan.get("parent_report", True)}
         out.append(rec)
     return out
