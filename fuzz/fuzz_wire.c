@@ -47,7 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         detm m;
         int v = detw_decode(&w, pkt, n, &m);
-        if (v == DETW_OK && (m.src < 0 || m.src >= 8 || m.dst != 1 || m.ndecl > DETM_MAX_DECL))
+        if (v == DETW_OK && (m.src < 0 || m.src >= 8 || m.dst != 1 || m.ndecl > DETM_MAX_DECL ||
+                             (m.type == DETM_DEATH && (m.subject != m.src || m.ndecl != 0))))
             abort(); /* accepted something its own checks forbid */
         detw_count(&st, v, n);
     }

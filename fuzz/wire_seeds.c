@@ -42,14 +42,19 @@ int main(int argc, char **argv)
             m.subject = 2;
             m.origin = 0;
         }
-        if (type == DETM_ALIVE)
+        if (type == DETM_ALIVE || type == DETM_DEATH)
             m.subject = 0;
+        uint64_t own_seq = w.tx_seq;
+        if (type == DETM_DEATH) /* from the sender's parent, numbered apart */
+            w.tx_seq = DETW_PARENT_SEQ;
         if (type == DETM_DECL || type == DETM_DECL_ACK || type == DETM_HB) {
             m.ndecl = 2;
             m.decl[0] = (detm_decl){5, 1200};
             m.decl[1] = (detm_decl){6, 0};
         }
         size_t n = detw_encode(&w, &m, pkt);
+        if (type == DETM_DEATH)
+            w.tx_seq = own_seq;
         snprintf(path, sizeof(path), "%s/type-%d", argv[1], type);
         FILE *f = fopen(path, "wb");
         if (!f)
