@@ -44,6 +44,13 @@ DEVICE, SHARDED, PER_RANK = RK_DEVICE, RK_SHARDED, RK_PER_RANK
 Shard = collections.namedtuple("Shard", "offset rows global_rows")
 
 
+class _HookError(Error, RuntimeError):
+    """An Error raised inside a DDP communication hook, that is a RuntimeError too:
+    torch 1.x turns an exception raised in a hook into a RuntimeError that carries its
+    message, torch 2.x lets it through backward() as it is. Being both, it is caught by
+    `except RuntimeError` under either (and by `except rekindle.Error` under 2.x)."""
+
+
 class SpareUnused(Error):
     """From resume() on a spare worker (rekindle run --spares) that the job finished
     without: finalize and exit normally."""
@@ -465,10 +472,10 @@ def allreduce_hook(state, bucket):
     rolled-back weights: the hook refuses to run (backward() raises a RuntimeError naming
     this Error)."""
     if not state._guarded:
-        raise Error(_lib.CODES["RK_E_STATE"],
-                    "no optimizer is registered (rk.register_optimizer): after a recovery inside "
-                    "backward(), optimizer.step() would apply this rank's unreduced gradients to the "
-                    "rolled-back weights", "allreduce_hook")
+        raise _HookError(_lib.CODES["RK_E_STATE"],
+                         "no optimizer is registered (rk.register_optimizer): after a recovery inside "
+                         "backward(), optimizer.step() would apply this rank's unreduced gradients to the "
+                         "rolled-back weights", "allreduce_hook")
     torch = _tensor.torch
     fut = torch.futures.Future()
     state._buckets.append((bucket, fut))
