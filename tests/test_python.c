@@ -37,6 +37,18 @@ START_TEST(api_three_ranks)
 }
 END_TEST
 
+/* register_module of a model inside DistributedDataParallel and torch.compile (where the
+   interpreter's torch has it): the checkpoint's names are the plain model's, and
+   rekindle.load(prefix=) loads into it. */
+START_TEST(api_wrapped_module)
+{
+    char *dir = th_tmpdir("py-wrapped");
+    char *argv[] = {th_python, script_api, dir, "wrapped", NULL};
+    th_py_expect(argv, 0, "api_check wrapped: ok", 120);
+    free(dir);
+}
+END_TEST
+
 static void job(const char *mode, const char *flag, const char *want)
 {
     char *work = th_tmpdir("py-job");
@@ -118,6 +130,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, api_one_process);
     tcase_add_test(tc, api_three_ranks);
+    tcase_add_test(tc, api_wrapped_module);
     suite_add_tcase(s, tc);
     tc = tcase_create("job");
     tcase_set_timeout(tc, 600);

@@ -256,13 +256,16 @@ class Context:
     def register_module(self, prefix, module):
         """Registers every tensor of module.state_dict() (parameters and persistent
         buffers) as "<prefix>/<key>", so that rekindle.load(dir, prefix=prefix) gives a
-        dict for module.load_state_dict()."""
+        dict for module.load_state_dict(). The keys are the plain model's, whatever wraps
+        it (as torch.distributed.checkpoint names them): a DistributedDataParallel's
+        "module." and torch.compile's "_orig_mod." are left out, so a checkpoint of a
+        compiled model loads into the model itself, and the other way round."""
         seen = {}
-        for key, t in module.state_dict(keep_vars=True).items():
+        for key, t in _unwrapped(module).state_dict(keep_vars=True).items():
             if t.data_ptr() in seen and t.numel():  # tied weights: the first name holds them
                 continue
             seen[t.data_ptr()] = key
-            self.register("%s/%s" % (prefix, key), t)
+            self.register("%s/%s" % (prefix, ".".join(k for k in key.split(".") if k != "_orig_mod")), t)
 
     def register_optimizer(self, prefix, optimizer):
         """Registers the optimizer's state as "<prefix>/state/<i>/<key>" (i: the parameter's
@@ -421,6 +424,19 @@ class Context:
             keep.append(buf)
             chunks.append((buf.ctypes.data, total))
         return "%016x" % _lib.xxh64(chunks)
+
+
+def _unwrapped(module):
+    """The model inside DistributedDataParallel and torch.compile wrappers (either order);
+    a compiled submodule's keys still hold "_orig_mod", which register_module leaves out."""
+    ddp = _tensor.torch.nn.parallel.DistributedDataParallel
+    while True:
+        if isinstance(module, ddp):
+            module = module.module
+        elif isinstance(getattr(module, "_orig_mod", None), _tensor.torch.nn.Module):
+            module = module._orig_mod
+        else:
+            return module
 
 
 def _init_optimizer_state(optimizer):

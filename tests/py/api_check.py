@@ -8,6 +8,8 @@ process and on 3 ranks under mpirun.
                              optimizer, checkpoints the state as step 7
     api_check.py DIR read    registers zeroed tensors of the same layout, resume() gives
                              step 7 with every byte back; rekindle.load gives the same
+    api_check.py DIR wrapped register_module of models inside DDP and torch.compile:
+                             the checkpoint holds the plain model's names
 
 Exit 0 when every check passed; a failed check raises (traceback, exit 1).
 """
@@ -254,5 +256,40 @@ def map_location_checks(want):
                      contains="no CUDA device here")
 
 
-write() if MODE == "write" else read()
+def wrapped():
+    """register_module of a model wrapped in DistributedDataParallel, in torch.compile
+    (where this torch has it), in both, and with a compiled submodule: the checkpoint
+    holds the plain model's names, and rekindle.load(prefix=...) loads into a plain model."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    with rekindle.init(ckpt_dir=DIR, ckpt_every=0) as rk:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        torch.manual_seed(1)
+        models = {"ddp": make()}
+        net = {"ddp": DDP(models["ddp"])}
+        if hasattr(torch, "compile"):
+            models["compiled"], models["both"], models["inner"] = make(), make(), make()
+            net["compiled"] = torch.compile(models["compiled"], backend="eager")
+            net["both"] = torch.compile(DDP(models["both"]), backend="eager")
+            models["inner"][0] = torch.compile(models["inner"][0], backend="eager")
+            net["inner"] = models["inner"]
+        for name, m in net.items():
+            rk.register_module(name, m)
+        rk.resume()
+        rk.checkpoint()
+        rk.wait()
+        for name, m in models.items():
+            got, plain = rekindle.load(DIR, prefix=name), make()
+            assert sorted(got) == sorted(plain.state_dict()), (name, sorted(got))
+            plain.load_state_dict(got)
+            for a, b in zip(plain.state_dict().values(), m.state_dict().values()):
+                assert torch.equal(a, b), name
+
+
+{"write": write, "read": read, "wrapped": wrapped}[MODE]()
 print("api_check %s: ok" % MODE)
