@@ -5,6 +5,10 @@
 #   make check-<suite>        one suite, e.g. make check-common      (no dependency install)
 #   make demo                 install deps, build, run the demo
 #   make bench                run the benchmarks (bench/run)
+#   make bench-peers          Rekindle beside current PyTorch (DCP, Gloo) and TorchFT, in one
+#                             run (bench/peers/run; makes their venv first: bench/peers/setup)
+#   make check-python PYTHON=/path/to/python   the Python suite under another interpreter
+#                             (e.g. bench/peers/venv/bin/python: PyTorch 2.x)
 #   make chaos                run the chaos campaign (chaos/run)
 #   make fuzz [FUZZ_S=60]     build the libFuzzer targets with clang (build/fuzz) and run
 #                             each for FUZZ_S seconds; fails on any finding (docs/FUZZ.md)
@@ -127,7 +131,7 @@ LIB_A    := $(BUILD)/lib/librekindle.a
 LIB_SO   := $(BUILD)/lib/librekindle.so
 CLI      := $(BUILD)/bin/rekindle
 
-.PHONY: build-tests all check crash-sweep demo bench chaos fuzz fuzz-targets install clean deps config help
+.PHONY: build-tests all check crash-sweep demo bench bench-peers chaos fuzz fuzz-targets install clean deps config help
 .DEFAULT_GOAL := all
 
 all: config $(LIB_A) $(LIB_SO) $(CLI) $(EX_BIN) $(BUILD)/rekindle.pc
@@ -218,7 +222,7 @@ check: deps
 	@RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) $(if $(filter 1,$(TSAN)),$(TSAN_SUITES))
 
 check-%: all $(PROG_BIN) $(BUILD)/tests/test_%
-	@RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) $*
+	@$(if $(PYTHON),RK_TEST_PYTHON=$(if $(wildcard $(PYTHON)),$(abspath $(PYTHON)),$(PYTHON)) )RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) $*
 
 crash-sweep: all $(PROG_BIN) $(BUILD)/tests/test_crash
 	@RK_CRASH_STRIDE=1 RK_TEST_SANITIZE=$(SANITIZE) RK_TEST_TSAN=$(TSAN) tests/run $(BUILD) crash
@@ -229,6 +233,10 @@ demo: deps
 
 bench: all $(BENCH_BIN) $(PROG_BIN)
 	@bench/run $(BUILD)
+
+bench-peers: all $(BENCH_BIN) $(PROG_BIN)
+	@bench/peers/setup
+	@bench/peers/run $(BUILD)
 
 chaos: deps
 	@$(MAKE) --no-print-directory all
