@@ -42,20 +42,22 @@ PER = int(GIB * (1 << 30)) // N // 4
 torch.set_num_threads(1)
 
 
+def filled(i, t):
+    """Tensor i's bytes: (j mod 2^20) + 2^20 i at element j (exact in float32)."""
+    return torch.arange(PER, out=t, dtype=torch.float32).remainder_(1 << 20).add_(float(i << 20))
+
+
 def state(fill):
-    """The state dict: tensor i holds i + arange (exact in float32 below 2^24)."""
     out = {}
     for i in range(N):
         t = torch.zeros(PER, dtype=torch.float32)
-        if fill:
-            torch.arange(PER, out=t, dtype=torch.float32).remainder_(1 << 24).add_(i)
-        out["layer%02d.weight" % i] = t
+        out["layer%02d.weight" % i] = filled(i, t) if fill else t
     return out
 
 
 def check(sd):
-    want = torch.arange(PER, dtype=torch.float32).remainder_(1 << 24)
-    return all(torch.equal(sd["layer%02d.weight" % i] - i, want) for i in range(N))
+    want = torch.empty(PER, dtype=torch.float32)
+    return all(torch.equal(sd["layer%02d.weight" % i], filled(i, want)) for i in range(N))
 
 
 def evict(root):
