@@ -440,6 +440,31 @@ def check_replay(job, plan, cfg, damaged, cache, scratch, sabotage):
     return _ok("replay", "%s: %s" % (how, want))
 
 
+def check_steps_lost(job, cfg):
+    """Snapshots at every step (RK_SNAPSHOT_EVERY=1, the default): a rollback from memory
+    loses at most one step (the `resumed` event's steps_lost: the last step a survivor
+    finished, plus one, minus the step resumed), unless a snapshot failed meanwhile
+    (snapshot_failed: the generation before is all there is) or a disk write held the
+    older generation while the newest's partner copy was lost with its sender
+    (docs/DESIGN.md): those are named, not counted."""
+    every = int(cfg["env"].get("RK_SNAPSHOT_EVERY", "1"))
+    if every != 1:
+        return _skip("steps_lost", "RK_SNAPSHOT_EVERY=%d" % every)
+    memory = [e for e in job.events_named("resumed") if e.get("from") == "memory"]
+    if not memory:
+        return _skip("steps_lost", "no rollback from memory")
+    worst = max(memory, key=lambda e: e.get("steps_lost", 0))
+    lost = worst.get("steps_lost", 0)
+    if lost <= 1:
+        return _ok("steps_lost", "%d rollbacks from memory, at most %d step lost" % (len(memory), lost))
+    failed = job.events_named("snapshot_failed")
+    if failed:
+        return _ok("steps_lost", "%d steps lost at step %d, after %d failed snapshot(s)" % (lost, worst["step"],
+                                                                                           len(failed)))
+    return _bad("steps_lost", "rank %d resumed step %d from memory losing %d steps (epoch %s)" % (
+        worst["rank"], worst["step"], lost, worst.get("epoch")))
+
+
 def check_no_leftover(leftovers):
     if leftovers:
         return _bad("no_leftover", "alive after the run: " + ", ".join("%d %s" % p for p in leftovers[:8]))

@@ -85,6 +85,17 @@
  *      ckpt_failed) and holds no snapshot. When the caller may change its buffers again is
  *      the caller's: ckpt_copied (recover/: host tensors before rk_step_done returns,
  *      device tensors before the next rk_allreduce or rk_step_done returns).
+ *  I16 Two generations (struct ckpt_gen): g, the newest snapshot (with its partner copy),
+ *      and old, the one before it. A new snapshot (ckpt_snapshot_take at every step,
+ *      RK_SNAPSHOT_EVERY, or ckpt_start's) is copied into old's region, and the two swap
+ *      (next_gen): while it is copied (held_step -1) and sent to the partner, the one
+ *      before stays whole with its own partner copy, so a loss in that window rolls back
+ *      one step further, never to a torn one (ckpt_snapshot_select makes the older one
+ *      the held one again). A region the writer reads is never written while its job is
+ *      live: if the writer still reads old's region (a disk write longer than a step), the
+ *      copy overwrites g in place and old, being written, stays whole. The writer waits
+ *      for the copy of its own step only; a later batch replacing it on the copy engine
+ *      means the training thread settled it first (job_copied).
  *
  * States (one engine, one job slot)
  *      IDLE --ckpt_start (copy into staging)--> QUEUED --persist_thread picks it--> RUNNING
@@ -124,6 +135,7 @@ static size_t hdr_bytes(size_t n)
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
 static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
+static void next_gen(ckpt_engine *e);
 
 static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
 {
@@ -153,6 +165,22 @@ static void note_failure(ckpt_engine *e, int64_t step, int rc)
     e->first_err_step = step;
 }
 
+/* Until the copy the job writes from is done (I15). A batch replaced by a later one (the
+   next snapshot's, I16) was settled whole by the training thread before that one started:
+   its outcome is the job's. */
+static int job_copied(ckpt_engine *e, struct ckpt_job *j, int64_t deadline)
+{
+    int rc = j->copy_host ? ckpt_copy_wait(e->host_copy, j->copy_host, deadline) : 0;
+    if (!rc && j->copy_dev)
+        rc = ckpt_copy_wait(e->dev_copy, j->copy_dev, deadline);
+    if (rc == RK_E_ABORTED && atomic_load(&j->copy_settled)) {
+        rc = atomic_load(&j->copy_rc);
+        if (rc)
+            rk__set_last_error("it failed or did not finish in time (%s)", rk_strerror(rc));
+    }
+    return rc;
+}
+
 static void *persist_thread(void *arg)
 {
     ckpt_engine *e = arg;
@@ -170,10 +198,7 @@ static void *persist_thread(void *arg)
         if (clean)
             ckpt__clean_for(e, &e->job);
         /* I15: nothing of staging is read before the copy into it is done. */
-        int64_t copy_deadline = rk__deadline_ns(e->timeout_ms);
-        int rc = ckpt_copy_wait(e->host_copy, e->job.copy_host, copy_deadline);
-        if (!rc && e->job.copy_dev)
-            rc = ckpt_copy_wait(e->dev_copy, e->job.copy_dev, copy_deadline);
+        int rc = job_copied(e, &e->job, rk__deadline_ns(e->timeout_ms));
         if (rc) {
             char why[512];
             snprintf(why, sizeof(why), "%s", rk_last_error());
@@ -292,10 +317,8 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->keep = cfg->keep;
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     e->nonce = e->base_nonce = cfg->nonce;
-    e->held_step = -1;
-    e->left_step = -1;
-    e->held_rank = cfg->rank;
-    e->held_world = cfg->world;
+    for (struct ckpt_gen *g = &e->g; g; g = g == &e->g ? &e->old : NULL)
+        *g = (struct ckpt_gen){.held_step = -1, .left_step = -1, .held_rank = cfg->rank, .held_world = cfg->world};
     e->ev = rk__evlog_ref(cfg->ev);
     e->member_lost = cfg->member_lost;
     e->member_lost_arg = cfg->member_lost_arg;
@@ -380,6 +403,21 @@ static void unmap_retired(ckpt_engine *e)
     e->retired_cap = 0;
 }
 
+static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
+{
+    if (g->staging)
+        unmap_region(e, g->staging, g->staging_cap);
+    if (g->partner)
+        unmap_region(e, g->partner, g->partner_cap);
+    free(g->held_row0);
+    free(g->frozen_ok);
+    free(g->own_p);
+    free(g->left_p);
+    free(g->held_have);
+    free(g->held_off);
+    free(g->held_len);
+}
+
 int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
 {
     if (!pe || !*pe)
@@ -441,7 +479,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
         crc = ckpt_copy_destroy(&e->host_copy, deadline_ns);
     int drc = crc ? crc : ckpt_copy_destroy(&e->dev_copy, deadline_ns);
     if (drc) {
-        e->staging = NULL;
+        e->g.staging = NULL;
         if (!rc)
             rc = drc;
     }
@@ -450,22 +488,14 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     fmt_io_activity_fini(&e->act);
     rk__evlog_close(&e->ev);
     unmap_retired(e);
-    if (e->staging)
-        unmap_region(e, e->staging, e->staging_cap);
-    if (e->partner)
-        unmap_region(e, e->partner, e->partner_cap);
+    gen_free(e, &e->g);
+    gen_free(e, &e->old);
     if (e->prev)
         unmap_region(e, e->prev, e->prev_cap);
     free(e->was.save);
-    free(e->held_row0);
-    free(e->own_p);
-    free(e->left_p);
     for (size_t i = 0; i < e->job.m.n; i++)
         free(e->mine[i].blocks);
     free(e->mine);
-    free(e->held_have);
-    free(e->held_off);
-    free(e->held_len);
     free(e->plan);
     free(e->sizes);
     free(e->ops);
@@ -550,14 +580,16 @@ static bool grow(void **p, size_t n, size_t elem)
    (retired instead while a writer still reads it). */
 static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
 {
-    if (n > e->held_cap) {
-        if (!grow((void **)&e->held_off, n, sizeof(*e->held_off)) ||
-            !grow((void **)&e->held_len, n, sizeof(*e->held_len)) ||
-            !grow((void **)&e->held_have, n, sizeof(*e->held_have)) ||
-            !grow((void **)&e->held_row0, n, sizeof(*e->held_row0)) ||
-            !grow((void **)&e->own_p, n, sizeof(*e->own_p)) || !grow((void **)&e->left_p, n, sizeof(*e->left_p)))
+    if (n > e->g.held_cap) {
+        if (!grow((void **)&e->g.held_off, n, sizeof(*e->g.held_off)) ||
+            !grow((void **)&e->g.held_len, n, sizeof(*e->g.held_len)) ||
+            !grow((void **)&e->g.held_have, n, sizeof(*e->g.held_have)) ||
+            !grow((void **)&e->g.held_row0, n, sizeof(*e->g.held_row0)) ||
+            !grow((void **)&e->g.frozen_ok, n, sizeof(*e->g.frozen_ok)) ||
+            !grow((void **)&e->g.own_p, n, sizeof(*e->g.own_p)) || !grow((void **)&e->g.left_p, n, sizeof(*e->g.left_p)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint staging for %zu tensors", n);
-        e->held_cap = n;
+        memset(e->g.frozen_ok + e->g.held_cap, 0, (n - e->g.held_cap) * sizeof(*e->g.frozen_ok));
+        e->g.held_cap = n;
     }
     size_t need = hdr_bytes(n);
     for (size_t i = 0; i < n; i++)
@@ -568,7 +600,7 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     bool busy = ckpt_busy(e);
     if (!busy)
         unmap_retired(e);
-    if (need <= e->staging_cap && !keep)
+    if (need <= e->g.staging_cap && !keep)
         return 0;
     if (busy && e->retired)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
@@ -576,18 +608,19 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     void *p = rk__map(need);
     if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", need, strerror(errno));
-    e->held_step = -1;
+    e->g.held_step = -1;
+    memset(e->g.frozen_ok, 0, e->g.held_cap * sizeof(*e->g.frozen_ok)); /* a new region holds nothing */
     if (busy) {
-        e->retired = e->staging;
-        e->retired_cap = e->staging_cap;
+        e->retired = e->g.staging;
+        e->retired_cap = e->g.staging_cap;
     } else if (keep) {
-        e->prev = e->staging;
-        e->prev_cap = e->staging_cap;
-    } else if (e->staging) {
-        unmap_region(e, e->staging, e->staging_cap);
+        e->prev = e->g.staging;
+        e->prev_cap = e->g.staging_cap;
+    } else if (e->g.staging) {
+        unmap_region(e, e->g.staging, e->g.staging_cap);
     }
-    e->staging = p;
-    e->staging_cap = need;
+    e->g.staging = p;
+    e->g.staging_cap = need;
     return 0;
 }
 
@@ -614,41 +647,43 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 static void hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
     size_t off = hdr_bytes(n);
-    e->held_step = -1;
-    e->held_hdr = off;
+    e->g.held_step = -1;
+    e->g.held_hdr = off;
     for (int own = 1; own >= 0; own--) {
         for (size_t i = 0; i < n; i++) {
             if ((t[i].flags != 0) != own)
                 continue;
-            e->held_off[i] = off;
-            e->held_len[i] = t[i].nbytes;
-            e->held_row0[i] = t[i].flags & RK_SHARDED ? t[i].row0 : 0;
-            e->held_have[i] = true;
+            if (i >= e->g.held_n || e->g.held_off[i] != off || e->g.held_len[i] != t[i].nbytes)
+                e->g.frozen_ok[i] = false; /* its bytes, if any, are elsewhere */
+            e->g.held_off[i] = off;
+            e->g.held_len[i] = t[i].nbytes;
+            e->g.held_row0[i] = t[i].flags & RK_SHARDED ? t[i].row0 : 0;
+            e->g.held_have[i] = true;
             off += ALIGN_UP(t[i].nbytes);
         }
         if (own)
-            e->held_out = off;
+            e->g.held_out = off;
     }
-    e->held_n = n;
+    e->g.held_n = n;
 }
 
 void ckpt__seal(ckpt_engine *e, int64_t step)
 {
-    uint64_t *h = (uint64_t *)e->staging;
+    uint64_t *h = (uint64_t *)e->g.staging;
     h[0] = HDR_MAGIC;
     h[1] = (uint64_t)step;
-    h[2] = e->held_n;
-    for (size_t i = 0; i < e->held_n; i++) {
-        bool piece = e->held_off[i] < e->held_out;
-        h[3 + 2 * i] = piece ? e->held_len[i] : 0;
-        h[4 + 2 * i] = (uint64_t)e->held_row0[i];
+    h[2] = e->g.held_n;
+    for (size_t i = 0; i < e->g.held_n; i++) {
+        bool piece = e->g.held_off[i] < e->g.held_out;
+        h[3 + 2 * i] = piece ? e->g.held_len[i] : 0;
+        h[4 + 2 * i] = (uint64_t)e->g.held_row0[i];
     }
     pthread_mutex_lock(&e->mu);
-    e->held_epoch = e->epoch;
-    e->held_rank = e->rank;
-    e->held_world = e->world;
+    e->g.held_epoch = e->epoch;
+    e->g.held_rank = e->rank;
+    e->g.held_world = e->world;
     pthread_mutex_unlock(&e->mu);
-    e->held_step = step;
+    e->g.held_step = step;
 }
 
 /* The CUDA engine, made at the first device tensor; its pinned region is staging. */
@@ -656,7 +691,7 @@ static int dev_engine(ckpt_engine *e)
 {
     int rc = e->dev_copy ? 0 : ckpt_copy_cuda_create(&e->dev_copy, e->cuda_stream);
     if (!rc)
-        ckpt_copy_pin(e->dev_copy, e->staging, e->staging_cap);
+        ckpt_copy_pin(e->dev_copy, e->g.staging, e->g.staging_cap);
     return rc;
 }
 
@@ -675,9 +710,11 @@ static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_st
     }
     size_t nh = 0, nd = 0; /* host copies from the front, device ones from the back */
     for (size_t i = 0; i < n; i++) {
-        if (!t[i].nbytes || (!to_staging && (t[i].defer || !e->held_have[i])))
+        if (!t[i].nbytes || (!to_staging && (t[i].defer || !e->g.held_have[i])))
             continue;
-        char *at = e->staging + e->held_off[i];
+        if (to_staging && t[i].frozen && e->g.frozen_ok[i])
+            continue; /* RK_FROZEN: already there */
+        char *at = e->g.staging + e->g.held_off[i];
         ckpt_copy_op op = to_staging ? (ckpt_copy_op){.dst = at, .src = t[i].ptr, .n = t[i].nbytes}
                                      : (ckpt_copy_op){.dst = t[i].ptr, .src = at, .n = t[i].nbytes};
         if (t[i].device)
@@ -700,6 +737,8 @@ static int hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t 
     hold_layout(e, t, n);
     uint64_t hg, dg;
     int rc = copy_start(e, t, n, true, &hg, &dg);
+    for (size_t i = 0; i < n; i++) /* until a failure of this copy says otherwise (settle) */
+        e->g.frozen_ok[i] = !rc && t[i].frozen;
     memset(&e->cp, 0, sizeof(e->cp));
     e->cp.pending = hg || dg;
     e->cp.step = step;
@@ -717,7 +756,13 @@ static int give_up(ckpt_engine *e)
 {
     char why[512];
     snprintf(why, sizeof(why), "%s", rk_last_error());
-    if (!e->cp.torn) {
+    if (!e->cp.torn && !e->cp.job) {
+        e->cp.torn = true;
+        RK_LOG_WARN(RK_SUB_CKPT, "snapshot of step %" PRId64 " not held: its copy did not finish in time (%s)",
+                    e->cp.step, why);
+        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", e->cp.step), RK_EV_S("reason", why),
+                 RK_EV_S("error", rk_strerror(RK_E_TIMEOUT)));
+    } else if (!e->cp.torn) {
         e->cp.torn = true;
         ckpt_abandon(e); /* its writer never commits it (I10) */
         pthread_mutex_lock(&e->mu);
@@ -756,9 +801,21 @@ static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
             e->cp.rc = rc;
     }
     e->cp.pending = false;
-    if (!e->cp.rc && !e->cp.torn)
+    int rc = e->cp.torn ? RK_E_TIMEOUT : e->cp.rc;
+    if (!rc)
         ckpt__seal(e, e->cp.step);
-    return e->cp.torn ? RK_E_TIMEOUT : e->cp.rc;
+    else
+        memset(e->g.frozen_ok, 0, e->g.held_cap * sizeof(*e->g.frozen_ok));
+    if (e->cp.job) { /* for the writer, once a later batch replaced this one (job_copied) */
+        atomic_store(&e->job.copy_rc, rc);
+        atomic_store(&e->job.copy_settled, true);
+    } else if (rc && !e->cp.torn) {
+        RK_LOG_WARN(RK_SUB_CKPT, "snapshot of step %" PRId64 " not held: its copy failed (%s)", e->cp.step,
+                    rk_last_error());
+        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", e->cp.step), RK_EV_S("reason", rk_last_error()),
+                 RK_EV_S("error", rk_strerror(rc)));
+    }
+    return rc;
 }
 
 int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns)
@@ -804,12 +861,41 @@ static int not_started(ckpt_engine *e, int64_t step, int rc)
     return rc;
 }
 
+/* The copy before is settled (bounded), then the generations turn (I16). */
+static int settled_for_next(ckpt_engine *e)
+{
+    if (settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "snapshot: the copy of step %" PRId64 " into staging still runs", e->cp.step);
+    next_gen(e);
+    return 0;
+}
+
+int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    int rc = settled_for_next(e);
+    if (!rc)
+        rc = stage(e, t, n, false);
+    if (!rc)
+        rc = hold_copy(e, step, t, n);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", rk_last_error());
+        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", step), RK_EV_S("reason", why),
+                 RK_EV_S("error", rk_strerror(rc)));
+        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "snapshot of step %" PRId64 " not taken: %s", step, why);
+    }
+    return 0;
+}
+
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     int64_t t0 = rk__mono_ns();
     if (step == ckpt_last_committed(e))
         return 0; /* already committed under this label */
     int rc = wait_turn(e, step, t0);
+    if (!rc)
+        rc = settled_for_next(e);
     if (!rc)
         rc = stage(e, t, n, false);
     if (!rc)
@@ -825,6 +911,9 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     atomic_init(&j->fate, JOB_OPEN);
     atomic_init(&j->waiting, CKPT_WAIT_NONE);
     atomic_init(&j->waiting_since_ns, 0);
+    atomic_init(&j->copy_rc, 0);
+    atomic_init(&j->copy_settled, false);
+    e->cp.job = true;
     j->step = step;
     j->m.step = step;
     j->m.rank = e->rank;
@@ -853,7 +942,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         f->nbytes = t[i].nbytes;
         f->order = (uint32_t)i;
         f->rank = e->rank;
-        f->data = e->staging + e->held_off[i];
+        f->data = e->g.staging + e->g.held_off[i];
         f->kind = ckpt__kind(t[i].flags);
         f->rows = t[i].rows;
         f->row0 = t[i].row0;
@@ -861,6 +950,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->stall_ms = rk__ms_since(t0);
     j->dispatch_ns = rk__mono_ns();
     pthread_mutex_lock(&e->mu);
+    e->job_region = e->g.staging;
     e->busy_since_ns = j->dispatch_ns;
     e->state = CKPT_QUEUED;
     pthread_cond_broadcast(&e->cv);
@@ -878,6 +968,7 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     int rc = stage(e, t, n, false);
     if (rc)
         return rc;
+    memset(e->g.frozen_ok, 0, e->g.held_cap * sizeof(*e->g.frozen_ok)); /* filled by other means */
     hold_layout(e, t, n);
     return 0;
 }
@@ -893,15 +984,15 @@ static void was_copy(ckpt_engine *e, bool save)
     int64_t *row0 = (int64_t *)(len + n);
     bool *have = (bool *)(row0 + n);
     if (save) {
-        memcpy(off, e->held_off, n * sizeof(*off));
-        memcpy(len, e->held_len, n * sizeof(*len));
-        memcpy(row0, e->held_row0, n * sizeof(*row0));
-        memcpy(have, e->held_have, n * sizeof(*have));
+        memcpy(off, e->g.held_off, n * sizeof(*off));
+        memcpy(len, e->g.held_len, n * sizeof(*len));
+        memcpy(row0, e->g.held_row0, n * sizeof(*row0));
+        memcpy(have, e->g.held_have, n * sizeof(*have));
     } else {
-        memcpy(e->held_off, off, n * sizeof(*off));
-        memcpy(e->held_len, len, n * sizeof(*len));
-        memcpy(e->held_row0, row0, n * sizeof(*row0));
-        memcpy(e->held_have, have, n * sizeof(*have));
+        memcpy(e->g.held_off, off, n * sizeof(*off));
+        memcpy(e->g.held_len, len, n * sizeof(*len));
+        memcpy(e->g.held_row0, row0, n * sizeof(*row0));
+        memcpy(e->g.held_have, have, n * sizeof(*have));
     }
 }
 
@@ -909,14 +1000,14 @@ int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char
 {
     ckpt_abandon(e);
     ckpt_hold_cancel(e); /* an earlier open neither sealed nor cancelled */
-    size_t m = e->held_n;
+    size_t m = e->g.held_n;
     e->was.save = malloc(m ? m * (sizeof(size_t) + sizeof(uint64_t) + sizeof(int64_t) + sizeof(bool)) : 1);
     if (!e->was.save)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "the layout of the held snapshot (%zu tensors)", m);
     e->was.n = m;
-    e->was.step = e->held_step;
-    e->was.hdr = e->held_hdr;
-    e->was.out = e->held_out;
+    e->was.step = e->g.held_step;
+    e->was.hdr = e->g.held_hdr;
+    e->was.out = e->g.held_out;
     was_copy(e, true);
     int rc = stage(e, t, n, true); /* on failure nothing changed: the snapshot stays held */
     if (rc) {
@@ -928,7 +1019,7 @@ int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char
     e->was.retired = !e->prev && e->retired; /* stage retired it: an abandoned writer reads it */
     hold_layout(e, t, n);
     for (size_t i = 0; i < n; i++)
-        where[i] = (unsigned char *)e->staging + e->held_off[i];
+        where[i] = (unsigned char *)e->g.staging + e->g.held_off[i];
     return 0;
 }
 
@@ -937,18 +1028,18 @@ void ckpt_hold_cancel(ckpt_engine *e)
     if (!e->was.open)
         return;
     /* Nobody reads the new region (the writer was abandoned before it existed). */
-    unmap_region(e, e->staging, e->staging_cap);
+    unmap_region(e, e->g.staging, e->g.staging_cap);
     char **old = e->was.retired ? &e->retired : &e->prev;
     size_t *old_cap = e->was.retired ? &e->retired_cap : &e->prev_cap;
-    e->staging = *old;
-    e->staging_cap = *old_cap;
+    e->g.staging = *old;
+    e->g.staging_cap = *old_cap;
     *old = NULL;
     *old_cap = 0;
     was_copy(e, false);
-    e->held_n = e->was.n;
-    e->held_hdr = e->was.hdr;
-    e->held_out = e->was.out;
-    e->held_step = e->was.step;
+    e->g.held_n = e->was.n;
+    e->g.held_hdr = e->was.hdr;
+    e->g.held_out = e->was.out;
+    e->g.held_step = e->was.step;
     free(e->was.save);
     e->was.save = NULL;
     e->was.open = false;
@@ -964,11 +1055,11 @@ void ckpt_hold_seal(ckpt_engine *e, int64_t step)
         return; /* retired: the abandoned writer's until it is idle */
     /* The old snapshot's region is the next partner copy's inbox: that one is usually
        as large, so a partner copy after a rebuild grows it in place, not anew. */
-    unmap_region(e, e->partner, e->partner_cap);
-    e->partner = e->prev;
-    e->partner_cap = e->prev_cap;
-    e->partner_len = 0;
-    e->left_step = -1;
+    unmap_region(e, e->g.partner, e->g.partner_cap);
+    e->g.partner = e->prev;
+    e->g.partner_cap = e->prev_cap;
+    e->g.partner_len = 0;
+    e->g.left_step = -1;
     e->prev = NULL;
     e->prev_cap = 0;
 }
@@ -982,29 +1073,76 @@ int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     return rc ? rc : src;
 }
 
-const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e)
+/* What generation g holds, as recovery sees it, in s. */
+static const ckpt_snapshot *view(ckpt_engine *e, struct ckpt_gen *g, ckpt_snapshot *s)
 {
-    ckpt_snapshot *s = &e->snap;
     settle(e, false, rk__deadline_ns(e->timeout_ms / 4)); /* I15: held once copied whole */
     pthread_mutex_lock(&e->mu);
     uint64_t epoch = e->epoch;
     pthread_mutex_unlock(&e->mu);
-    *s = (ckpt_snapshot){.step = e->held_step, .rank = e->held_rank, .world = e->held_world, .left_step = -1};
-    if (e->held_step < 0)
+    *s = (ckpt_snapshot){.step = g->held_step, .rank = g->held_rank, .world = g->held_world, .left_step = -1};
+    if (g->held_step < 0)
         return s;
-    s->n = e->held_n;
-    for (size_t i = 0; i < e->held_n; i++)
-        e->own_p[i] = (ckpt_piece){.data = e->held_have[i] ? e->staging + e->held_off[i] : NULL,
-                                   .nbytes = e->held_len[i], .row0 = e->held_row0[i]};
-    s->own = e->own_p;
-    s->out = e->staging;
-    s->out_bytes = e->held_out;
-    if (e->left_step >= 0) {
-        s->left_step = e->left_step;
-        s->left = e->left_p;
+    s->n = g->held_n;
+    for (size_t i = 0; i < g->held_n; i++)
+        g->own_p[i] = (ckpt_piece){.data = g->held_have[i] ? g->staging + g->held_off[i] : NULL,
+                                   .nbytes = g->held_len[i], .row0 = g->held_row0[i]};
+    s->own = g->own_p;
+    s->out = g->staging;
+    s->out_bytes = g->held_out;
+    if (g->left_step >= 0) {
+        s->left_step = g->left_step;
+        s->left = g->left_p;
     }
-    s->partnered = e->left_step == e->held_step && e->left_epoch == e->held_epoch && e->held_epoch == epoch;
+    s->partnered = g->left_step == g->held_step && g->left_epoch == g->held_epoch && g->held_epoch == epoch;
     return s;
+}
+
+const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e)
+{
+    return view(e, &e->g, &e->snap);
+}
+
+const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e)
+{
+    return view(e, &e->old, &e->snap_old);
+}
+
+static void swap_gens(ckpt_engine *e)
+{
+    struct ckpt_gen t = e->g;
+    e->g = e->old;
+    e->old = t;
+}
+
+int ckpt_snapshot_select(ckpt_engine *e, int64_t step)
+{
+    settle(e, false, rk__deadline_ns(e->timeout_ms / 4));
+    if (step >= 0 && e->g.held_step == step)
+        return 0;
+    if (step < 0 || e->old.held_step != step || e->was.open)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOCKPT, "no snapshot of step %" PRId64 " is held in memory "
+                        "(held: %" PRId64 " and %" PRId64 ")", step, e->g.held_step, e->old.held_step);
+    swap_gens(e);
+    RK_LOG_INFO(RK_SUB_CKPT, "the snapshot of step %" PRId64 " is the held one again (the newer one, of step %" PRId64
+                ", is not offered)", step, e->old.held_step);
+    return 0;
+}
+
+/* I16: a snapshot about to be copied goes into the region of the older generation, which
+   then becomes g, so that the newest whole snapshot and its partner copy stay held, as
+   old, while the copy runs. Not if a writer still reads that region (a disk write longer
+   than a step): then the copy overwrites g, and old, being written to disk, stays whole.
+   A region a writer reads is never written (its checkpoint would be torn), so with g
+   read and nothing whole in old, they swap all the same. Called with no copy pending. */
+static void next_gen(ckpt_engine *e)
+{
+    bool busy = ckpt_busy(e);
+    bool g_read = busy && e->g.staging && e->g.staging == e->job_region;
+    bool old_read = busy && e->old.staging && e->old.staging == e->job_region;
+    if (old_read || (e->g.held_step < 0 && !g_read))
+        return;
+    swap_gens(e);
 }
 
 bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n)
@@ -1019,42 +1157,42 @@ bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t 
 
 void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes)
 {
-    e->left_step = -1;
-    e->partner_len = 0;
-    if (bytes > e->partner_cap) {
+    e->g.left_step = -1;
+    e->g.partner_len = 0;
+    if (bytes > e->g.partner_cap) {
         size_t cap = ALIGN_UP(bytes);
-        ckpt_copy_unpin(e->dev_copy, e->partner); /* it may have been staging (ckpt_hold_seal) */
-        void *p = rk__remap(e->partner, e->partner_cap, cap);
+        ckpt_copy_unpin(e->dev_copy, e->g.partner); /* it may have been staging (ckpt_hold_seal) */
+        void *p = rk__remap(e->g.partner, e->g.partner_cap, cap);
         if (!p) {
             rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", bytes, strerror(errno));
             return NULL;
         }
-        e->partner = p;
-        e->partner_cap = cap;
+        e->g.partner = p;
+        e->g.partner_cap = cap;
     }
-    e->partner_len = bytes;
-    return e->partner ? e->partner : (void *)e; /* 0 bytes: any non-NULL address */
+    e->g.partner_len = bytes;
+    return e->g.partner ? e->g.partner : (void *)e; /* 0 bytes: any non-NULL address */
 }
 
 int ckpt_snapshot_accept(ckpt_engine *e)
 {
-    const uint64_t *h = (const uint64_t *)e->partner;
-    size_t len = e->partner_len;
-    e->left_step = -1;
-    if (len < hdr_bytes(0) || h[0] != HDR_MAGIC || h[2] > e->held_cap || hdr_bytes(h[2]) > len)
+    const uint64_t *h = (const uint64_t *)e->g.partner;
+    size_t len = e->g.partner_len;
+    e->g.left_step = -1;
+    if (len < hdr_bytes(0) || h[0] != HDR_MAGIC || h[2] > e->g.held_cap || hdr_bytes(h[2]) > len)
         return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: malformed header (%zu bytes)", len);
     size_t n = h[2], off = hdr_bytes(n);
     for (size_t i = 0; i < n; i++) {
         size_t nb = h[3 + 2 * i];
         if (nb > len || off > len - nb)
             return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: piece %zu past its end", i);
-        e->left_p[i] = (ckpt_piece){.data = e->partner + off, .nbytes = nb, .row0 = (int64_t)h[4 + 2 * i]};
+        e->g.left_p[i] = (ckpt_piece){.data = e->g.partner + off, .nbytes = nb, .row0 = (int64_t)h[4 + 2 * i]};
         off += ALIGN_UP(nb);
     }
     pthread_mutex_lock(&e->mu);
-    e->left_epoch = e->epoch;
+    e->g.left_epoch = e->epoch;
     pthread_mutex_unlock(&e->mu);
-    e->left_step = (int64_t)h[1];
+    e->g.left_step = (int64_t)h[1];
     return 0;
 }
 
@@ -1074,7 +1212,7 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     if (rc) {
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "restore of the snapshot of step %" PRId64 ": %s", e->held_step,
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "restore of the snapshot of step %" PRId64 ": %s", e->g.held_step,
                         why);
     }
     return 0;

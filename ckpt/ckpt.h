@@ -50,6 +50,8 @@ typedef struct ckpt_tensor {
     int64_t row0, rows;   /* RK_SHARDED: the slice's first row, the global tensor's rows */
     bool defer;           /* ckpt_restore_held leaves it (rk_rebind copies it later) */
     bool device;          /* ptr is CUDA device memory (RK_DEVICE): copied by the CUDA engine */
+    bool frozen;          /* RK_FROZEN: never changes; a generation that holds its bytes from
+                             an earlier copy of the same layout is not copied into again */
 } ckpt_tensor;
 
 /* RK_DEVICE's check of a registration (ckpt/copy_cuda.c): 0 if p is device memory;
@@ -87,6 +89,12 @@ int ckpt_clean_dir(const char *dir);
    stop waiting for its shard at once. A label already committed by this engine is
    skipped (returns 0). */
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* A snapshot of t[0..n) held in memory as `step`, not written to disk (RK_SNAPSHOT_EVERY):
+   the copy into staging as for ckpt_start (not waited for here; ckpt_copied), into the
+   older generation's region, so that the newest whole snapshot stays held until this one
+   is (ckpt.c I16). Never waits for the writer. A failure (logged, event snapshot_failed)
+   leaves the snapshot held before. */
+int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Until the copy of the last ckpt_start into staging is done (host_only: its host tensors'
    part), or deadline_ns: then the buffers may change. 0 (also when none is under way), the
    copy's failure (the checkpoint failed: reported by ckpt_wait, nothing held), or
@@ -158,6 +166,12 @@ void ckpt_hold_cancel(ckpt_engine *e);
 void ckpt_hold_seal(ckpt_engine *e, int64_t step);
 /* The held snapshot (never NULL; step -1 when none). */
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
+/* The generation before it (ckpt.c I16): the snapshot held until the newest was taken,
+   kept whole while the newest is copied (step -1 when none). Valid as ckpt_snapshot_held's. */
+const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e);
+/* The snapshot of `step` becomes the held one: the newest, or the older generation (then
+   the newer one is no longer offered). RK_E_NOCKPT if neither holds it. */
+int ckpt_snapshot_select(ckpt_engine *e, int64_t step);
 /* Whether s has the layout of t[0..n): as many tensors, of the same sizes (tensors are
    registered in order, never removed). False when none is held. A snapshot taken before
    a tensor was registered is not one the job can roll back to. */

@@ -37,6 +37,9 @@ struct ckpt_job {
     /* The copy into staging this job writes from (ckpt/copy.h): the writer waits for both
        batches first (0: none). */
     uint64_t copy_host, copy_dev;
+    /* How that copy ended, once the training thread settled it (ckpt.c, job_copied). */
+    atomic_int copy_rc;
+    atomic_bool copy_settled;
 };
 enum { CKPT_WAIT_NONE = 0, CKPT_WAIT_DIR = -1, CKPT_WAIT_COMMIT = -2 };
 /* Sets what the writer of j waits for now (one of the above, or a rank). */
@@ -50,6 +53,35 @@ static inline int ckpt__kind(unsigned flags)
 {
     return flags & RK_SHARDED ? FMT_SHARDED : flags & RK_PER_RANK ? FMT_PER_RANK : FMT_REPLICATED;
 }
+
+/* One generation of the held snapshot: a staging region, the layout and step of the
+   snapshot in it, and the partner copy received beside it (ckpt.c I8, I14, I16). */
+struct ckpt_gen {
+    char *staging;       /* mmap'd once, reused; grows only if the registry grows */
+    size_t staging_cap;
+    /* The snapshot held in staging: every registered tensor (not only this rank's share),
+       so that any survivor can hand the whole state back after a failure (I8). */
+    int64_t held_step;   /* -1: none complete (also while a copy is under way) */
+    size_t held_n;
+    size_t *held_off;    /* offset of each tensor in staging, registry order */
+    uint64_t *held_len;
+    bool *held_have;     /* the held snapshot has tensor i (not: per-rank state of a rank
+                            the checkpoint it was read from did not have) */
+    size_t held_cap;
+    size_t held_hdr;     /* bytes of the header at the start of staging (I14) */
+    size_t held_out;     /* the header and this rank's sharded and per-rank pieces */
+    int64_t *held_row0;  /* each tensor's first global row (sharded) */
+    bool *frozen_ok;     /* an RK_FROZEN tensor's bytes are in staging from an earlier copy at
+                            the same place: the next snapshot copies it no more (ckpt.c I16) */
+    uint64_t held_epoch; /* the membership the held snapshot was taken in */
+    int held_rank, held_world;
+    /* The partner copy (I14): the left neighbour's out region, mmap'd, grows. */
+    char *partner;
+    size_t partner_cap, partner_len;
+    int64_t left_step;
+    uint64_t left_epoch;
+    ckpt_piece *own_p, *left_p; /* held_cap each: the snapshot's pieces */
+};
 
 struct ckpt_engine {
     char *dir, *io;
@@ -90,30 +122,12 @@ struct ckpt_engine {
     int64_t skipped_step, skipped_ns;
     int64_t last_committed;
 
-    char *staging;       /* mmap'd once, reused; grows only if the registry grows */
-    size_t staging_cap;
-    /* The snapshot held in staging: every registered tensor (not only this rank's share),
-       so that any survivor can hand the whole state back after a failure (I8). */
-    int64_t held_step;   /* -1: none complete (also while a copy is under way) */
-    size_t held_n;
-    size_t *held_off;    /* offset of each tensor in staging, registry order */
-    uint64_t *held_len;
-    bool *held_have;     /* the held snapshot has tensor i (not: per-rank state of a rank
-                            the checkpoint it was read from did not have) */
-    size_t held_cap;
-    size_t held_hdr;     /* bytes of the header at the start of staging (I14) */
-    size_t held_out;     /* the header and this rank's sharded and per-rank pieces */
-    int64_t *held_row0;  /* each tensor's first global row (sharded) */
+    /* The snapshots held in memory (I8, I14, I16): g, the newest (held_step -1 while a copy
+       into it is under way), and old, the one before it, kept whole while g's copy runs. */
+    struct ckpt_gen g, old;
     uint64_t epoch;      /* the current membership's (ckpt_set_membership) */
-    uint64_t held_epoch; /* the membership the held snapshot was taken in */
-    int held_rank, held_world;
-    /* The partner copy (I14): the left neighbour's out region, mmap'd, grows. */
-    char *partner;
-    size_t partner_cap, partner_len;
-    int64_t left_step;
-    uint64_t left_epoch;
-    ckpt_piece *own_p, *left_p; /* held_cap each: the snapshot's pieces */
-    ckpt_snapshot snap;
+    const char *job_region; /* the staging region the job in flight reads (I16) */
+    ckpt_snapshot snap, snap_old; /* views of g and old (ckpt_snapshot_held, _older) */
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
     /* The copy engines (ckpt/copy.h): host tensors' and device tensors' (the CUDA engine,
@@ -126,6 +140,7 @@ struct ckpt_engine {
         bool pending;    /* started, not yet settled (ckpt.c, settle) */
         bool host_done;  /* its host batch settled */
         bool torn;       /* given up on at a deadline: never held (the buffers moved on) */
+        bool job;        /* the copy the job in flight writes from (not a snapshot only) */
         int64_t step;    /* the step it becomes once settled whole */
         uint64_t host_gen, dev_gen;
         int rc;          /* the first failure of its batches */

@@ -163,9 +163,9 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         (rc = ckpt__hold_space(e, t, n)) != 0)
         goto out;
     for (size_t i = 0; i < n; i++) {
-        char *dst = e->staging + e->held_off[i];
+        char *dst = e->g.staging + e->g.held_off[i];
         if (k[i] < 0) {
-            e->held_have[i] = false;
+            e->g.held_have[i] = false;
             continue;
         }
         rc = t[i].flags & RK_SHARDED ? fmt_ckpt_read_rows(c, (size_t)k[i], t[i].row0, t[i].shape[0], dst)

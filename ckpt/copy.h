@@ -56,7 +56,8 @@ int ckpt_copy_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns);
 /* Whether batch `gen` completed (never waits). */
 bool ckpt_copy_done(ckpt_copy *c, uint64_t gen);
 /* Staging [p, p + n) will be copied to and from often: the CUDA engine pins it
-   (cudaHostRegister) and unpins the region it pinned before; the host engine does
+   (cudaHostRegister), keeping at most two regions pinned (the two generations of the held
+   snapshot: a third unpins the one pinned first); the host engine does
    nothing. A failure is logged (the copies still work, unpinned and slower). */
 void ckpt_copy_pin(ckpt_copy *c, void *p, size_t n);
 /* The region at p is about to be unmapped or moved: unpinned if it is the pinned one. */

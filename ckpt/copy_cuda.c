@@ -35,7 +35,8 @@ struct cuda_copy {
     bool running;        /* batch gen has not completed */
     int rc;              /* how it ended, once it did */
     char why[256];
-    void *pinned;        /* the region cudaHostRegister'd (NULL: none) */
+    void *pinned[2];     /* the regions cudaHostRegister'd (NULL: none): the two generations
+                            of the held snapshot (ckpt.c I16), the older one first */
     bool pin_warned;
 };
 
@@ -140,23 +141,29 @@ static int cuda_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
 static void cuda_unpin(ckpt_copy *c, void *p)
 {
     struct cuda_copy *k = (struct cuda_copy *)c;
-    if (!k->pinned || k->pinned != p)
+    int i = p && k->pinned[0] == p ? 0 : p && k->pinned[1] == p ? 1 : -1;
+    if (i < 0)
         return;
     cudaError_t e = cudaHostUnregister(p);
     if (e != cudaSuccess)
         RK_LOG_WARN(RK_SUB_CKPT, "CUDA copy: unpinning staging: %s", cudaGetErrorString(e));
-    k->pinned = NULL;
+    if (i == 0)
+        k->pinned[0] = k->pinned[1];
+    k->pinned[1] = NULL;
 }
 
+/* At most two regions stay pinned, the generations of the held snapshot: pinning a third
+   unpins the one pinned first (a region replaced when the registry grew). */
 static void cuda_pin(ckpt_copy *c, void *p, size_t n)
 {
     struct cuda_copy *k = (struct cuda_copy *)c;
-    if (k->pinned == p || !p || !n)
+    if (k->pinned[0] == p || k->pinned[1] == p || !p || !n)
         return;
-    cuda_unpin(c, k->pinned);
+    if (k->pinned[1])
+        cuda_unpin(c, k->pinned[0]);
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
     if (e == cudaSuccess) {
-        k->pinned = p;
+        k->pinned[k->pinned[0] ? 1 : 0] = p;
     } else if (!k->pin_warned) {
         k->pin_warned = true;
         RK_LOG_WARN(RK_SUB_CKPT, "CUDA copy: cannot pin %zu bytes of staging (%s): copies go unpinned, slower", n,
@@ -174,7 +181,8 @@ static int cuda_destroy(ckpt_copy *c, int64_t deadline_ns)
         rk__retain_forever(k); /* the device may still write what it names */
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT, "CUDA copy: a batch still runs; the engine is left");
     }
-    cuda_unpin(c, k->pinned);
+    cuda_unpin(c, k->pinned[1]);
+    cuda_unpin(c, k->pinned[0]);
     cudaEventDestroy(k->done);
     cudaEventDestroy(k->after);
     cudaStreamDestroy(k->own);

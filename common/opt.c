@@ -37,6 +37,7 @@ static const struct opt {
     {"RK_DET_IFACE", OPT_STR, offsetof(rk_options, det_iface), 0, 0, 0, NULL},
     {"RK_IO", OPT_CHOICE, offsetof(rk_options, io), 0, 0, 0, io_choices},
     {"RK_ROLLBACK", OPT_CHOICE, offsetof(rk_options, rollback), 0, 0, 0, rollback_choices},
+    {"RK_SNAPSHOT_EVERY", OPT_INT, offsetof(rk_options, snapshot_every), 1, 0, INT_MAX, NULL},
 };
 
 /* "auto, uring or buffered" for a choice option's messages. */

@@ -792,10 +792,12 @@ static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64
 {
     int r = rk_rank(ctx), W = rk_world(ctx);
     int64_t lo = (int64_t)r * a->batch / W, hi = (int64_t)(r + 1) * a->batch / W, shift = 0;
-    if (md->zero) { /* the per-rank RNG picks where this rank's samples start */
-        md->rng = splitmix64(md->rng);
-        shift = (int64_t)(md->rng % (uint64_t)a->batch) * 1000003;
-    }
+    /* The per-rank RNG picks where this rank's samples start. Registered state changes only
+       after the gradients' rk_allreduce (the snapshot of the step before may still be
+       copied until then: rekindle.h, rk_before_update), so its new state is stored there. */
+    uint64_t rng = md->zero ? splitmix64(md->rng) : 0;
+    if (md->zero)
+        shift = (int64_t)(rng % (uint64_t)a->batch) * 1000003;
     /* grads[nparam] sums the squared errors: the loss travels with the gradients, one allreduce */
     int rc = md->be->zero(md->grads, (md->nparam + 1) * sizeof(float));
     for (int64_t s = lo; s < hi && rc == 0;) {
@@ -808,6 +810,8 @@ static int step_grads(rk_ctx *ctx, struct model *md, const struct args *a, int64
     if (rc)
         return rc;
     rc = rk_allreduce(ctx, md->grads, md->nparam + 1, RK_F32, RK_SUM);
+    if (rc == 0 && md->zero)
+        md->rng = rng;
     float lsum = 0;
     int brc = md->be->to_host(&lsum, md->grads + md->nparam, sizeof(float));
     *loss = lsum / (float)(a->batch * OUT_DIM);

@@ -107,6 +107,10 @@ typedef struct rk_options {
     void *cuda_stream;    /* the cudaStream_t the program's GPU work runs on (NULL: the
                              legacy default stream); a snapshot of RK_DEVICE tensors is
                              copied after the work queued on it. No environment variable */
+    int snapshot_every;   /* RK_SNAPSHOT_EVERY ; steps between snapshots held in memory
+                             (1: every step), from which a recovery resumes; 0: only the
+                             checkpoints' own. A checkpoint is a snapshot also written to
+                             disk (docs/DESIGN.md, "Snapshots at every step")             */
 } rk_options;
 
 /* Defaults, then RK_* environment variables. Never fails: a variable it cannot parse is
@@ -143,8 +147,13 @@ int rk_init(rk_ctx **ctx, const rk_options *o);
                           members' slices concatenated in rank order */
 #define RK_PER_RANK 4u /* state of this rank alone (an RNG, a data-loader position); the
                           checkpoint keeps every rank's, at ranks/<r>/<name> */
+#define RK_FROZEN   8u /* with any of the above: the tensor never changes after rk_resume (a
+                          frozen embedding): each of the two snapshot generations copies it
+                          once and keeps it, so snapshots at every step cost nothing for it;
+                          it is still written to every checkpoint. Changing it anyway leaves
+                          the old bytes in the snapshots (a recovery restores those) */
 
-/* flags: 0, RK_DEVICE, RK_SHARDED or RK_PER_RANK (not two of them).
+/* flags: 0, RK_DEVICE, RK_SHARDED or RK_PER_RANK (not two of them), each with RK_FROZEN or not.
    name is the tensor's path in the checkpoint ('/' makes HDF5 groups): non-empty, at most
    255 bytes, no leading or trailing '/', no empty, '.' or '..' component, no control
    characters, not a group of another tensor ("a" and "a/b" cannot both exist), and not
@@ -224,8 +233,22 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
    lost meanwhile abandons the previous one at once instead (its commit needs every
    member), and this one goes ahead. Plus the copy into staging; a failure elsewhere
    first runs the recovery, bounded as docs/PROTOCOL.md says. Never waits on the disk.
-   May return RK_RECOVERED. */
+   At the other steps that are a multiple of snapshot_every (RK_SNAPSHOT_EVERY, default
+   every step) it takes a snapshot held in memory only, which a recovery resumes from: its
+   copy is started and NOT waited for here, so that it runs while the next step computes;
+   it is waited for before the next rk_allreduce, rk_before_update or rk_step_done
+   returns. So registered state may change after the next rk_allreduce (the gradients'
+   allreduce, then the optimizer's update: the usual loop) but not before it: a program
+   that changes registered state elsewhere (a data-loader position, an RNG advanced at
+   the start of a step) calls rk_before_update() first. May return RK_RECOVERED. */
 int rk_step_done(rk_ctx *ctx, int64_t step);
+
+/* Waits (at most RK_TIMEOUT_MS / 4) until the copy of the last snapshot is done, so that
+   the registered state may change: for a program that changes it other than after
+   rk_allreduce (rk_step_done). Local, not collective; cheap when no copy is under way.
+   Returns 0 (a copy that fails or runs past the bound costs that snapshot, logged with the
+   event snapshot_failed, not the call), -EINVAL for a NULL ctx. */
+int rk_before_update(rk_ctx *ctx);
 
 int64_t rk_next_step(const rk_ctx *ctx);
 

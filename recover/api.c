@@ -225,6 +225,14 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     return rec_ckpt_step_done(ctx, step);
 }
 
+int rk_before_update(rk_ctx *ctx)
+{
+    if (!ctx)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_before_update: ctx is NULL");
+    rec_ckpt_before_update(ctx);
+    return 0;
+}
+
 int64_t rk_next_step(const rk_ctx *ctx)
 {
     return ctx ? ctx->next_step : 0;

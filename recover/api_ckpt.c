@@ -68,6 +68,13 @@ int rec_ckpt_close(rk_ctx *ctx)
 {
     if (!ctx->ckpt)
         return 0;
+    if (ctx->snap.taken) {
+        RK_LOG_INFO(RK_SUB_CKPT, "%lld snapshots held in memory; training waited %.1f ms for their copies in all "
+                    "(%.3f ms a snapshot, at most %.1f ms)", (long long)ctx->snap.taken, ctx->snap.wait_ms,
+                    ctx->snap.wait_ms / (double)ctx->snap.taken, ctx->snap.max_ms);
+        RK_EVENT(ctx->ev, "snapshots", RK_EV_I("taken", ctx->snap.taken), RK_EV_D("wait_ms", ctx->snap.wait_ms),
+                 RK_EV_D("max_wait_ms", ctx->snap.max_ms));
+    }
     /* A commit that waits for a member the detector saw go is abandoned at once
        (ckpt_config.member_lost), not at the deadline. */
     int64_t deadline = rk__deadline_ns(ctx->opt.timeout_ms);
@@ -88,7 +95,8 @@ static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
     for (size_t i = 0; i < ctx->ntensors; i++) {
         const struct rec_tensor *r = &ctx->tensors[i];
         t[i] = (ckpt_tensor){.name = r->name, .ptr = r->pending ? NULL : r->ptr, .dtype = r->dtype, .ndim = r->ndim,
-                             .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags & ~RK_DEVICE,
+                             .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags & ~(RK_DEVICE | RK_FROZEN),
+                             .frozen = r->flags & RK_FROZEN,
                              .row0 = r->row0, .rows = r->rows_global, .defer = r->pending,
                              .device = r->flags & RK_DEVICE};
     }
@@ -131,42 +139,79 @@ int rec_ckpt_mirror(rk_ctx *ctx)
     return rc;
 }
 
-static int start(rk_ctx *ctx, int64_t step)
+/* A checkpoint of `step` (disk), or a snapshot held in memory only; with `disk`, a
+   checkpoint skipped because the previous one is still being written is taken as a
+   snapshot all the same. */
+static int start(rk_ctx *ctx, int64_t step, bool disk)
 {
     for (size_t i = 0; i < ctx->ntensors; i++)
         if (ctx->tensors[i].pending)
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE,
-                            "checkpoint of step %" PRId64 " not taken: sharded tensor '%s' changed its slice in the "
-                            "recovery and waits for rk_rebind", step, ctx->tensors[i].name);
+                            "%s of step %" PRId64 " not taken: sharded tensor '%s' changed its slice in the "
+                            "recovery and waits for rk_rebind", disk ? "checkpoint" : "snapshot", step,
+                            ctx->tensors[i].name);
     ckpt_tensor *t = NULL;
     int rc = tensors_of(ctx, &t);
-    if (!rc)
+    if (!rc && disk)
         rc = ckpt_start(ctx->ckpt, step, t, ctx->ntensors);
+    if (!rc && !disk)
+        rc = ckpt_snapshot_take(ctx->ckpt, step, t, ctx->ntensors);
+    else if (rc == RK_E_BUSY && ctx->opt.snapshot_every > 0)
+        ckpt_snapshot_take(ctx->ckpt, step, t, ctx->ntensors); /* the skip stays the result */
     free(t);
-    /* Host buffers may change as soon as rk_step_done returns (rekindle.h): their copy is
-       waited for here; device tensors' copy runs on until the next update (rec_ckpt_copied).
+    if (!disk) {
+        /* A snapshot only: its copy runs on while the next step computes, until the next
+           update (rec_ckpt_copied: rk_allreduce, rk_before_update, rk_step_done); its
+           partner copy is sent then. */
+        ctx->mirror_pending = rec_ckpt_partnered(ctx);
+        ctx->snap.taken += rc == 0;
+        return rc;
+    }
+    /* A checkpoint: host buffers may change as soon as rk_step_done returns (rekindle.h):
+       their copy is waited for here; device tensors' copy runs on until the next update.
        A copy that fails fails this checkpoint (reported by rk_wait), not the call; one that
        could not start whole may still read them: waited for all the same. */
     ckpt_copied(ctx->ckpt, true, rk__deadline_ns(ctx->opt.timeout_ms / 4));
+    ctx->mirror_pending = false;
     rec_ckpt_mirror(ctx); /* every member, whatever its own start did: the shift is collective */
     return rc;
 }
 
+void rec_ckpt_before_update(rk_ctx *ctx)
+{
+    if (!ctx->ckpt)
+        return;
+    int64_t t0 = rk__mono_ns();
+    ckpt_copied(ctx->ckpt, false, rk__deadline_ns(ctx->opt.timeout_ms / 4));
+    double ms = rk__ms_since(t0);
+    ctx->snap.wait_ms += ms;
+    if (ms > ctx->snap.max_ms)
+        ctx->snap.max_ms = ms;
+}
+
 int rec_ckpt_copied(rk_ctx *ctx, int rc)
 {
-    if (ctx->ckpt)
-        ckpt_copied(ctx->ckpt, false, rk__deadline_ns(ctx->opt.timeout_ms / 4));
+    rec_ckpt_before_update(ctx);
+    if (rc == 0 && ctx->mirror_pending) {
+        /* Collective: every member reaches it at the same call (the first rk_allreduce or
+           rk_step_done after a snapshot); a failure is the partner copy's, not the call's. */
+        ctx->mirror_pending = false;
+        rec_ckpt_mirror(ctx);
+    }
     return rc;
 }
 
 int rec_ckpt_step_done(rk_ctx *ctx, int64_t step)
 {
     rec_ckpt_copied(ctx, 0); /* the state is about to change: the last snapshot's copy is done */
-    if (!ctx->ckpt || ctx->opt.ckpt_every <= 0 || (step + 1) % ctx->opt.ckpt_every != 0)
+    if (!ctx->ckpt)
         return 0;
-    /* A checkpoint that cannot start is logged, an event, and reported by rk_wait if it
-       is a failure (not a skip); training goes on. */
-    start(ctx, step + 1);
+    int every = ctx->opt.ckpt_every, snap = ctx->opt.snapshot_every;
+    bool disk = every > 0 && (step + 1) % every == 0, memory = snap > 0 && (step + 1) % snap == 0;
+    /* A checkpoint or snapshot that cannot start is logged, an event, and (a checkpoint
+       that failed, not one skipped) reported by rk_wait; training goes on. */
+    if (disk || memory)
+        start(ctx, step + 1, disk);
     return 0;
 }
 
@@ -270,7 +315,7 @@ int rk_checkpoint(rk_ctx *ctx)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_checkpoint: ctx is NULL");
     if (!ctx->ckpt)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "rk_checkpoint: no checkpoint directory (RK_CKPT_DIR)");
-    return start(ctx, ctx->next_step);
+    return start(ctx, ctx->next_step, true);
 }
 
 int rk_wait(rk_ctx *ctx)
@@ -399,11 +444,9 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
 
 /* ---- recovery's needs (recover/recovery.c) -------------------------------------------- */
 
-int64_t rec_ckpt_held_step(rk_ctx *ctx)
+/* The step of snapshot s if the job can roll back to it, else -1. */
+static int64_t offered(rk_ctx *ctx, const ckpt_snapshot *s)
 {
-    if (!ctx->ckpt)
-        return -1;
-    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
     /* Sharded and per-rank state is each rank's own: offered only with the left
        neighbour's pieces of the same step and membership beside it (ckpt.c I14), so that
        a lost member's are in its right neighbour's memory. */
@@ -416,6 +459,19 @@ int64_t rec_ckpt_held_step(rk_ctx *ctx)
     int64_t step = ckpt_snapshot_matches(s, t, ctx->ntensors) ? s->step : -1;
     free(t);
     return step;
+}
+
+int64_t rec_ckpt_held_step(rk_ctx *ctx)
+{
+    return ctx->ckpt ? offered(ctx, ckpt_snapshot_held(ctx->ckpt)) : -1;
+}
+
+void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older)
+{
+    *held = rec_ckpt_held_step(ctx);
+    *older = ctx->ckpt ? offered(ctx, ckpt_snapshot_older(ctx->ckpt)) : -1;
+    if (*older == *held)
+        *older = -1;
 }
 
 int64_t rec_ckpt_committed_step(rk_ctx *ctx)
@@ -571,6 +627,7 @@ static int roll_class(int rc)
 int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
 {
     *from = dec->source;
+    ctx->mirror_pending = false; /* the rollback sends its own partner copy */
     int rc = dec->joined ? join(ctx) : 0;
     if (rc)
         return rc;
@@ -586,6 +643,10 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
     ckpt_tensor *t = NULL;
     int trc = tensors_of(ctx, &t);
     bool own = rec_ckpt_partnered(ctx), memory = dec->source == REC_FROM_MEMORY;
+    /* The generation of that step becomes the held one where it is the older (ckpt.c I16). */
+    if (memory && ckpt_snapshot_held(ctx->ckpt)->step != dec->step &&
+        ckpt_snapshot_older(ctx->ckpt)->step == dec->step)
+        ckpt_snapshot_select(ctx->ckpt, dec->step);
     if (memory && own) {
         rc = rec_rebuild(ctx, dec, t, trc); /* takes its own partner copy */
         ctx->next_step = dec->step;

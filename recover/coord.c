@@ -7,11 +7,11 @@
  *   I2 fewer survivors than min_world: stop (RK_E_MIN_WORLD), touch nothing.
  *   I3 every member restores the same step.
  *   I4 that step is never older than the newest committed checkpoint a survivor knows.
- *   I5 memory first: the newest snapshot held by any survivor, if not older than the newest
- *      commit; otherwise disk. With sharded or per-rank state (partnered reports) memory
- *      only if every survivor holds that step and every lost member's right neighbour in
- *      the previous view (ring order: ascending, cyclic) survived: it holds the lost
- *      pieces (two losses in a row: disk).
+ *   I5 memory first: the newest snapshot held by any survivor (either generation: held or
+ *      older), if not older than the newest commit; otherwise disk. With sharded or
+ *      per-rank state (partnered reports) the newest step that every survivor holds, and
+ *      only if every lost member's right neighbour in the previous view (ring order:
+ *      ascending, cyclic) survived: it holds the lost pieces (two losses in a row: disk).
  *   I6 new ranks are the survivors' ranks at start, ascending.
  */
 #include <errno.h>
@@ -29,12 +29,17 @@ static const rec_report *report_of(const rec_report *rep, int nrep, int rank0)
     return NULL;
 }
 
+static bool holds(const rec_report *r, int64_t step)
+{
+    return step >= 0 && (r->held_step == step || r->older_step == step);
+}
+
 /* I5 with partner copies: every reporter holds `step`, and each member of prev that did
    not report has its right neighbour (prev sorted, cyclic) among the reporters. */
 static bool partners_cover(const int *prev, int nprev, const rec_report *rep, int nrep, int64_t step)
 {
     for (int i = 0; i < nrep; i++)
-        if (rep[i].held_step != step)
+        if (!holds(&rep[i], step))
             return false;
     int *ring = malloc((size_t)nprev * sizeof(int));
     if (!ring)
@@ -78,6 +83,8 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
             newest_commit = rep[i].committed_step;
         if (rep[i].held_step > newest_held)
             newest_held = rep[i].held_step;
+        if (rep[i].older_step > newest_held)
+            newest_held = rep[i].older_step;
         if (rep[i].next_step > max_next)
             max_next = rep[i].next_step;
         partnered |= rep[i].partnered != 0;
@@ -92,17 +99,26 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
     if (out->nmembers < min_world)
         return RK_E_MIN_WORLD;
 
-    /* I3, I4, I5 */
-    if (newest_held >= 0 && partnered && !partners_cover(prev, nprev, rep, nrep, newest_held))
-        newest_held = -1;
+    /* I3, I4, I5: with partner copies, the newest step every survivor holds, of either
+       generation (a loss while a snapshot was copied or sent leaves the one before). */
+    if (newest_held >= 0 && partnered) {
+        int64_t best = -1;
+        for (int i = 0; i < nrep; i++)
+            for (int k = 0; k < 2; k++) {
+                int64_t s = k ? rep[i].older_step : rep[i].held_step;
+                if (s > best && partners_cover(prev, nprev, rep, nrep, s))
+                    best = s;
+            }
+        newest_held = best;
+    }
     if (newest_held >= 0 && newest_held >= newest_commit) {
         out->source = REC_FROM_MEMORY;
         out->step = newest_held;
         out->all_hold = 1;
         for (int i = 0; i < nrep; i++) {
-            if (rep[i].held_step == newest_held && (out->root < 0 || rep[i].rank0 < out->root))
+            if (holds(&rep[i], newest_held) && (out->root < 0 || rep[i].rank0 < out->root))
                 out->root = rep[i].rank0;
-            out->all_hold &= rep[i].held_step == newest_held;
+            out->all_hold &= holds(&rep[i], newest_held);
         }
     } else if (newest_commit >= 0) {
         out->source = REC_FROM_DISK;

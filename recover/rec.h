@@ -21,6 +21,8 @@ typedef struct rec_report {
                                offered only with the left neighbour's pieces of that step
                                beside it (ckpt.c I14), and a lost member's pieces are in
                                its right neighbour's memory only */
+    int64_t older_step;     /* step of the older generation it holds whole (ckpt.c I16),
+                               offered like held_step; -1: none */
 } rec_report;
 
 enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };

@@ -53,6 +53,11 @@ struct rk_ctx {
     int world0;           /* world size at start */
     int rank, world;      /* current, renumbered densely after a shrink */
     int64_t next_step;
+    bool mirror_pending;  /* the last snapshot's partner copy is still to be sent (api_ckpt.c) */
+    struct {              /* snapshots taken, and the time training waited for their copies */
+        int64_t taken;
+        double wait_ms, max_ms;
+    } snap;
     struct rec_tensor *tensors; /* registration order */
     size_t ntensors, cap_tensors;
     bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
@@ -143,6 +148,9 @@ void rec_release_spares(rk_ctx *ctx);
    decision's step over the rebuilt ring. */
 struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
+/* Both generations' (ckpt.c I16): the held snapshot's step as rec_ckpt_held_step, and the
+   older one's if it is offered the same way (else -1). */
+void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 /* Whether the job has sharded or per-rank state (rec_report.partnered). */
 int rec_ckpt_partnered(const rk_ctx *ctx);
@@ -155,11 +163,15 @@ int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
 /* The partner copy of the held snapshot (api_ckpt.c; ckpt.c I14): collective over the
    ring, after every snapshot of a job with sharded or per-rank state. */
 int rec_ckpt_mirror(rk_ctx *ctx);
-/* The copy of the last snapshot into staging is done (device tensors' copy runs on after
-   rk_step_done returns), bounded by RK_TIMEOUT_MS / 4: called before the registered
-   state may change (rk_allreduce's return, rk_step_done). Returns rc (a copy that fails
-   fails its checkpoint, reported by rk_wait, not the caller's call). */
+/* The copy of the last snapshot into staging is done (a snapshot's copy, and a
+   checkpoint's device tensors', run on after rk_step_done returns), bounded by
+   RK_TIMEOUT_MS / 4: called before the registered state may change (rk_allreduce's
+   return, rk_step_done); then, if rc is 0, the snapshot's pending partner copy is sent
+   (collective: those calls come at the same points on every member). Returns rc (a copy
+   that fails fails its snapshot or checkpoint, not the caller's call). */
 int rec_ckpt_copied(rk_ctx *ctx, int rc);
+/* rk_before_update: the copy's part of rec_ckpt_copied only (not collective). */
+void rec_ckpt_before_update(rk_ctx *ctx);
 /* A member is lost for good (recovery stopped, or the program finalizes without
    recovering): the checkpoint in flight stops waiting for it. */
 void rec_ckpt_abandon(rk_ctx *ctx);

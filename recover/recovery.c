@@ -430,7 +430,9 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
     r->epoch = v->epoch;
     r->next_step = ctx->next_step;
     /* RK_ROLLBACK=disk: offer no snapshot, so the decision restores from disk. */
-    r->held_step = strcmp(ctx->opt.rollback, "disk") == 0 ? -1 : rec_ckpt_held_step(ctx);
+    r->held_step = r->older_step = -1;
+    if (strcmp(ctx->opt.rollback, "disk") != 0)
+        rec_ckpt_held_steps(ctx, &r->held_step, &r->older_step);
     r->committed_step = rec_ckpt_committed_step(ctx);
     r->partnered = rec_ckpt_partnered(ctx);
 }

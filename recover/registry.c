@@ -79,7 +79,7 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
     if (strcmp(name, REC_RANKS_GROUP) == 0 || strncmp(name, REC_RANKS_GROUP "/", strlen(REC_RANKS_GROUP) + 1) == 0)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NAME,
                         "rk_register: name '%s': '" REC_RANKS_GROUP "' holds per-rank state in the checkpoint", name);
-    if (flags & ~(unsigned)(RK_DEVICE | RK_SHARDED | RK_PER_RANK))
+    if (flags & ~(unsigned)(RK_DEVICE | RK_SHARDED | RK_PER_RANK | RK_FROZEN))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_register '%s': unknown flags 0x%x", name, flags);
     if ((flags & RK_SHARDED) && (flags & RK_PER_RANK))
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL,

@@ -457,6 +457,161 @@ START_TEST(copy_failing_halfway_fails_the_checkpoint)
 }
 END_TEST
 
+/* Two generations (ckpt.c I16): a snapshot whose copy fails, or is given up on at its
+   deadline, leaves the one before it whole, and ckpt_snapshot_select makes that one the
+   held snapshot again; restoring it gives that step's bytes. */
+START_TEST(failed_snapshot_leaves_the_one_before)
+{
+    char *dir = th_tmpdir("gens"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 800, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[1024];
+    int64_t shape[1] = {1024};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    for (int s = 1; s <= 2; s++) {
+        v[0] = v[1023] = s;
+        th_assert_rc(ckpt_snapshot_take(e, s, &t, 1), 0);
+        th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    }
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 2);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 1);
+    /* Step 3's copy fails: 2 stays, in the older generation. */
+    copy_faults("copy@0=eio", NULL);
+    v[0] = v[1023] = 3;
+    th_assert_rc(ckpt_snapshot_take(e, 3, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), -EIO);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
+    /* Step 4's copy hangs past its deadline (timeout_ms / 4): given up on, never held; the
+       older generation is still 2, written over by neither. */
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@0=hang", hold);
+    v[0] = v[1023] = 4;
+    th_assert_rc(ckpt_snapshot_take(e, 4, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(50)), RK_E_TIMEOUT);
+    unlink(hold);
+    copy_faults(NULL, NULL);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
+    th_assert_rc(ckpt_snapshot_select(e, 4), RK_E_NOCKPT);
+    th_assert_rc(ckpt_snapshot_select(e, 2), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 2);
+    v[0] = v[1023] = -1;
+    th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
+    ck_assert(v[0] == 2 && v[1023] == 2);
+    /* and the next snapshot goes into the other region: 2 stays held as the older one */
+    v[0] = v[1023] = 5;
+    th_assert_rc(ckpt_snapshot_take(e, 5, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 5);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
+    ck_assert(((const double *)ckpt_snapshot_older(e)->own[0].data)[1023] == 2);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* RK_FROZEN: each generation copies a frozen tensor once and keeps it; the others are
+   copied at every snapshot. A frozen tensor changed anyway (against its promise) shows it:
+   the snapshots keep its first bytes, while the other tensor's follow every step. A copy
+   that fails leaves that generation without it: the next snapshot there copies it again. */
+START_TEST(frozen_tensor_copied_once_a_generation)
+{
+    char *dir = th_tmpdir("frozen");
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double emb[256], w[256];
+    int64_t shape[1] = {256};
+    ckpt_tensor t[2] = {
+        {.name = "emb", .ptr = emb, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(emb), .frozen = true},
+        {.name = "w", .ptr = w, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(w)}};
+    for (int s = 1; s <= 4; s++) {
+        emb[0] = w[0] = s;
+        th_assert_rc(ckpt_snapshot_take(e, s, t, 2), 0);
+        th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+        const ckpt_snapshot *h = ckpt_snapshot_held(e);
+        ck_assert_int_eq(h->step, s);
+        /* generation A took steps 1 and 3, B 2 and 4: each holds emb as first copied */
+        ck_assert_msg(((const double *)h->own[0].data)[0] == (s % 2 ? 1 : 2), "step %d: emb %g", s,
+                      ((const double *)h->own[0].data)[0]);
+        ck_assert(((const double *)h->own[1].data)[0] == s);
+    }
+    /* a copy that fails (w's, at step 5, into A) leaves A without emb: the next snapshot
+       there (step 7: nothing whole in A, so A again) copies it again; B still keeps 2 */
+    copy_faults("copy@0=eio", NULL);
+    emb[0] = w[0] = 5;
+    th_assert_rc(ckpt_snapshot_take(e, 5, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), -EIO);
+    copy_faults(NULL, NULL);
+    emb[0] = w[0] = 7;
+    th_assert_rc(ckpt_snapshot_take(e, 7, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert(((const double *)ckpt_snapshot_held(e)->own[0].data)[0] == 7);
+    ck_assert(((const double *)ckpt_snapshot_older(e)->own[0].data)[0] == 2);
+    emb[0] = w[0] = 8;
+    th_assert_rc(ckpt_snapshot_take(e, 8, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert(((const double *)ckpt_snapshot_held(e)->own[0].data)[0] == 2);
+    ck_assert(((const double *)ckpt_snapshot_held(e)->own[1].data)[0] == 8);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* Snapshots at every step while a checkpoint's write lasts longer than a step (its fsync
+   held): they never write the region the writer reads, so the checkpoint commits the
+   bytes of its own step, and the older generation stays that step until the write is
+   done; the newest is overwritten in place meanwhile (ckpt.c I16). */
+START_TEST(snapshots_leave_the_written_generation_alone)
+{
+    char *dir = th_tmpdir("gens-w"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[4096], out[4096];
+    int64_t shape[1] = {4096};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    copy_faults("sync@0=hang", hold);
+    for (int i = 0; i < 4096; i++)
+        v[i] = 2;
+    th_assert_rc(ckpt_start(e, 2, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    for (int s = 3; s <= 6; s++) {
+        for (int i = 0; i < 4096; i++)
+            v[i] = s;
+        th_assert_rc(ckpt_snapshot_take(e, s, &t, 1), 0);
+        th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+        ck_assert_int_eq(ckpt_snapshot_held(e)->step, s);
+        ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2); /* the one being written stays */
+    }
+    ck_assert(ckpt_busy(e));
+    unlink(hold);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    copy_faults(NULL, NULL);
+    rk_reader *r = NULL;
+    th_assert_rc(rk_reader_open(&r, dir, 2), 0);
+    th_assert_rc(rk_reader_read(r, 0, out, sizeof(out)), 0);
+    rk_reader_close(&r);
+    for (int i = 0; i < 4096; i++)
+        ck_assert_msg(out[i] == 2, "element %d of checkpoint 2 on disk: %g", i, out[i]);
+    /* the writer idle: the next snapshot turns the generations again */
+    th_assert_rc(ckpt_snapshot_take(e, 7, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 7);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 6);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Starts a checkpoint of one small tensor on an engine that is `rank` of 2 in dir (the
    other rank never comes). */
 static double two_rank_v[5] = {1, 2, 3, 4, 5};
@@ -925,6 +1080,9 @@ int main(void)
     tcase_add_test(tc, copy_engine_batches);
     tcase_add_test(tc, snapshot_copied_before_the_update);
     tcase_add_test(tc, copy_failing_halfway_fails_the_checkpoint);
+    tcase_add_test(tc, failed_snapshot_leaves_the_one_before);
+    tcase_add_test(tc, snapshots_leave_the_written_generation_alone);
+    tcase_add_test(tc, frozen_tensor_copied_once_a_generation);
     tcase_add_loop_test(tc, failed_last_attempt_leaves_nothing, 0, 2);
     tcase_add_test(tc, abandoned_last_attempt_is_removed);
     tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);

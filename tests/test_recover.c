@@ -118,7 +118,7 @@ START_TEST(register_rejects_bad_arguments)
     th_assert_rc(rk_register(ctx, longname, buf, RK_F32, 1, (int64_t[]){4}, 0), RK_E_NAME);
     th_assert_rc(rk_register(ctx, NULL, buf, RK_F32, 1, (int64_t[]){4}, 0), RK_E_NAME);
     th_assert_rc(rk_register(ctx, "t", buf, (rk_dtype)42, 1, (int64_t[]){4}, 0), RK_E_DTYPE);
-    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, 8u), -EINVAL); /* unknown flag */
+    th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, 16u), -EINVAL); /* unknown flag */
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 1, (int64_t[]){4}, RK_SHARDED | RK_PER_RANK), -EINVAL);
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, 9, shape2, 0), -EINVAL);
     th_assert_rc(rk_register(ctx, "t", buf, RK_F32, -1, shape2, 0), -EINVAL);
@@ -148,7 +148,8 @@ END_TEST
 
 static rec_report R(int rank0, int64_t next, int64_t held, int64_t committed)
 {
-    return (rec_report){.rank0 = rank0, .epoch = 1, .next_step = next, .held_step = held, .committed_step = committed};
+    return (rec_report){.rank0 = rank0, .epoch = 1, .next_step = next, .held_step = held, .committed_step = committed,
+                        .older_step = -1};
 }
 
 static rec_decision dec;
@@ -239,6 +240,62 @@ START_TEST(decide_I5_partners)
     rep[1].held_step = -1;
     th_assert_rc(rec_decide(prev, 5, rep, 3, 1, 2, &dec), 0);
     ck_assert_int_eq(dec.source, REC_FROM_DISK);
+}
+END_TEST
+
+/* Two generations (ckpt.c I16): a survivor whose newest snapshot was not partnered (the
+   member lost while it was being sent) offers the one before; with partner copies the
+   decision is the newest step every survivor holds, of either generation; with replicated
+   state the newest any survivor holds, and every holder of it counts, older or not. */
+START_TEST(decide_I5_older_generation)
+{
+    int prev[] = {0, 1, 2, 3};
+    rec_report rep[3] = {R(0, 11, 10, 6), R(2, 11, 9, 6), R(3, 11, 10, 6)};
+    rep[0].older_step = 9;
+    rep[1].older_step = 8;
+    rep[2].older_step = 9;
+    for (int i = 0; i < 3; i++)
+        rep[i].partnered = 1;
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 9);
+    ck_assert_int_eq(dec.all_hold, 1);
+    ck_assert_int_eq(dec.steps_lost, 2);
+    /* one survivor holds neither 9 nor 10: the newest held by all is none: disk */
+    rep[1].held_step = 7;
+    rep[1].older_step = 6;
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+    ck_assert_int_eq(dec.step, 6);
+    /* replicated state: the newest any survivor holds (10), rooted at the lowest holder;
+       not all hold it */
+    for (int i = 0; i < 3; i++)
+        rep[i].partnered = 0;
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 10);
+    ck_assert_int_eq(dec.root, 0);
+    ck_assert_int_eq(dec.all_hold, 0);
+    /* the older generation counts as holding: 9 everywhere, one has it as older */
+    rep[0] = R(0, 10, 9, 6);
+    rep[1] = R(2, 10, 10, 6);
+    rep[1].older_step = 9;
+    rep[2] = R(3, 10, 9, 6);
+    for (int i = 0; i < 3; i++)
+        rep[i].partnered = 1;
+    rep[0].older_step = rep[2].older_step = 8;
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.step, 9);
+    ck_assert_int_eq(dec.all_hold, 1);
+    /* nobody's newest was partnered (a member lost before the partner copy was sent): the
+       older generation alone is offered, and chosen */
+    for (int i = 0; i < 3; i++) {
+        rep[i].held_step = -1;
+        rep[i].older_step = 9;
+    }
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 9);
 }
 END_TEST
 
@@ -461,6 +518,36 @@ static void assert_all_recovered(const char *out, int survivors, int world)
     ck_assert_msg(!strstr(out, "LeakSanitizer"), "leak:\n%s", out);
 }
 
+/* ---- snapshots at every step and rk_before_update (docs/DESIGN.md) ----------------------- */
+
+/* tests/prog_update (written from rekindle.h alone: its state changes before its
+   allreduce, so it calls rk_before_update first) on 4 workers under `rekindle run`, a
+   snapshot at every step and a checkpoint every 50; rank 2 killed at step KILL: the
+   survivors resume from memory at most one step back (steps_lost <= 1; the snapshots
+   in between are not on disk) and end with the exact state (pos = STEPS, w = the sum). */
+START_TEST(before_update_program_resumes_one_step_back)
+{
+    char *w = th_tmpdir("update"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_TIMEOUT_MS=8000\n"
+             "%s run -n 4 -- %s/tests/prog_update 40 2 23; echo \"exit=$?\"\n"
+             "grep -h '\"resumed\"' $W/ev.*; ls $W/c\n",
+             w, rekindle, getenv("RK_TEST_BUILD"));
+    int rc = th_sh(cmd, 120, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    ck_assert_msg(count_lines(out, " ok\n") == 3 && !strstr(out, "WRONG"), "a survivor's state is wrong:\n%s", out);
+    ck_assert_msg(count_lines(out, "\"from\": \"memory\"") == 3, "not from memory:\n%s", out);
+    ck_assert_msg(count_lines(out, "\"steps_lost\": 0") + count_lines(out, "\"steps_lost\": 1") == 3,
+                  "more than one step lost:\n%s", out);
+    ck_assert_msg(!strstr(out, "step-000000000023") && strstr(out, "step-000000000050") == NULL,
+                  "the resumed step should come from memory alone:\n%s", out);
+    th_rmrf(w);
+    free(w);
+    free(rekindle);
+    free(out);
+}
+END_TEST
+
 /* A worker whose MPI call never returns (rank 2: its first test of a transfer at step 5
    hangs, as Open MPI's shared-memory transport does after a peer died mid-send) still
    sends heartbeats, so its peers would wait for it until their own bound and stop. The
@@ -575,6 +662,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, decide_I5_memory_first_I6_dense_order);
     tcase_add_test(tc, decide_I4_never_older_than_committed);
     tcase_add_test(tc, decide_I5_partners);
+    tcase_add_test(tc, decide_I5_older_generation);
     tcase_add_test(tc, decide_rejects_malformed);
     suite_add_tcase(s, tc);
 
@@ -586,6 +674,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, rounds_R6_refused_send_leaves_nothing);
     tcase_add_test(tc, rounds_R5_timeout_after_last_round_alike);
     tcase_add_test(tc, wedged_worker_leaves_and_others_recover);
+    tcase_add_test(tc, before_update_program_resumes_one_step_back);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -336,10 +336,10 @@ END_TEST
 
 /* One of 4 `rk-train --zero` workers SIGKILLed once checkpoint 40 is committed: the 3
    survivors rebuild the lost slices from their partners' memory (every survivor's event
-   `resumed` says memory), and end with the hash of a fault-free replay on 3 workers from
-   the checkpoint of the step they resumed at. A kill that lands inside the partner copy
-   of the newest snapshot leaves that snapshot without one (the survivors warn "no partner
-   copy"): then, and only then, the rollback is from disk. */
+   `resumed` says memory) at most one step back (a snapshot at every step: steps_lost
+   <= 1), and end with the hash of a fault-free replay on 3 workers from the state of the
+   step they resumed at. A kill that lands inside the partner copy of the newest snapshot
+   leaves it without one: the generation before it is resumed then (ckpt.c I16). */
 START_TEST(zero_killed_worker_rebuilds_from_memory)
 {
     char *w = th_tmpdir("train-zero"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *out = NULL;
@@ -356,11 +356,14 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
              "grep -h '\"resumed\"' $W/ev.*\n"
              "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
              "d=step-$(printf %%012d \"$s\"); mkdir -p $W/r\n"
-             /* The memory rollback may resume a step whose checkpoint was still in flight at
-                the kill (never committed): the replay's checkpoint of that step then comes
-                from a fault-free run of the first $s steps on the 4 workers. */
+             /* The memory rollback resumes the newest snapshot (one at every step), which
+                is a checkpoint on disk only when its step is one of RK_CKPT_EVERY's (and its
+                write was committed before the kill): otherwise the replay's checkpoint of
+                that step comes from a fault-free run of the first $s steps on the 4
+                workers, checkpointing step $s. */
              "if [ -d $W/c/$d ]; then cp -r $W/c/$d $W/r/ || exit 1; else\n"
-             "  RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n 4 -- $B --steps $s --zero --seed 7 > /dev/null || exit 1\n"
+             "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s RK_EVENT_LOG= $R run -n 4 -- $B --steps $s --zero --seed 7 > /dev/null "
+             "|| exit 1\n"
              "  [ -d $W/r/$d ] || exit 1; fi\n"
              "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n 3 -- $B $A | grep '^final'\n",
              w, bin, rekindle);
@@ -368,8 +371,9 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
     int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
     bool memory = count_of(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
-    bool unpartnered = !strstr(out, "unpartnered=0\n") && count_of(out, "\"from\": \"disk\"") == 3;
-    ck_assert_msg(memory || unpartnered, "not every survivor resumed from memory:\n%s", out);
+    ck_assert_msg(memory, "not every survivor resumed from memory:\n%s", out);
+    ck_assert_msg(count_of(out, "\"steps_lost\": 0") + count_of(out, "\"steps_lost\": 1") == 3,
+                  "a survivor lost more than one step:\n%s", out);
     job_equals_replay(out, 3, 200);
     th_rmrf(w);
     free(w);
@@ -424,10 +428,11 @@ static long long max_hwm(const char *out, long long *params)
 }
 
 /* `--zero --mem` on 4 workers: a rank's peak resident set over the runtime's (the same job at
-   --hidden 1) stays under 22 bytes per parameter: parameters and gradients (8), its slices
-   of m and v (8/4), the library's snapshot of them (4 + 8/4) and the partner copy (8/4),
-   about 19 with the rest of the library's buffers. Full-size m and v (8 bytes per
-   parameter of which only the slice is used) put it near 25. */
+   --hidden 1) stays under 30 bytes per parameter: parameters and gradients (8), its slices
+   of m and v (8/4), the library's two generations of the snapshot (2 x (4 + 8/4), ckpt.c
+   I16) and of the partner copy (2 x 8/4), about 27 with the rest of the library's buffers.
+   Full-size m and v (8 bytes per parameter of which only the slice is used, and
+   snapshotted twice) put it above 33. */
 START_TEST(zero_moments_are_slices)
 {
     char *w = th_tmpdir("train-zero-mem"), env_dir[4200], *out = NULL;
@@ -451,7 +456,7 @@ START_TEST(zero_moments_are_slices)
         fprintf(stderr, "zero_moments_are_slices: under TSan %.1f bytes per parameter, not checked\n",
                 (double)(hwm - base) / (double)p);
     else
-        ck_assert_msg(hwm - base < 22 * p, "peak %lld - runtime %lld = %.1f bytes per parameter (P = %lld), want < 22",
+        ck_assert_msg(hwm - base < 30 * p, "peak %lld - runtime %lld = %.1f bytes per parameter (P = %lld), want < 30",
                       hwm, base, (double)(hwm - base) / (double)p, p);
     free(out);
     th_rmrf(w);

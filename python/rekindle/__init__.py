@@ -29,15 +29,17 @@ from . import _lib, _tensor
 from ._lib import Error, Recovered
 
 __all__ = ["init", "load", "allreduce_hook", "Context", "Error", "Recovered", "SpareUnused", "Shard",
-           "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK", "DEVICE", "SHARDED", "PER_RANK"]
+           "version", "RK_DEVICE", "RK_SHARDED", "RK_PER_RANK", "RK_FROZEN", "DEVICE", "SHARDED", "PER_RANK",
+           "FROZEN"]
 
 globals().update(_lib.CODES)  # rekindle.RK_E_TIMEOUT, ... from the library's table
 
 # Flags of register() (include/rekindle.h, docs/SHARDING.md): SHARDED, this rank's slice
 # of a global tensor along dimension 0; PER_RANK, state of this rank alone; DEVICE, CUDA
-# memory (set by register() itself for a CUDA tensor; docs/GPU.md).
-RK_DEVICE, RK_SHARDED, RK_PER_RANK = 1, 2, 4
-DEVICE, SHARDED, PER_RANK = RK_DEVICE, RK_SHARDED, RK_PER_RANK
+# memory (set by register() itself for a CUDA tensor; docs/GPU.md); FROZEN, with any of
+# them: never changes after resume(), so snapshots copy it once (include/rekindle.h).
+RK_DEVICE, RK_SHARDED, RK_PER_RANK, RK_FROZEN = 1, 2, 4, 8
+DEVICE, SHARDED, PER_RANK, FROZEN = RK_DEVICE, RK_SHARDED, RK_PER_RANK, RK_FROZEN
 
 
 # Context.shard_rows: this rank's slice of a sharded tensor, in rows of the global tensor.
@@ -74,7 +76,7 @@ def _finalize_live():
 
 def init(**options):
     """rk_init with the RK_* environment, each keyword overriding its variable:
-    ckpt_dir, ckpt_every, keep, heartbeat_ms, min_world, timeout_ms, event_log,
+    ckpt_dir, ckpt_every, snapshot_every, keep, heartbeat_ms, min_world, timeout_ms, event_log,
     det_iface, io, rollback; and cuda_stream, the CUDA stream the program's GPU work runs
     on (a torch.cuda.Stream or its integer handle; default: the legacy default stream,
     PyTorch's default stream). Returns a Context (also a context manager that
@@ -285,12 +287,12 @@ class Context:
                 self.register(name, value)
         self._guarded = True
         if hasattr(optimizer, "register_step_pre_hook"):
-            optimizer.register_step_pre_hook(lambda *_: self._raise_pending())
+            optimizer.register_step_pre_hook(lambda *_: self._before_step())
         else:
             step = optimizer.step
 
             def guarded_step(*args, **kwargs):
-                self._raise_pending()
+                self._before_step()
                 return step(*args, **kwargs)
             optimizer.step = guarded_step
 
@@ -322,6 +324,13 @@ class Context:
             raise SpareUnused(rc, _lib.last_error() or _lib.strerror(rc), "rk_resume")
         _lib.call("rk_resume", rc)
         return step.value
+
+    def _before_step(self):
+        """The registered optimizer's step() changes registered state: a recovery a DDP
+        hook saw is raised first, then the last snapshot's copy is waited for (it is
+        already done after the gradients' allreduce)."""
+        self._raise_pending()
+        self.before_update()
 
     def _raise_pending(self):
         if self._pending is not None:
@@ -370,6 +379,14 @@ class Context:
             self.allreduce(flat, op)
             for g, v in zip(group, views):
                 g.copy_(v.view_as(g))
+
+    def before_update(self):
+        """rk_before_update: waits until the last snapshot's copy is done, so that the
+        registered state may change. Needed only by a program that changes registered
+        state other than in the registered optimizer's step() after the gradients'
+        allreduce (allreduce_gradients, the DDP hook, or allreduce): a data loader's
+        position or an RNG advanced at the start of a step (docs/PYTHON.md)."""
+        _lib.call("rk_before_update", _lib.lib.rk_before_update(self._handle()))
 
     def step_done(self, step):
         """rk_step_done: step `step` is finished; takes a checkpoint every ckpt_every

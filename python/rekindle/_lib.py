@@ -54,11 +54,12 @@ class _Options(ctypes.Structure):
         ("rollback", ctypes.c_char_p),
         ("env_error", ctypes.c_char * 192),
         ("cuda_stream", ctypes.c_void_p),  # rk_options_init writes it: the struct must be whole
+        ("snapshot_every", ctypes.c_int),
     ]
 
 
 STRING_OPTIONS = ("ckpt_dir", "event_log", "det_iface", "io", "rollback")
-INT_OPTIONS = ("ckpt_every", "keep", "heartbeat_ms", "min_world", "timeout_ms")
+INT_OPTIONS = ("ckpt_every", "keep", "heartbeat_ms", "min_world", "timeout_ms", "snapshot_every")
 
 
 class _TensorInfo(ctypes.Structure):
@@ -114,6 +115,7 @@ _PROTOS = {
     "rk_resume": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64)]),
     "rk_allreduce": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]),
     "rk_step_done": (ctypes.c_int, [_P, ctypes.c_int64]),
+    "rk_before_update": (ctypes.c_int, [_P]),
     "rk_next_step": (ctypes.c_int64, [_P]),
     "rk_checkpoint": (ctypes.c_int, [_P]),
     "rk_wait": (ctypes.c_int, [_P]),

@@ -75,9 +75,9 @@ def fail(msg, log=""):
     sys.exit(1)
 
 
-def env_for(ckpt, events=None):
+def env_for(ckpt, events=None, every=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
-    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(EVERY), "RK_TIMEOUT_MS": "5000",
+    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or EVERY), "RK_TIMEOUT_MS": "5000",
                 "PYTHONPATH": os.path.join(SRC, "python")})
     if events:
         env["RK_EVENT_LOG"] = events
@@ -87,10 +87,10 @@ def env_for(ckpt, events=None):
 class Job:
     """`rekindle run -n N` of the program; its output is collected as it comes."""
 
-    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0):
+    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None):
         cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--spares", str(spares), "--"] + \
             prog(steps) + list(extra)
-        self.p = subprocess.Popen(cmd, env=env_for(ckpt, events), stdout=subprocess.PIPE,
+        self.p = subprocess.Popen(cmd, env=env_for(ckpt, events, every), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
@@ -121,8 +121,8 @@ def one_final(out, steps, world, what):
     return finals[0][2]
 
 
-def run(n, steps, ckpt, what, extra=()):
-    rc, out = finish(Job(n, steps, ckpt, extra=extra))
+def run(n, steps, ckpt, what, extra=(), every=None):
+    rc, out = finish(Job(n, steps, ckpt, extra=extra, every=every))
     if rc != 0:
         fail("%s: exit %d" % (what, rc), out)
     return one_final(out, steps, n, what), out
@@ -201,11 +201,12 @@ def kill():
     step, source = resumed[-1]["step"], resumed[-1]["from"]
     if len({(e["step"], e["from"]) for e in resumed if e["epoch"] == resumed[-1]["epoch"]}) != 1:
         fail("the survivors resumed differently: %s" % resumed)
-    # The replay: n workers from scratch to `step` (commits it), then `world` from there.
+    # The replay: n workers from scratch to `step` (a checkpoint of that step: a memory
+    # rollback resumes the newest snapshot, taken at every step), then `world` from there.
     replay = os.path.join(WORK, "replay")
     os.makedirs(replay)
     if step > 0:
-        run(n, step, replay, "replay to step %d on %d workers" % (step, n))
+        run(n, step, replay, "replay to step %d on %d workers" % (step, n), every=step)
         mine = os.path.join(ckpt, "step-%012d" % step)
         if os.path.isdir(mine) and not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
             fail("the job's checkpoint %d differs from the replay's" % step)
