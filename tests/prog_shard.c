@@ -225,7 +225,7 @@ static int flags_mode(rk_ctx *ctx)
         {"dev", 1, RK_DEVICE, NO_DEVICE},           {"both", 1, RK_SHARDED | RK_PER_RANK, -EINVAL},
         {"dev/sharded", 1, RK_DEVICE | RK_SHARDED, RK_E_NOTAVAIL},
         {"scalar", 0, RK_SHARDED, -EINVAL},          {"ranks/x", 1, RK_PER_RANK, RK_E_NAME},
-        {"ranks", 1, 0, RK_E_NAME},                  {"unknown", 1, 8u, -EINVAL},
+        {"ranks", 1, 0, RK_E_NAME},                  {"unknown", 1, 16u, -EINVAL},
         {"ok/sharded", 2, RK_SHARDED, 0},            {"ok/per_rank", 1, RK_PER_RANK, 0},
     };
     int status = 0;
