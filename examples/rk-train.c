@@ -875,13 +875,9 @@ again:
             return fail("rk_step_done", rc);
         step++;
     }
-    /* A checkpoint that failed along the way cost nothing of the training (the state is
-       intact, later checkpoints went on): say so, and finish normally. */
-    if (ckpt_on && (rc = rk_wait(ctx)) != 0)
-        fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
-                rk_strerror(rc), rk_last_error());
-    if (a->mem)
-        print_memory(ctx, md);
+    /* The final hash first: with --zero it is a collective, and rk_wait below may wait up
+       to RK_TIMEOUT_MS for a disk that stopped answering on this rank alone, while the
+       others' allgather would wait for this one only as long. */
     if ((rc = state_hash(ctx, md, &h)) == RK_RECOVERED) { /* a member lost in the hash's allgather */
         if (recovered(ctx, md, &step) != 0)
             return 1;
@@ -891,6 +887,13 @@ again:
         return 1;
     if (rc != 0)
         return fail("the final hash's allgather", rc);
+    /* A checkpoint that failed along the way cost nothing of the training (the state is
+       intact, later checkpoints went on): say so, and finish normally. */
+    if (ckpt_on && (rc = rk_wait(ctx)) != 0)
+        fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
+                rk_strerror(rc), rk_last_error());
+    if (a->mem)
+        print_memory(ctx, md);
     printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), h);
     fflush(stdout);
     return 0;

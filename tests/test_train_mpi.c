@@ -382,6 +382,34 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
 }
 END_TEST
 
+/* One rank's checkpoint disk stops answering for good (RK_FAULT=open@3=hang on rank 3: its
+   second checkpoint's shard): its later checkpoints are skipped, the others' fail, and
+   training goes on to the end. The --zero final hash is a collective: rk-train takes it
+   before rk_wait, which on the stuck rank waits RK_TIMEOUT_MS for the disk, so the others'
+   allgather does not give up on it (before: every rank failed "the final hash's
+   allgather: a deadline passed" and the job was relaunched). */
+START_TEST(zero_stuck_disk_finishes)
+{
+    char *w = th_tmpdir("train-stuck"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *out = NULL;
+    const char *src = getenv("RK_TEST_SRC");
+    char cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=10 RK_KEEP=100 RK_TIMEOUT_MS=3000\n"
+             "RK_FAULT=open@3=hang CHAOS_FAULT_RANK=3 %s run -n 4 --max-restarts 0 -- %s/chaos/worker.sh %s "
+             "--steps 40 --zero --seed 7 --hidden 32 > $W/out 2>&1; echo \"exit=$?\"; grep -E '^final|allgather' $W/out\n",
+             w, rekindle, src ? src : ".", bin);
+    clear_rk_env();
+    int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    ck_assert_msg(count_of(out, "final step=40 world=4 ") == 4 && !strstr(out, "allgather"), "%s", out);
+    th_rmrf(w);
+    free(w);
+    free(bin);
+    free(rekindle);
+    free(out);
+}
+END_TEST
+
 /* Any collective may return RK_RECOVERED, the last one too: a member lost in the final
    hash's allgather of --zero (RK_FAULT=allreduce@61=crash on rank 2: 30 steps of two
    rk_allreduce calls each, then the allgathers of m, v and the RNGs) sends the survivors
@@ -491,6 +519,7 @@ int main(void)
         tcase_add_test(tc, zero_killed_worker_rebuilds_from_memory);
         tcase_add_test(tc, zero_moments_are_slices);
         tcase_add_test(tc, zero_loss_in_final_allgather_finishes_in_place);
+        tcase_add_test(tc, zero_stuck_disk_finishes);
         suite_add_tcase(s, tc);
     }
     if (!no_ckpt) {
