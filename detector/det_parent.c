@@ -30,7 +30,10 @@
  *       end of file is no CLOSE: a dying worker's end closes before waitpid tells.
  *   P4  The worker never waits on its parent for long: its writes are non-blocking, wait
  *       at most TELL_WAIT_MS for room, and a record that does not fit is dropped (logged):
- *       the members then learn of the death by silence, as without a parent.
+ *       the members then learn of the death by silence, as without a parent. The pipe
+ *       always has its reader while the worker writes: the wrapper keeps it open until
+ *       waitpid returned the worker, and a wrapper that dies takes the worker with it
+ *       (the parent-death signal, tools/cmd_run.c), so no write can raise SIGPIPE.
  */
 #include <arpa/inet.h>
 #include <errno.h>
