@@ -14,6 +14,11 @@
  *   slow0     rank 0 works 8 s (past the launcher's grace after another's completion)
  *             before it writes DIR/done-0 and exits 0; the others exit 0 at once
  *   spares    the last RK_SPARES ranks (spares never brought in) exit 0, the others 3
+ *   silent1   rank 1 goes silent as on a lost host: it writes "<pid> <wrapper's pid>" to
+ *             DIR/pid-1, stops its wrapper and itself (SIGSTOP: no record, no beat, and
+ *             mpirun never sees it end) and, continued (mpirun's SIGCONT before its
+ *             SIGTERM), still never ends (SIGINT and SIGTERM ignored: a lost host does not
+ *             come back to record anything); the others exit 3 after 300 ms
  */
 #include <fcntl.h>
 #include <mpi.h>
@@ -43,7 +48,7 @@ static int put(const char *dir, const char *name, const char *rank, const char *
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: prog_run env|kill1|fail|hang|slow0|spares DIR\n");
+        fprintf(stderr, "usage: prog_run env|kill1|fail|hang|slow0|spares|silent1 DIR\n");
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
@@ -89,6 +94,22 @@ int main(int argc, char **argv)
     if (strcmp(mode, "spares") == 0) {
         const char *size = getenv("OMPI_COMM_WORLD_SIZE"), *spares = getenv("RK_SPARES");
         return atoi(rank) >= atoi(size ? size : "0") - atoi(spares ? spares : "0") ? 0 : 3;
+    }
+    if (strcmp(mode, "silent1") == 0) {
+        if (strcmp(rank, "1") == 0) {
+            snprintf(line, sizeof(line), "%ld %ld\n", (long)getpid(), (long)getppid());
+            if (put(dir, "pid-", rank, line, O_TRUNC) != 0)
+                return 2;
+            signal(SIGINT, SIG_IGN);
+            signal(SIGTERM, SIG_IGN);
+            kill(getppid(), SIGSTOP);
+            raise(SIGSTOP);
+            for (;;)
+                pause();
+        }
+        struct timespec ts = {0, 300 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        return 3;
     }
     if (strcmp(mode, "hang") == 0) {
         signal(SIGINT, SIG_IGN);

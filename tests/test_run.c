@@ -290,6 +290,41 @@ START_TEST(unused_spares_do_not_complete_a_failed_job)
 }
 END_TEST
 
+static bool alive(long pid);
+
+/* Every other worker failed while one went silent as on a lost host (no record, no beat,
+   and mpirun never sees it end: Open MPI's mpirun does not exit after a remote loss): the
+   launcher stops mpirun 5 s after the last record and exits with the job's status, saying
+   why, and nothing of the silent worker is left. (Before: it waited for mpirun forever,
+   as survivors that stopped without a majority after a host loss did under Slurm.) */
+START_TEST(failed_job_with_silent_worker_ends)
+{
+    char *dir = th_tmpdir("run-silent"), *out = NULL;
+    int rc = LAUNCH(NULL, &out, "silent1", dir, "-n", "3");
+    long pids[2] = {0, 0};
+    char *p1 = read_in(dir, "pid-1");
+    if (p1)
+        sscanf(p1, "%ld %ld", &pids[0], &pids[1]);
+    bool left[2];
+    for (int i = 0; i < 2; i++) {
+        left[i] = pids[i] > 0 && alive(pids[i]);
+        if (left[i])
+            kill((pid_t)pids[i], SIGKILL); /* a launcher that hung left them: not the next test's */
+    }
+    ck_assert_msg(p1 != NULL, "rank 1 did not start:\n%s", out);
+    ck_assert_msg(rc == 3, "launcher status %d, want 3 (rank 0's exit):\n%s", rc, out);
+    ck_assert_msg(strstr(out, "the job failed: 2 of 3 workers ended (0 completed), the other 1 show no sign of life"),
+                  "the stop is not explained:\n%s", out);
+    ck_assert_msg(strstr(out, "job failed (rank 0: exit 3; rank 1: ended without a record; rank 2: exit 3)"),
+                  "no failure line:\n%s", out);
+    ck_assert_msg(!left[0] && !left[1], "rank 1 (pid %ld, wrapper %ld) outlived the launcher", pids[0], pids[1]);
+    free(p1);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* A PROGRAM that cannot be started fails like a job that died (exit 127), no hang. */
 START_TEST(missing_program_fails)
 {
@@ -440,6 +475,7 @@ static Suite *run_suite(void)
     tcase_add_test(jobs, failing_job_relaunched);
     tcase_add_test(jobs, late_worker_is_waited_for);
     tcase_add_test(jobs, unused_spares_do_not_complete_a_failed_job);
+    tcase_add_test(jobs, failed_job_with_silent_worker_ends);
     tcase_add_test(jobs, missing_program_fails);
     tcase_add_test(jobs, sigint_leaves_nothing_behind);
     suite_add_tcase(s, jobs);

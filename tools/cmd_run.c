@@ -24,8 +24,9 @@
  *      were lost along the way are reported on stderr). Otherwise the job died; with restarts left it is relaunched (and
  *      resumes from its latest checkpoint), else the launcher exits with the job's status:
  *      the exit code of the lowest failing rank, or 128+signal. mpirun itself may never
- *      exit after a process on another host died: once the records say the job is over,
- *      the launcher stops it (run_mpirun).
+ *      exit after a process on another host died: once the records say the job is over
+ *      (completed or failed: every worker ended, or lost with its host), the launcher
+ *      stops it (run_mpirun).
  *   4. Processes: mpirun runs in its own session (setsid); Open MPI gives each worker its
  *      own process group, but all stay in that session. The launcher is a child
  *      subreaper, so orphans come back to it. When mpirun is gone, whatever is left in
@@ -60,8 +61,9 @@ extern char **environ;
 enum {
     RUN_GRACE_MS = 5000,  /* after a forwarded signal, before SIGKILL of the session */
     DONE_GRACE_MS = 2000, /* every worker recorded its end: mpirun's time to notice */
-    LATE_GRACE_MS = 5000, /* a worker completed the job: how long another one may go without
-                             a sign of life (its wrapper's beat) before it counts as lost */
+    LATE_GRACE_MS = 5000, /* a worker ended (completed or failed): how long, since the last
+                             record, the others may go without a sign of life (their
+                             wrappers' beat) before they count as lost */
     BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
     SECRET_BYTES = 32,
@@ -546,10 +548,11 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
    signal received (0: none). Signals in `watch` are blocked by the caller.
    mpirun (Open MPI 4.1 with --enable-recovery) never exits once a process on another
    host has died, even after every other one ended: so when the records of rec_dir say
-   the job is over (every one of nproc workers recorded its end: DONE_GRACE_MS; or one
-   completed it and no other has shown a sign of life for LATE_GRACE_MS: the rest were
-   lost with their hosts), mpirun is stopped as on SIGTERM. A worker still at work after
-   another completed (rank 0 committing the last checkpoint, the program's own export)
+   the job is over (every one of nproc workers recorded its end: DONE_GRACE_MS; or some
+   recorded it, completed or failed, and for LATE_GRACE_MS since the last record no other
+   has shown a sign of life: the rest were lost with their hosts), mpirun is stopped as
+   on SIGTERM. A worker still at work after another ended (rank 0 committing the last
+   checkpoint, the program's own export, survivors training on in place after a loss)
    beats, and is waited for. */
 static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
                       const char *rec_dir, int nproc, int members)
@@ -564,8 +567,8 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         fprintf(stderr, "rekindle: run: cannot start %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
-    int status = 0;
-    int64_t kill_at = INT64_MAX, end_at = INT64_MAX, ok_since = 0, all_since = 0;
+    int status = 0, recorded = 0;
+    int64_t kill_at = INT64_MAX, end_at = INT64_MAX, record_at = 0, all_since = 0;
     bool done = false, killed = false, ended = false;
     while (!done) {
         struct timespec tick = {0, 100 * 1000 * 1000};
@@ -590,17 +593,25 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
         if (!done && !ended && *stop_sig == 0) {
             struct verdict v;
             judge(rec_dir, nproc, members, false, &v);
-            if (v.ok > 0 && !ok_since)
-                ok_since = rk__mono_ns();
+            if (v.recorded != recorded) {
+                recorded = v.recorded;
+                record_at = rk__mono_ns();
+            }
             if (v.recorded == nproc && !all_since)
                 all_since = rk__mono_ns();
-            int64_t life = v.last_beat_ns > ok_since ? v.last_beat_ns : ok_since; /* of the rest */
+            int64_t life = v.last_beat_ns > record_at ? v.last_beat_ns : record_at; /* of the rest */
             end_at = all_since ? all_since + DONE_GRACE_MS * 1000000LL
-                     : v.ok > 0 ? life + LATE_GRACE_MS * 1000000LL
-                                : INT64_MAX;
+                     : v.recorded > 0 ? life + LATE_GRACE_MS * 1000000LL
+                                      : INT64_MAX;
             if (rk__mono_ns() >= end_at) {
-                fprintf(stderr, "rekindle: run: %s, but mpirun is still running: stopping it\n",
-                        v.recorded == nproc ? "every worker has ended" : "the job completed");
+                if (v.recorded == nproc)
+                    fprintf(stderr, "rekindle: run: every worker has ended, but mpirun is still running: stopping it\n");
+                else
+                    fprintf(stderr,
+                            "rekindle: run: %s: %d of %d workers ended (%d completed), the other %d show no sign "
+                            "of life for %d ms (lost with their hosts), but mpirun is still running: stopping it\n",
+                            v.ok > 0 ? "the job completed" : "the job failed", v.recorded, nproc, v.ok,
+                            nproc - v.recorded, LATE_GRACE_MS);
                 kill(pid, SIGTERM);
                 kill_at = rk__deadline_ns(RUN_GRACE_MS);
                 ended = true;
