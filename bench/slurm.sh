@@ -11,8 +11,9 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 export RK_HOSTS_PREFIX=rkw RK_HOSTS_NET=10.83.0
 why=$("$here/scripts/slurm" check) || { echo "slurm: not measured: $why"; exit 0; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-slurm.XXXXXX") || { echo "slurm: cannot make a work directory under ${TMPDIR:-/tmp}" >&2; exit 2; }
-trap '"$here/scripts/slurm" down; rm -rf "$work"' EXIT
 status=0
+# The runs' outputs (job output, event logs, checkpoints) are kept when one failed.
+trap '"$here/scripts/slurm" down; if [[ $status == 0 ]]; then rm -rf "$work"; else echo "slurm: outputs kept in $work"; fi' EXIT
 echo "== node loss under Slurm: 3 nodes x 2 workers, node 3 killed (slurmd and every process on it)"
 "$here/chaos/slurm" --build "$build" --out "$work/loss" --case node_loss --steps 1200 \
     --runs "${RK_BENCH_SLURM_RUNS:-10}" || status=1
