@@ -843,6 +843,7 @@ static int train(rk_ctx *ctx, struct model *md, const struct args *a, bool ckpt_
     if (md->zero && (rc = zero_rebind(ctx, md)) != 0)
         return fail("rk_rebind", rc);
     uint64_t h = 0;
+    bool lost_at_end = false; /* a member was lost in the final hash's allgather */
 again:
     while (step < a->steps) {
         float loss = 0;
@@ -875,25 +876,30 @@ again:
             return fail("rk_step_done", rc);
         step++;
     }
-    /* The final hash first: with --zero it is a collective, and rk_wait below may wait up
+    if (a->mem)
+        print_memory(ctx, md);
+    /* The final hash before rk_wait: with --zero it is a collective, and rk_wait may wait up
        to RK_TIMEOUT_MS for a disk that stopped answering on this rank alone, while the
        others' allgather would wait for this one only as long. */
     if ((rc = state_hash(ctx, md, &h)) == RK_RECOVERED) { /* a member lost in the hash's allgather */
         if (recovered(ctx, md, &step) != 0)
             return 1;
+        lost_at_end = true;
         goto again;
     }
     if (rc == E_BACKEND)
         return 1;
     if (rc != 0)
         return fail("the final hash's allgather", rc);
+    /* A loss in the final allgather abandoned the last step's checkpoint if it was still
+       being written: the survivors take it again (a label already committed is not). */
+    if (ckpt_on && lost_at_end && (rc = rk_checkpoint(ctx)) != 0)
+        fprintf(stderr, "rk-train: warning: the final checkpoint: %s: %s\n", rk_strerror(rc), rk_last_error());
     /* A checkpoint that failed along the way cost nothing of the training (the state is
        intact, later checkpoints went on): say so, and finish normally. */
     if (ckpt_on && (rc = rk_wait(ctx)) != 0)
         fprintf(stderr, "rk-train: warning: a checkpoint failed along the way: %s: %s (rekindle ls shows what was committed)\n",
                 rk_strerror(rc), rk_last_error());
-    if (a->mem)
-        print_memory(ctx, md);
     printf("final step=%" PRId64 " world=%d hash=%016" PRIx64 "\n", step, rk_world(ctx), h);
     fflush(stdout);
     return 0;
