@@ -30,6 +30,11 @@
  *      here blocks (MPI_Isend, MPI_Improbe + MPI_Imrecv, MPI_Test).
  *   R2 Every message carries the base epoch (the last agreed view's); a message of
  *      another base is stale and dropped, so rounds of different recoveries never mix.
+ *      One exception, within one recovery: a decision whose ring rebuild completed on some
+ *      members and was interrupted on others (a member died during it) leaves the former
+ *      on the decision's epoch as their base and the latter on the one before; each side
+ *      also takes the other's messages (rounds.alt_epoch), so they agree again in the
+ *      next round instead of dropping each other's reports until the schedule ends.
  *   R3 A decision is applied only from the coordinator of the receiver's current round,
  *      and becomes the new base only once the ring over its members is built.
  *   R4 The coordinator of a round is the lowest rank of the base view that the
@@ -351,6 +356,8 @@ static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64
 struct rounds {
     int64_t start_ns;        /* the schedule's origin (R5) */
     uint64_t base_epoch;     /* the agreed epoch this state belongs to (R2) */
+    bool has_alt;            /* R2's exception: messages of alt_epoch are taken too */
+    uint64_t alt_epoch;
     rec_report *rep;         /* by position in ctx->view: the latest report of each member */
     bool *got;
     struct msg_decide *in;   /* the latest decision received: in_len bytes from in_src */
@@ -388,6 +395,12 @@ static int view_pos(const rk_ctx *ctx, int rank0)
     return -1;
 }
 
+/* Whether a message of base epoch `e` belongs to these rounds (R2 and its exception). */
+static bool of_base(const struct rounds *st, uint64_t e)
+{
+    return e == st->base_epoch || (st->has_alt && e == st->alt_epoch);
+}
+
 /* Files every message waiting: reports of this base from members (the latest of each),
    the latest decision of this base; everything else is stale or malformed (R2). */
 static void pump(rk_ctx *ctx, struct rounds *st)
@@ -397,7 +410,7 @@ static void pump(rk_ctx *ctx, struct rounds *st)
     while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
         if (n == REC_DROPPED)
             RK_LOG_DEBUG(RK_SUB_REC, "dropped a report that could not be received whole");
-        else if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && m.base_epoch == st->base_epoch && m.r.rank0 == src &&
+        else if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && of_base(st, m.base_epoch) && m.r.rank0 == src &&
             (i = view_pos(ctx, src)) >= 0) {
             st->rep[i] = m.r;
             st->got[i] = true;
@@ -411,7 +424,7 @@ static void pump(rk_ctx *ctx, struct rounds *st)
     while ((n = try_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
         if (n == REC_DROPPED)
             RK_LOG_DEBUG(RK_SUB_REC, "dropped a decision that could not be received whole");
-        else if (decision_well_formed(d, n) && d->base_epoch == st->base_epoch && d->d.epoch >= st->min_epoch) {
+        else if (decision_well_formed(d, n) && of_base(st, d->base_epoch) && d->d.epoch >= st->min_epoch) {
             memcpy(st->in, d, (size_t)n);
             st->in_len = n;
             st->in_src = src;
@@ -756,10 +769,19 @@ static int recover_rounds(rk_ctx *ctx)
         /* A member died while the ring was rebuilt (same base: fresh reports, same
            schedule) or during the rollback (a new base: a new loss, a new schedule). */
         if (ctx->agreed_epoch != st.base_epoch) {
+            /* This worker built the decision's ring; a member whose rebuild was interrupted
+               by the same death still reports on the base before (R2's exception). */
+            uint64_t before = st.base_epoch;
             rc = rounds_reset(ctx, &st);
+            st.has_alt = true;
+            st.alt_epoch = before;
         } else {
+            /* This worker's rebuild was interrupted; members that completed it report on the
+               decision's epoch as their base (R2's exception). */
             memset(st.got, 0, (size_t)ctx->nview * sizeof(*st.got));
             st.in_len = 0;
+            st.has_alt = true;
+            st.alt_epoch = dec->epoch;
             rc = 0;
         }
         sent_to = -1;
