@@ -119,9 +119,9 @@ def step_lines(job, pred=lambda l: True):
     return [(t, int(STEP.match(l).group(1)), l) for t, l in list(job.lines) if STEP.match(l) and pred(l)]
 
 
-def rk_env(ckpt, events=None):
+def rk_env(ckpt, events=None, every=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
-    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(args.every), "RK_TIMEOUT_MS": "5000",
+    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or args.every), "RK_TIMEOUT_MS": "5000",
                 "REKINDLE_LIB": os.path.join(BUILD, "lib", "librekindle.so.0"),
                 "PYTHONPATH": os.path.join(SRC, "python")})
     if events:
@@ -129,11 +129,11 @@ def rk_env(ckpt, events=None):
     return env
 
 
-def rk_job(n, steps, ckpt, events=None):
+def rk_job(n, steps, ckpt, events=None, every=None):
     cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--", PY,
            os.path.join(SRC, "examples", "torch_train.py"), "--steps", str(steps), "--hidden", str(args.hidden),
            "--data", DIGITS]
-    return Job(cmd, rk_env(ckpt, events), "rekindle")
+    return Job(cmd, rk_env(ckpt, events, every), "rekindle")
 
 
 def final_hashes(text):
@@ -167,11 +167,12 @@ def rekindle():
     r = resumed[-1]
     last = max(s for _, s, _ in before)
     got = set(final_hashes(job.text()))
-    # The fault-free replay: 4 workers to the step resumed at, then 3 from its checkpoint.
+    # The fault-free replay: 4 workers to the step resumed at (a checkpoint of that step:
+    # the survivors resumed from a snapshot in memory), then 3 from that checkpoint.
     replay = os.path.join(work, "replay")
     os.makedirs(replay)
     if r["step"] > 0:
-        rk_job(4, r["step"], replay).finish()
+        rk_job(4, r["step"], replay, every=r["step"]).finish()
     rj = rk_job(3, args.steps, replay)
     rj.finish()
     want = set(final_hashes(rj.text()))
