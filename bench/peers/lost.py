@@ -18,7 +18,8 @@ Rekindle's disk checkpoints use the same cadence as DCP's (RK_CKPT_EVERY=EVERY).
 
     lost.py BUILD WORK [--steps N] [--kill K] [--every E] [--hidden H] [--only M,...]
 
-Run with the peers' python (bench/peers/setup); prints one "RESULT ..." line per method.
+Run with the peers' python (bench/peers/setup); prints one "RESULT ..." line per method,
+and leaves each job's output, its lines timed as seen, in WORK/<job>-<pid>.out.
 """
 import argparse
 import glob
@@ -73,6 +74,9 @@ class Job:
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait()
         self.reader.join(10)
+        # Each job's output, with the times this script saw its lines, for a reader.
+        with open(os.path.join(args.work, "%s-%d.out" % (self.name, self.p.pid)), "w") as f:
+            f.writelines("%.3f %s\n" % (t, l) for t, l in self.lines)
         return self.p.returncode
 
     def text(self):
