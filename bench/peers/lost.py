@@ -157,7 +157,9 @@ def rekindle():
     os.makedirs(ckpt)
     job = rk_job(4, args.steps, ckpt, events)
     printed = lambda: any(s >= args.kill for _, s, _ in step_lines(job))
-    find = lambda: procs(r"torch_train\.py", "OMPI_COMM_WORLD_RANK", "1")
+    # This job's worker itself (its whole command line, not rekindle run's wrapper around
+    # it): other jobs may run torch_train.py too.
+    find = lambda: procs("^" + re.escape(" ".join(job.p.args[job.p.args.index("--") + 1:])), "OMPI_COMM_WORLD_RANK", "1")
     t_kill = kill_when([job], printed, find)
     rc = job.finish()
     before = [x for x in step_lines(job) if t_kill and x[0] < t_kill]
@@ -204,7 +206,8 @@ def torchrun_dcp():
     job = Job(torchrun_cmd("dcp_train.py", 4, [os.path.join(work, "job"), args.steps, args.every, args.hidden]),
               peer_env(), "torchrun")
     printed = lambda: any(s >= args.kill for _, s, _ in step_lines(job))
-    find = lambda: procs(r"^\S*python\S* -u \S*dcp_train\.py", "RANK", "1")
+    find = lambda: procs(r"^\S*python\S* -u %s %s " % (re.escape(os.path.join(HERE, "dcp_train.py")),
+                                                      re.escape(os.path.join(work, "job"))), "RANK", "1")
     t_kill = kill_when([job], printed, find)
     rc = job.finish()
     lines = step_lines(job)
@@ -239,7 +242,7 @@ def torchft_run(work, kill):
     t_kill = None
     if kill:
         printed = lambda: any(s >= args.kill and "committed" in l for _, s, l in step_lines(jobs[0]))
-        find = lambda: procs(r"^\S*python\S* -u \S*tft_train\.py", "REPLICA_GROUP_ID", "1")
+        find = lambda: procs(r"^\S*python\S* -u %s" % re.escape(os.path.join(HERE, "tft_train.py")), "REPLICA_GROUP_ID", "1")
         t_kill = kill_when(jobs, printed, find)
     rcs = [j.finish() for j in jobs]
     house.send_signal(signal.SIGTERM)
