@@ -57,6 +57,9 @@ def main():
     optim = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
     app = AppState(model, optim)
+    # async_save's collectives run in a thread beside training's: on a group of their own
+    # (training's DDP allreduces on the default group would interleave with them).
+    ckpt_group = dist.new_group(backend="gloo")
     os.makedirs(root, exist_ok=True)
     dist.barrier()
     step = 0
@@ -82,7 +85,8 @@ def main():
             if pending is not None:
                 pending.result()
             app.step.fill_(step)
-            pending = dcp.async_save({"app": app}, checkpoint_id=os.path.join(root, "step-%d" % step))
+            pending = dcp.async_save({"app": app}, checkpoint_id=os.path.join(root, "step-%d" % step),
+                                     process_group=ckpt_group)
     if pending is not None:
         pending.result()
     mlp.say("final step=%d world=%d hash=%s" % (step, world, mlp.state_hash(model, optim)))
