@@ -750,6 +750,15 @@ static int hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t 
     return rc;
 }
 
+/* A snapshot held in memory only (not a checkpoint's) that will not be held: logged and
+   the event snapshot_failed; the generation before stays (I16). Returns rc. */
+static int snapshot_failed(ckpt_engine *e, int64_t step, int rc, const char *what, const char *why)
+{
+    RK_LOG_WARN(RK_SUB_CKPT, "snapshot of step %" PRId64 " %s (%s)", step, what, why);
+    RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", step), RK_EV_S("reason", why), RK_EV_S("error", rk_strerror(rc)));
+    return rc;
+}
+
 /* The copy under way gave up on at a deadline (I15): whatever it copies is never held nor
    written, since the caller's buffers now move on under it. */
 static int give_up(ckpt_engine *e)
@@ -758,10 +767,7 @@ static int give_up(ckpt_engine *e)
     snprintf(why, sizeof(why), "%s", rk_last_error());
     if (!e->cp.torn && !e->cp.job) {
         e->cp.torn = true;
-        RK_LOG_WARN(RK_SUB_CKPT, "snapshot of step %" PRId64 " not held: its copy did not finish in time (%s)",
-                    e->cp.step, why);
-        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", e->cp.step), RK_EV_S("reason", why),
-                 RK_EV_S("error", rk_strerror(RK_E_TIMEOUT)));
+        snapshot_failed(e, e->cp.step, RK_E_TIMEOUT, "not held: its copy did not finish in time", why);
     } else if (!e->cp.torn) {
         e->cp.torn = true;
         ckpt_abandon(e); /* its writer never commits it (I10) */
@@ -810,10 +816,9 @@ static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
         atomic_store(&e->job.copy_rc, rc);
         atomic_store(&e->job.copy_settled, true);
     } else if (rc && !e->cp.torn) {
-        RK_LOG_WARN(RK_SUB_CKPT, "snapshot of step %" PRId64 " not held: its copy failed (%s)", e->cp.step,
-                    rk_last_error());
-        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", e->cp.step), RK_EV_S("reason", rk_last_error()),
-                 RK_EV_S("error", rk_strerror(rc)));
+        char why[512];
+        snprintf(why, sizeof(why), "%s", rk_last_error());
+        snapshot_failed(e, e->cp.step, rc, "not held: its copy failed", why);
     }
     return rc;
 }
@@ -881,11 +886,10 @@ int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_
     if (rc) {
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());
-        RK_EVENT(e->ev, "snapshot_failed", RK_EV_I("step", step), RK_EV_S("reason", why),
-                 RK_EV_S("error", rk_strerror(rc)));
-        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "snapshot of step %" PRId64 " not taken: %s", step, why);
+        snapshot_failed(e, step, rc, "not taken", why);
+        rk__set_last_error("snapshot of step %" PRId64 " not taken: %s", step, why);
     }
-    return 0;
+    return rc;
 }
 
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
