@@ -88,7 +88,7 @@
  *  I16 Two generations (struct ckpt_gen): g, the newest snapshot (with its partner copy),
  *      and old, the one before it. A new snapshot (ckpt_snapshot_take at every step,
  *      RK_SNAPSHOT_EVERY, or ckpt_start's) is copied into old's region, and the two swap
- *      (next_gen): while it is copied (held_step -1) and sent to the partner, the one
+ *      (ckpt__next_gen, ckpt_held.c): while it is copied (held_step -1) and sent to the partner, the one
  *      before stays whole with its own partner copy, so a loss in that window rolls back
  *      one step further, never to a torn one (ckpt_snapshot_select makes the older one
  *      the held one again). A region the writer reads is never written while its job is
@@ -122,20 +122,9 @@
 
 #include "ckpt_internal.h"
 
-#define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
-#define HDR_MAGIC 0x524b534e41503031ull /* "RKSNAP01" */
-
-/* The snapshot header at the start of staging (I14): magic, step, n, then each tensor's
-   bytes (0: not a piece of the out region) and first row, as uint64. */
-static size_t hdr_bytes(size_t n)
-{
-    return ALIGN_UP((3 + 2 * n) * sizeof(uint64_t));
-}
 
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
-static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
-static void next_gen(ckpt_engine *e);
 
 static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
 {
@@ -376,7 +365,7 @@ static int busy_error(ckpt_engine *e, const char *what)
 
 int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
 {
-    settle(e, false, deadline_ns); /* its failure is the writer's to report (I7, I15) */
+    ckpt__settle(e, false, deadline_ns); /* its failure is the writer's to report (I7, I15) */
     if (!wait_state(e, deadline_ns, true))
         return busy_error(e, "gave up waiting for the checkpoint writer");
     pthread_mutex_lock(&e->mu);
@@ -389,7 +378,7 @@ int ckpt_wait(ckpt_engine *e, int64_t deadline_ns)
 }
 
 /* A region of the engine's (staging, retired, prev, partner) goes: unpinned first. */
-static void unmap_region(ckpt_engine *e, void *p, size_t cap)
+void ckpt__unmap_region(ckpt_engine *e, void *p, size_t cap)
 {
     ckpt_copy_unpin(e->dev_copy, p);
     rk__unmap(p, cap);
@@ -398,7 +387,7 @@ static void unmap_region(ckpt_engine *e, void *p, size_t cap)
 static void unmap_retired(ckpt_engine *e)
 {
     if (e->retired)
-        unmap_region(e, e->retired, e->retired_cap);
+        ckpt__unmap_region(e, e->retired, e->retired_cap);
     e->retired = NULL;
     e->retired_cap = 0;
 }
@@ -406,9 +395,9 @@ static void unmap_retired(ckpt_engine *e)
 static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
 {
     if (g->staging)
-        unmap_region(e, g->staging, g->staging_cap);
+        ckpt__unmap_region(e, g->staging, g->staging_cap);
     if (g->partner)
-        unmap_region(e, g->partner, g->partner_cap);
+        ckpt__unmap_region(e, g->partner, g->partner_cap);
     free(g->held_row0);
     free(g->frozen_ok);
     free(g->own_p);
@@ -474,7 +463,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
             ckpt__drop_skipped(e, deadline_ns);
     }
     /* A copy still running at the deadline (I15) keeps its engine and staging mapped. */
-    int crc = settle(e, false, deadline_ns) == RK_E_TIMEOUT && e->cp.pending ? RK_E_TIMEOUT : 0;
+    int crc = ckpt__settle(e, false, deadline_ns) == RK_E_TIMEOUT && e->cp.pending ? RK_E_TIMEOUT : 0;
     if (!crc)
         crc = ckpt_copy_destroy(&e->host_copy, deadline_ns);
     int drc = crc ? crc : ckpt_copy_destroy(&e->dev_copy, deadline_ns);
@@ -491,7 +480,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     gen_free(e, &e->g);
     gen_free(e, &e->old);
     if (e->prev)
-        unmap_region(e, e->prev, e->prev_cap);
+        ckpt__unmap_region(e, e->prev, e->prev_cap);
     free(e->was.save);
     for (size_t i = 0; i < e->job.m.n; i++)
         free(e->mine[i].blocks);
@@ -578,7 +567,7 @@ static bool grow(void **p, size_t n, size_t elem)
    while a writer is busy: a region it may still read is retired, not unmapped (I10).
    keep (ckpt_hold_open): always a new region, and the old one stays mapped as e->prev
    (retired instead while a writer still reads it). */
-static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
+int ckpt__stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
 {
     if (n > e->g.held_cap) {
         if (!grow((void **)&e->g.held_off, n, sizeof(*e->g.held_off)) ||
@@ -591,10 +580,10 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         memset(e->g.frozen_ok + e->g.held_cap, 0, (n - e->g.held_cap) * sizeof(*e->g.frozen_ok));
         e->g.held_cap = n;
     }
-    size_t need = hdr_bytes(n);
+    size_t need = ckpt__hdr_bytes(n);
     for (size_t i = 0; i < n; i++)
         need += ALIGN_UP(t[i].nbytes);
-    if (settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
+    if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "checkpoint staging: the copy of step %" PRId64 " into it still runs", e->cp.step);
     bool busy = ckpt_busy(e);
@@ -617,7 +606,7 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         e->prev = e->g.staging;
         e->prev_cap = e->g.staging_cap;
     } else if (e->g.staging) {
-        unmap_region(e, e->g.staging, e->g.staging_cap);
+        ckpt__unmap_region(e, e->g.staging, e->g.staging_cap);
     }
     e->g.staging = p;
     e->g.staging_cap = need;
@@ -644,9 +633,9 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 
 /* The held snapshot's layout for t[0..n) in staging (I14): the header, the sharded and
    per-rank pieces, the replicated tensors; nothing held yet (I8). */
-static void hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
+void ckpt__hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n)
 {
-    size_t off = hdr_bytes(n);
+    size_t off = ckpt__hdr_bytes(n);
     e->g.held_step = -1;
     e->g.held_hdr = off;
     for (int own = 1; own >= 0; own--) {
@@ -699,7 +688,7 @@ static int dev_engine(ckpt_engine *e)
    to_staging for a snapshot, else a restore (tensors with defer left). *host_gen and
    *dev_gen: the batches (0: none). On failure nothing more is started, but a host batch
    already started may run: its gen is set. */
-static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_staging, uint64_t *host_gen,
+int ckpt__copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_staging, uint64_t *host_gen,
                       uint64_t *dev_gen)
 {
     *host_gen = *dev_gen = 0;
@@ -732,11 +721,11 @@ static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_st
 
 /* Starts copying every tensor into staging: the held snapshot of `step` once settled
    (I8, I15). */
-static int hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+int ckpt__hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    hold_layout(e, t, n);
+    ckpt__hold_layout(e, t, n);
     uint64_t hg, dg;
-    int rc = copy_start(e, t, n, true, &hg, &dg);
+    int rc = ckpt__copy_start(e, t, n, true, &hg, &dg);
     for (size_t i = 0; i < n; i++) /* until a failure of this copy says otherwise (settle) */
         e->g.frozen_ok[i] = !rc && t[i].frozen;
     memset(&e->cp, 0, sizeof(e->cp));
@@ -785,7 +774,7 @@ static int give_up(ckpt_engine *e)
 
 /* Waits for the copy under way (I15); once both batches are done, holds the snapshot if
    neither failed nor was given up on. */
-static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
+int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
 {
     if (!e->cp.pending)
         return 0;
@@ -825,7 +814,7 @@ static int settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
 
 int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns)
 {
-    return settle(e, host_only, deadline_ns);
+    return ckpt__settle(e, host_only, deadline_ns);
 }
 
 /* Waits until no checkpoint is in flight, at most a quarter of timeout_ms; RK_E_BUSY
@@ -869,10 +858,10 @@ static int not_started(ckpt_engine *e, int64_t step, int rc)
 /* The copy before is settled (bounded), then the generations turn (I16). */
 static int settled_for_next(ckpt_engine *e)
 {
-    if (settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
+    if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "snapshot: the copy of step %" PRId64 " into staging still runs", e->cp.step);
-    next_gen(e);
+    ckpt__next_gen(e);
     return 0;
 }
 
@@ -880,9 +869,9 @@ int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_
 {
     int rc = settled_for_next(e);
     if (!rc)
-        rc = stage(e, t, n, false);
+        rc = ckpt__stage(e, t, n, false);
     if (!rc)
-        rc = hold_copy(e, step, t, n);
+        rc = ckpt__hold_copy(e, step, t, n);
     if (rc) {
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());
@@ -901,11 +890,11 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     if (!rc)
         rc = settled_for_next(e);
     if (!rc)
-        rc = stage(e, t, n, false);
+        rc = ckpt__stage(e, t, n, false);
     if (!rc)
         rc = plan(e, t, n);
     if (!rc)
-        rc = hold_copy(e, step, t, n);
+        rc = ckpt__hold_copy(e, step, t, n);
     if (rc)
         return not_started(e, step, rc);
     struct ckpt_job *j = &e->job;
@@ -959,266 +948,6 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     e->state = CKPT_QUEUED;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    return 0;
-}
-
-/* ---- the held snapshot and membership changes (recovery) --------------------------------- */
-
-int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n)
-{
-    /* Overwriting staging under a live job would tear what it writes: the job goes first.
-       An abandoned writer may still read staging; it never commits what it read (I10). */
-    ckpt_abandon(e);
-    int rc = stage(e, t, n, false);
-    if (rc)
-        return rc;
-    memset(e->g.frozen_ok, 0, e->g.held_cap * sizeof(*e->g.frozen_ok)); /* filled by other means */
-    hold_layout(e, t, n);
-    return 0;
-}
-
-/* The held snapshot's layout, saved (save) or put back (!save): off, len, row0, have. */
-static void was_copy(ckpt_engine *e, bool save)
-{
-    size_t n = e->was.n;
-    if (n == 0)
-        return; /* a spare's engine has held nothing yet: no arrays */
-    size_t *off = e->was.save;
-    uint64_t *len = (uint64_t *)(off + n);
-    int64_t *row0 = (int64_t *)(len + n);
-    bool *have = (bool *)(row0 + n);
-    if (save) {
-        memcpy(off, e->g.held_off, n * sizeof(*off));
-        memcpy(len, e->g.held_len, n * sizeof(*len));
-        memcpy(row0, e->g.held_row0, n * sizeof(*row0));
-        memcpy(have, e->g.held_have, n * sizeof(*have));
-    } else {
-        memcpy(e->g.held_off, off, n * sizeof(*off));
-        memcpy(e->g.held_len, len, n * sizeof(*len));
-        memcpy(e->g.held_row0, row0, n * sizeof(*row0));
-        memcpy(e->g.held_have, have, n * sizeof(*have));
-    }
-}
-
-int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where)
-{
-    ckpt_abandon(e);
-    ckpt_hold_cancel(e); /* an earlier open neither sealed nor cancelled */
-    size_t m = e->g.held_n;
-    e->was.save = malloc(m ? m * (sizeof(size_t) + sizeof(uint64_t) + sizeof(int64_t) + sizeof(bool)) : 1);
-    if (!e->was.save)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "the layout of the held snapshot (%zu tensors)", m);
-    e->was.n = m;
-    e->was.step = e->g.held_step;
-    e->was.hdr = e->g.held_hdr;
-    e->was.out = e->g.held_out;
-    was_copy(e, true);
-    int rc = stage(e, t, n, true); /* on failure nothing changed: the snapshot stays held */
-    if (rc) {
-        free(e->was.save);
-        e->was.save = NULL;
-        return rc;
-    }
-    e->was.open = true;
-    e->was.retired = !e->prev && e->retired; /* stage retired it: an abandoned writer reads it */
-    hold_layout(e, t, n);
-    for (size_t i = 0; i < n; i++)
-        where[i] = (unsigned char *)e->g.staging + e->g.held_off[i];
-    return 0;
-}
-
-void ckpt_hold_cancel(ckpt_engine *e)
-{
-    if (!e->was.open)
-        return;
-    /* Nobody reads the new region (the writer was abandoned before it existed). */
-    unmap_region(e, e->g.staging, e->g.staging_cap);
-    char **old = e->was.retired ? &e->retired : &e->prev;
-    size_t *old_cap = e->was.retired ? &e->retired_cap : &e->prev_cap;
-    e->g.staging = *old;
-    e->g.staging_cap = *old_cap;
-    *old = NULL;
-    *old_cap = 0;
-    was_copy(e, false);
-    e->g.held_n = e->was.n;
-    e->g.held_hdr = e->was.hdr;
-    e->g.held_out = e->was.out;
-    e->g.held_step = e->was.step;
-    free(e->was.save);
-    e->was.save = NULL;
-    e->was.open = false;
-}
-
-void ckpt_hold_seal(ckpt_engine *e, int64_t step)
-{
-    ckpt__seal(e, step);
-    free(e->was.save);
-    e->was.save = NULL;
-    e->was.open = false;
-    if (!e->prev)
-        return; /* retired: the abandoned writer's until it is idle */
-    /* The old snapshot's region is the next partner copy's inbox: that one is usually
-       as large, so a partner copy after a rebuild grows it in place, not anew. */
-    unmap_region(e, e->g.partner, e->g.partner_cap);
-    e->g.partner = e->prev;
-    e->g.partner_cap = e->prev_cap;
-    e->g.partner_len = 0;
-    e->g.left_step = -1;
-    e->prev = NULL;
-    e->prev_cap = 0;
-}
-
-int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
-{
-    int rc = ckpt__hold_space(e, t, n);
-    if (!rc)
-        rc = hold_copy(e, step, t, n);
-    int src = settle(e, false, rk__deadline_ns(e->timeout_ms / 4));
-    return rc ? rc : src;
-}
-
-/* What generation g holds, as recovery sees it, in s. */
-static const ckpt_snapshot *view(ckpt_engine *e, struct ckpt_gen *g, ckpt_snapshot *s)
-{
-    settle(e, false, rk__deadline_ns(e->timeout_ms / 4)); /* I15: held once copied whole */
-    pthread_mutex_lock(&e->mu);
-    uint64_t epoch = e->epoch;
-    pthread_mutex_unlock(&e->mu);
-    *s = (ckpt_snapshot){.step = g->held_step, .rank = g->held_rank, .world = g->held_world, .left_step = -1};
-    if (g->held_step < 0)
-        return s;
-    s->n = g->held_n;
-    for (size_t i = 0; i < g->held_n; i++)
-        g->own_p[i] = (ckpt_piece){.data = g->held_have[i] ? g->staging + g->held_off[i] : NULL,
-                                   .nbytes = g->held_len[i], .row0 = g->held_row0[i]};
-    s->own = g->own_p;
-    s->out = g->staging;
-    s->out_bytes = g->held_out;
-    if (g->left_step >= 0) {
-        s->left_step = g->left_step;
-        s->left = g->left_p;
-    }
-    s->partnered = g->left_step == g->held_step && g->left_epoch == g->held_epoch && g->held_epoch == epoch;
-    return s;
-}
-
-const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e)
-{
-    return view(e, &e->g, &e->snap);
-}
-
-const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e)
-{
-    return view(e, &e->old, &e->snap_old);
-}
-
-static void swap_gens(ckpt_engine *e)
-{
-    struct ckpt_gen t = e->g;
-    e->g = e->old;
-    e->old = t;
-}
-
-int ckpt_snapshot_select(ckpt_engine *e, int64_t step)
-{
-    settle(e, false, rk__deadline_ns(e->timeout_ms / 4));
-    if (step >= 0 && e->g.held_step == step)
-        return 0;
-    if (step < 0 || e->old.held_step != step || e->was.open)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_NOCKPT, "no snapshot of step %" PRId64 " is held in memory "
-                        "(held: %" PRId64 " and %" PRId64 ")", step, e->g.held_step, e->old.held_step);
-    swap_gens(e);
-    RK_LOG_INFO(RK_SUB_CKPT, "the snapshot of step %" PRId64 " is the held one again (the newer one, of step %" PRId64
-                ", is not offered)", step, e->old.held_step);
-    return 0;
-}
-
-/* I16: a snapshot about to be copied goes into the region of the older generation, which
-   then becomes g, so that the newest whole snapshot and its partner copy stay held, as
-   old, while the copy runs. Not if a writer still reads that region (a disk write longer
-   than a step): then the copy overwrites g, and old, being written to disk, stays whole.
-   A region a writer reads is never written (its checkpoint would be torn), so with g
-   read and nothing whole in old, they swap all the same. Called with no copy pending. */
-static void next_gen(ckpt_engine *e)
-{
-    bool busy = ckpt_busy(e);
-    bool g_read = busy && e->g.staging && e->g.staging == e->job_region;
-    bool old_read = busy && e->old.staging && e->old.staging == e->job_region;
-    if (old_read || (e->g.held_step < 0 && !g_read))
-        return;
-    swap_gens(e);
-}
-
-bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n)
-{
-    if (s->step < 0 || s->n != n)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (s->own[i].nbytes != t[i].nbytes)
-            return false;
-    return true;
-}
-
-void *ckpt_snapshot_inbox(ckpt_engine *e, size_t bytes)
-{
-    e->g.left_step = -1;
-    e->g.partner_len = 0;
-    if (bytes > e->g.partner_cap) {
-        size_t cap = ALIGN_UP(bytes);
-        ckpt_copy_unpin(e->dev_copy, e->g.partner); /* it may have been staging (ckpt_hold_seal) */
-        void *p = rk__remap(e->g.partner, e->g.partner_cap, cap);
-        if (!p) {
-            rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", bytes, strerror(errno));
-            return NULL;
-        }
-        e->g.partner = p;
-        e->g.partner_cap = cap;
-    }
-    e->g.partner_len = bytes;
-    return e->g.partner ? e->g.partner : (void *)e; /* 0 bytes: any non-NULL address */
-}
-
-int ckpt_snapshot_accept(ckpt_engine *e)
-{
-    const uint64_t *h = (const uint64_t *)e->g.partner;
-    size_t len = e->g.partner_len;
-    e->g.left_step = -1;
-    if (len < hdr_bytes(0) || h[0] != HDR_MAGIC || h[2] > e->g.held_cap || hdr_bytes(h[2]) > len)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: malformed header (%zu bytes)", len);
-    size_t n = h[2], off = hdr_bytes(n);
-    for (size_t i = 0; i < n; i++) {
-        size_t nb = h[3 + 2 * i];
-        if (nb > len || off > len - nb)
-            return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_CORRUPT, "partner copy: piece %zu past its end", i);
-        e->g.left_p[i] = (ckpt_piece){.data = e->g.partner + off, .nbytes = nb, .row0 = (int64_t)h[4 + 2 * i]};
-        off += ALIGN_UP(nb);
-    }
-    pthread_mutex_lock(&e->mu);
-    e->g.left_epoch = e->epoch;
-    pthread_mutex_unlock(&e->mu);
-    e->g.left_step = (int64_t)h[1];
-    return 0;
-}
-
-int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
-{
-    if (!ckpt_snapshot_matches(ckpt_snapshot_held(e), t, n))
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "no snapshot of these tensors is held in memory");
-    /* Through the same engines as the snapshot, waited for here: the caller goes on with
-       the restored buffers (a device tensor's copy is done before its stream's next work
-       can read it, as the host waited for it). */
-    uint64_t hg, dg;
-    int64_t deadline = rk__deadline_ns(e->timeout_ms);
-    int rc = copy_start(e, t, n, false, &hg, &dg);
-    int hrc = ckpt_copy_wait(e->host_copy, hg, deadline);
-    int drc = dg ? ckpt_copy_wait(e->dev_copy, dg, deadline) : 0;
-    rc = rc ? rc : hrc ? hrc : drc;
-    if (rc) {
-        char why[512];
-        snprintf(why, sizeof(why), "%s", rk_last_error());
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "restore of the snapshot of step %" PRId64 ": %s", e->g.held_step,
-                        why);
-    }
     return 0;
 }
 

@@ -150,6 +150,28 @@ struct ckpt_engine {
     size_t plan_cap;
 };
 
+#define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
+#define HDR_MAGIC 0x524b534e41503031ull /* "RKSNAP01" */
+
+/* The snapshot header at the start of staging (I14): magic, step, n, then each tensor's
+   bytes (0: not a piece of the out region) and first row, as uint64. */
+static inline size_t ckpt__hdr_bytes(size_t n)
+{
+    return ALIGN_UP((3 + 2 * n) * sizeof(uint64_t));
+}
+
+/* Shared by ckpt.c (the copy into staging, the job) and ckpt_held.c (the generations and
+   recovery's uses of them); each is described where it is defined, in ckpt.c. */
+int ckpt__stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep);
+void ckpt__hold_layout(ckpt_engine *e, const ckpt_tensor *t, size_t n);
+int ckpt__hold_copy(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
+int ckpt__copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_staging, uint64_t *host_gen,
+                     uint64_t *dev_gen);
+void ckpt__unmap_region(ckpt_engine *e, void *p, size_t cap);
+/* ckpt_held.c: the generations turn before a new snapshot is copied (I16). */
+void ckpt__next_gen(ckpt_engine *e);
+
 /* The background work for one job: shard, manifest, and on rank 0 the rendezvous, index,
    commit and retention; on other ranks, waiting to learn of the commit. Returns 0 or the
    failure (its reason in rk_last_error() of the calling thread). */
