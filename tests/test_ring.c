@@ -4,7 +4,8 @@
  * 1..5 ranks, bad arguments, a member killed in each phase, a spare joining, a member
  * killed inside a rebuild, shifts whose lengths differ, a stale message eight recoveries
  * old, an abort without memory for fresh slots, the NCCL unique id's exchange with a fake
- * id). The NCCL ring's membership logic (shrink plan, NCCL_HOSTID) as unit tests.
+ * id). The NCCL ring's membership logic (shrink plan, NCCL_HOSTID) as unit tests, and the
+ * values its GPU checks compare bit for bit (tests/ring_exact.h: exact in every order).
  * Each test names the invariant of ring/ring.c it checks.
  */
 #include <math.h>
@@ -14,6 +15,7 @@
 
 #include "../ring/ring.h"
 #include "harness.h"
+#include "ring_exact.h"
 
 /* ---- conversions --------------------------------------------------------------------- */
 
@@ -343,6 +345,82 @@ START_TEST(nccl_hostid_only_where_a_device_is_shared)
 }
 END_TEST
 
+/* Whether x is exactly a value of dtype t. */
+static bool representable(rk_dtype t, double x)
+{
+    float f = (float)x;
+    if ((double)f != x)
+        return false;
+    return t == RK_F32 || (t == RK_F16 ? ring_f16_to_f32(ring_f32_to_f16(f)) : ring_bf16_to_f32(ring_f32_to_bf16(f))) == f;
+}
+
+/* Whether every partial sum of `ranks` ranks' values at span, and of their quarters (NCCL's
+   avg pre-multiplies by 1/n), is a value of t at each of n elements: then no order or
+   grouping of the additions rounds. */
+static bool exact_in_every_order(rk_dtype t, int span, int ranks, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (unsigned m = 1; m < 1u << ranks; m++) {
+            double s = 0;
+            for (int p = 0; p < ranks; p++)
+                if (m & 1u << p)
+                    s += ring_exact_int(p, i, span);
+            if (!representable(t, s) || !representable(t, s / ranks))
+                return false;
+        }
+    return true;
+}
+
+/* tests/ring_exact.h, the values the NCCL ring's device results are compared with bit for
+   bit (prog_ring_nccl dtypes): on 4 ranks every partial sum is exact in f32, f16 and bf16
+   at their spans, and the host reference gives the same bits in all 24 orders of the
+   ranks for sum, avg, max and min; spans too large for the type are caught. */
+START_TEST(nccl_exact_values)
+{
+    rk_dtype types[] = {RK_F32, RK_F16, RK_BF16};
+    rk_op ops[] = {RK_SUM, RK_AVG, RK_MAX, RK_MIN};
+    enum { N = 4096 };
+    static float ref[N], got[N], tmp[N]; /* room for N f32 (or 16-bit) elements */
+    for (int k = 0; k < 3; k++) {
+        rk_dtype t = types[k];
+        int span = ring_exact_span(t);
+        ck_assert_msg(exact_in_every_order(t, span, 4, N), "dtype %d: span %d is not exact", (int)t, span);
+        ck_assert_msg(!exact_in_every_order(t, t == RK_F32 ? 1 << 24 : span * 16, 4, N),
+                      "dtype %d: the check misses a span 16 times too large", (int)t);
+        /* values of both signs, and the ranks' values differ */
+        ck_assert(ring_exact_int(0, 0, span) != ring_exact_int(1, 0, span));
+        for (int o = 0; o < 4; o++) {
+            int order[4] = {0, 1, 2, 3};
+            ck_assert_int_eq(ring_exact_reference(ref, tmp, N, t, ops[o], order, 4, span), 0);
+            for (int perm = 0; perm < 24; perm++) {
+                int left[4] = {0, 1, 2, 3}, nl = 4, x = perm;
+                for (int j = 0; j < 4; j++) { /* the perm-th permutation (factorial base) */
+                    int f = x % (4 - j);
+                    x /= 4 - j;
+                    order[j] = left[f];
+                    memmove(left + f, left + f + 1, (size_t)(--nl - f) * sizeof(int));
+                }
+                ck_assert_int_eq(ring_exact_reference(got, tmp, N, t, ops[o], order, 4, span), 0);
+                ck_assert_msg(memcmp(ref, got, N * (t == RK_F32 ? 4 : 2)) == 0, "dtype %d op %d order %d%d%d%d differs",
+                              (int)t, (int)ops[o], order[0], order[1], order[2], order[3]);
+            }
+        }
+        /* the sum is the sum of the integers, and the avg its quarter */
+        int all[4] = {0, 1, 2, 3};
+        ck_assert_int_eq(ring_exact_reference(ref, tmp, N, t, RK_SUM, all, 4, span), 0);
+        ck_assert_int_eq(ring_exact_reference(got, tmp, N, t, RK_AVG, all, 4, span), 0);
+        for (size_t i = 0; i < N; i++) {
+            int s = 0;
+            for (int p = 0; p < 4; p++)
+                s += ring_exact_int(p, i, span);
+            if (ring_exact_get(ref, i, t) != (float)s || ring_exact_get(got, i, t) != (float)s / 4)
+                ck_abort_msg("dtype %d element %zu: sum %g avg %g, want %d and %g", (int)t, i,
+                             (double)ring_exact_get(ref, i, t), (double)ring_exact_get(got, i, t), s, s / 4.0);
+        }
+    }
+}
+END_TEST
+
 /* ring_share_blob (an NCCL unique id's way, with a fake id): every member gets rank 0's
    bytes; an exchange only rank 0 made is dropped by the next one's receivers (the call
    number in its header), not taken for it; a receiver alone ends at its deadline; a spare
@@ -384,6 +462,7 @@ int main(void)
     tcase_add_test(tu, segments_cover_exactly);
     tcase_add_test(tu, nccl_shrink_plan);
     tcase_add_test(tu, nccl_hostid_only_where_a_device_is_shared);
+    tcase_add_test(tu, nccl_exact_values);
     suite_add_tcase(s, tu);
     TCase *tj = tcase_create("jobs");
     tcase_set_timeout(tj, 170);
