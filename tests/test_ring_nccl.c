@@ -3,9 +3,12 @@
  * CUDA GPU: without one the suite is skipped (exit 77, reported SKIP). With one, a ring
  * of one process on device 0: exact sum/avg/max of f32 device buffers, bad arguments, and
  * a call cancelled by the membership source (the communicator is then aborted, and rebuilt
- * fresh); then mpirun jobs of 2-3 ranks sharing device 0 (tests/prog_ring_nccl.c): a
- * member killed between calls (shrink) and inside a call (abort, fresh), and rk_allreduce
- * of device and host buffers, with NCCL and through the host staging (RK_NCCL=0).
+ * fresh); then mpirun jobs of 2-4 ranks sharing device 0 (tests/prog_ring_nccl.c, each
+ * bounded by JOB_S): sum, avg, max and min of f32, f16 and bf16 bit for bit against a host
+ * reference on 4 ranks; a member killed between calls on 3 ranks (shrink) and inside a
+ * call on 4 (the survivors' call returns within its bound, the communicator aborted, a
+ * fresh one exact; the timings printed); and rk_allreduce of device and host buffers,
+ * with NCCL and through the host staging (RK_NCCL=0).
  * None of it has run on a GPU yet (docs/GPU.md).
  */
 #include <cuda_runtime.h>
@@ -78,20 +81,28 @@ END_TEST
 
 /* ---- jobs of several ranks on device 0 (tests/prog_ring_nccl.c) ---------------------- */
 
+/* Every job's bound (th_run kills its process group then), well inside the case's timeout:
+   a hung job never outlives its case, nor keeps the GPU. */
+#define JOB_S 60
+
 /* Runs prog_ring_nccl; asserts no FAIL line, `want` lines starting with tag, and that the
-   output has (staged) or has not the line of device buffers going through host staging. */
+   output has (staged) or has not the line of device buffers going through host staging.
+   The tagged lines (with the kill modes' timings) are printed. */
 static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want,
                 bool staged)
 {
     const char *b = getenv("RK_TEST_BUILD");
     char *p = NULL, *out = NULL;
     ck_assert(asprintf(&p, "%s/tests/prog_ring_nccl", b ? b : "build") > 0);
-    int rc = th_mpirun_prog(n, recovery, p, args, env, 180, &out);
+    int rc = th_mpirun_prog(n, recovery, p, args, env, JOB_S, &out);
     ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring_nccl %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
                   out ? out : "");
     int got = 0;
     for (const char *q = out; (q = strstr(q, tag)); q++)
-        got += q == out || q[-1] == '\n';
+        if (q == out || q[-1] == '\n') {
+            got++;
+            printf("ring_nccl %s: %.*s\n", args[0], (int)strcspn(q, "\n"), q);
+        }
     ck_assert_msg(got == want, "%d lines '%s', want %d (rc %d):\n%s", got, tag, want, rc, out);
     if (!recovery)
         ck_assert_msg(rc == 0, "prog_ring_nccl exit %d:\n%s", rc, out);
@@ -114,12 +125,22 @@ START_TEST(shrink_after_a_loss_between_calls)
 }
 END_TEST
 
-/* A member lost inside a call: the survivors' calls are cancelled, the communicator
-   aborted, nothing writes their buffers afterwards, and a fresh one is exact. */
+/* A member killed inside a call (its part enqueued) on 4 ranks: the survivors' calls
+   return within their bound, the communicator aborted, nothing writes their buffers
+   afterwards, and a fresh one is exact. */
 START_TEST(fresh_after_a_loss_inside_a_call)
 {
     char *args[] = {"inside", "2", NULL};
-    job(3, true, args, NULL, "ok fresh ", 2, false);
+    job(4, true, args, NULL, "ok fresh ", 3, false);
+}
+END_TEST
+
+/* Sum, avg, max, min of f32, f16 and bf16 device buffers on 4 ranks, bit for bit against
+   the host reference in the same type (tests/ring_exact.h). */
+START_TEST(dtypes_exact_on_four_ranks)
+{
+    char *args[] = {"dtypes", NULL};
+    job(4, false, args, NULL, "ok dtypes ", 4, false);
 }
 END_TEST
 
@@ -153,7 +174,8 @@ int main(void)
     tcase_add_test(tc, cancelled_then_rebuilt);
     suite_add_tcase(s, tc);
     TCase *tj = tcase_create("jobs");
-    tcase_set_timeout(tj, 240);
+    tcase_set_timeout(tj, JOB_S + 30);
+    tcase_add_test(tj, dtypes_exact_on_four_ranks);
     tcase_add_test(tj, shrink_after_a_loss_between_calls);
     tcase_add_test(tj, fresh_after_a_loss_inside_a_call);
     tcase_add_test(tj, api_device_and_host_buffers);
