@@ -321,3 +321,101 @@ int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], c
     argv[a] = NULL;
     return th_mpirun(n, argv, envp_extra, timeout_s, out);
 }
+
+int th_count(const char *out, const char *needle)
+{
+    int n = 0;
+    for (const char *p = out; p && (p = strstr(p, needle)); p++)
+        n++;
+    return n;
+}
+
+/* ---- rk-train's final lines (docs/RK-TRAIN.md) ----------------------------------------- */
+
+/* Every rank's final line: `world` lines, all the same, for `steps` steps; the hash. */
+void th_final_lines(const char *out, int world, int steps, char hash[17])
+{
+    char want[64];
+    snprintf(want, sizeof(want), "final step=%d world=%d hash=", steps, world);
+    int n = 0;
+    hash[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "final step=")); p++) {
+        ck_assert_msg(strncmp(p, want, strlen(want)) == 0, "final line %.60s, want %s...", p, want);
+        const char *h = p + strlen(want);
+        ck_assert_msg(strspn(h, "0123456789abcdef") == 16 && h[16] == '\n', "bad hash in %.60s", p);
+        if (n++ == 0)
+            snprintf(hash, 17, "%.16s", h);
+        else
+            ck_assert_msg(strncmp(h, hash, 16) == 0, "ranks disagree: %.16s vs %s", h, hash);
+    }
+    ck_assert_msg(n == world, "%d final lines, want %d:\n%s", n, world, out);
+}
+
+/* A job script's output: the job's final lines, then "replay" and the replay's; both give
+   `world` lines of `steps` steps and the same hash. Frees out. */
+void th_job_equals_replay(char *out, int world, int steps)
+{
+    char h_job[17], h_replay[17];
+    const char *replay = strstr(out, "replay\n");
+    ck_assert_ptr_nonnull(replay);
+    char *job = strndup(out, (size_t)(replay - out));
+    th_final_lines(strstr(job, "final"), world, steps, h_job);
+    th_final_lines(replay, world, steps, h_replay);
+    ck_assert_str_eq(h_job, h_replay);
+    free(job);
+    free(out);
+}
+
+int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_at,
+                         int timeout_s, char **out)
+{
+    char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL;
+    int n = asprintf(
+        &cmd,
+        "W=%s; B=%s; R=%s; N=%d; A='%s'\n"
+        "export RK_CKPT_DIR=$W/c RK_KEEP=100 RK_EVENT_LOG=$W/ev %s\n"
+        "$R run -n $N -- $B --steps %d $A > $W/out 2>&1 & job=$!\n"
+        "for i in $(seq 1200); do [ -d $W/c/step-%012d ] && break; sleep 0.05; done\n"
+        "v=$(pgrep -f \"^$B --steps %d $A\\$\" | sed -n 2p); [ -n \"$v\" ] && kill -9 $v\n"
+        "wait $job; echo \"exit=$?\"; grep '^final' $W/out\n"
+        "echo \"unpartnered=$(grep -c 'no partner copy of the snapshot' $W/out)\"\n"
+        "grep -h '\"resumed\"' $W/ev.*\n"
+        "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
+        "d=step-$(printf %%012d \"$s\"); mkdir -p $W/r\n"
+        /* A memory rollback resumes the newest snapshot (one at every step), which is a
+           checkpoint on disk only when its step is one of RK_CKPT_EVERY's (and its write
+           was committed before the kill): otherwise the replay's checkpoint of that step
+           comes from a fault-free run of the first $s steps on the N workers. */
+        "if [ -d $W/c/$d ]; then cp -r $W/c/$d $W/r/ || exit 1; else\n"
+        "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s RK_EVENT_LOG= $R run -n $N -- $B --steps $s $A > /dev/null || exit 1\n"
+        "  [ -d $W/r/$d ] || exit 1; fi\n"
+        "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n $((N - 1)) -- $B --steps %d $A | grep '^final'\n",
+        dir, bin, rekindle, world, args, env, steps, kill_at, steps, steps);
+    int rc = n < 0 ? -1 : th_sh(cmd, timeout_s, out);
+    free(cmd);
+    free(bin);
+    free(rekindle);
+    return rc;
+}
+
+void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out)
+{
+    char *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train"), *cmd = NULL;
+    int n = asprintf(&cmd,
+                     "export RK_CKPT_DIR=%s/ck RK_CKPT_EVERY=50 RK_EVENT_LOG=%s/ev; "
+                     "%s run -n 3 --spares 1 -- %s --steps %d %s > %s/out 2>&1 & job=$!; "
+                     "if [ %d = 1 ]; then "
+                     "  for i in $(seq 1 600); do [ -d %s/ck/step-000000000100 ] && break; sleep 0.05; done; "
+                     "  for p in $(pgrep -x rk-train); do "
+                     "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=%s/ev && "
+                     "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; "
+                     "  done; "
+                     "fi; wait $job; echo \"exit=$?\"; cat %s/out; cat %s/ev.* 2>/dev/null | grep spare_joined; true",
+                     dir, dir, rekindle, bin, steps, args, dir, kill_one, dir, dir, dir, dir);
+    ck_assert(n > 0);
+    int rc = th_sh(cmd, timeout_s, out);
+    ck_assert_msg(rc == 0, "job script exit %d:\n%.3000s", rc, *out ? *out : "");
+    free(cmd);
+    free(rekindle);
+    free(bin);
+}

@@ -62,6 +62,33 @@ int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], c
 /* Whether a CUDA GPU is usable; why gets the reason when not. */
 bool th_have_gpu(char *why, size_t cap);
 
+/* How many times needle occurs in out (0 for a NULL out). */
+int th_count(const char *out, const char *needle);
+
+/* rk-train's output: asserts `world` final lines ("final step=STEPS world=W hash=H"), all
+   for `steps` steps and with one hash, which goes to hash. */
+void th_final_lines(const char *out, int world, int steps, char hash[17]);
+/* A job script's output: the job's final lines, then a line "replay" and the replay's;
+   asserts both are `world` lines of `steps` steps with the same hash. Frees out. */
+void th_job_equals_replay(char *out, int world, int steps);
+
+/* rk-train --steps STEPS ARGS (ARGS: shell words without --steps) on `world` workers
+   through `rekindle run`, checkpoints in dir/c and events in dir/ev.*, with env (shell
+   assignments: RK_CKPT_EVERY=...) exported; once checkpoint `kill_at` is committed the
+   second worker found is SIGKILLed. Then the replay: the checkpoint of the step the
+   survivors resumed at (the job's, or a fault-free run's of that many steps) resumed on
+   world - 1 workers. *out: "exit=N", the job's final lines, "unpartnered=K" (workers that
+   had no partner copy of the snapshot), the events "resumed", a line "replay", the
+   replay's final lines (th_job_equals_replay compares them). Returns th_sh's status. */
+int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_at,
+                         int timeout_s, char **out);
+
+/* rk-train --steps STEPS ARGS through `rekindle run -n 3 --spares 1`, checkpoints every 50
+   steps in dir/ck, events in dir/ev.*; with kill_one, rank 1 is SIGKILLed once checkpoint
+   100 is committed. Asserts the script ran; *out: "exit=N", the job's output, the events
+   spare_joined. */
+void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out);
+
 /* Asserts with both sides shown. */
 #define th_assert_rc(expr, want)                                                          \
     do {                                                                                  \

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rekindle.h"
 
@@ -25,6 +26,17 @@ static inline rk_ctx *prog_rk_init(void)
     }
     return ctx;
 }
+
+/* A worker's wrong result: "FAIL rank R: <message>" on stdout, then _exit(1) (no atexit
+   handler of MPI's: the others see a lost peer, as after a crash). */
+#define PROG_FAIL(rank, ...)                                                               \
+    do {                                                                                   \
+        printf("FAIL rank %d: ", (rank));                                                  \
+        printf(__VA_ARGS__);                                                               \
+        printf("\n");                                                                      \
+        fflush(stdout);                                                                    \
+        _exit(1);                                                                          \
+    } while (0)
 
 /* The test pattern: byte i of a tensor (key t) at step `step` of a run seeded `seed`. */
 static inline uint8_t prog_byte_at(uint64_t t, uint64_t i, int64_t step, uint64_t seed)

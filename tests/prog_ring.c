@@ -59,14 +59,7 @@
 
 static int g_rank, g_world;
 
-#define FAIL(...)                                                                          \
-    do {                                                                                   \
-        printf("FAIL rank %d: ", g_rank);                                                  \
-        printf(__VA_ARGS__);                                                               \
-        printf("\n");                                                                      \
-        fflush(stdout);                                                                    \
-        exit(1);                                                                           \
-    } while (0)
+#define FAIL(...) PROG_FAIL(g_rank, __VA_ARGS__)
 
 static uint64_t mix(uint64_t x)
 {

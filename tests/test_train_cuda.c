@@ -2,7 +2,9 @@
  * tests/test_train_cuda.c - rk-train --device cuda on a GPU (docs/RK-TRAIN.md): the same
  * output lines as --device cpu, bit for bit, for several shapes; a checkpoint taken from the
  * device and resumed into it continues with the bits of an uninterrupted run; two ranks on
- * the device agree with two ranks on the host. Needs a CUDA GPU: without one the suite is
+ * the device agree with two ranks on the host; of three ranks on the device one is killed:
+ * the survivors roll back from memory and end with the bits of a fault-free replay, or a
+ * spare takes its place and the job ends with the bits of an uninterrupted run. Needs a CUDA GPU: without one the suite is
  * skipped (exit 77, reported SKIP); scripts/gpu-check runs it where there is one. The same
  * passes run on the host in every build: tests/test_train.c, cuda_passes_give_the_cpu_bits.
  */
@@ -98,6 +100,53 @@ START_TEST(two_ranks_same_as_cpu)
 }
 END_TEST
 
+/* The model is large enough (hidden 512, 4 layers: ~3 MiB of gradients a step through
+   NCCL) that checkpoint 50 is committed well before the end of the run. */
+#define BIG "--device cuda --hidden 512 --layers 4"
+
+/* Three ranks on the device, one SIGKILLed once checkpoint 50 is committed: the two
+   survivors roll their device tensors back from their memory (a snapshot at every step:
+   at most one step lost), go on with a ring of two, and end with the bits of a fault-free
+   replay on two ranks from the state of the step they resumed at. */
+START_TEST(killed_rank_equals_replay)
+{
+    char *w = th_tmpdir("train_cuda_kill"), *out = NULL;
+    unsetenv("RK_CKPT_DIR");
+    int rc = th_train_kill_replay(w, 3, 1500, "--seed 5 " BIG, "RK_CKPT_EVERY=50 RK_TIMEOUT_MS=8000", 50, 280, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    ck_assert_msg(th_count(out, "\"from\": \"memory\"") == 2, "the survivors did not both resume from memory:\n%s",
+                  out);
+    ck_assert_msg(th_count(out, "\"steps_lost\": 0") + th_count(out, "\"steps_lost\": 1") == 2,
+                  "a survivor lost more than one step:\n%s", out);
+    th_job_equals_replay(out, 2, 1500);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
+/* rekindle run --spares 1: rank 1 SIGKILLed once checkpoint 100 is committed; the spare
+   takes its place on the device (the state from the survivors), the ring is three again,
+   and the job ends with the bits of an uninterrupted three-rank run. */
+START_TEST(spare_replaces_killed_rank)
+{
+    char *w = th_tmpdir("train_cuda_spare"), *full = NULL, *out = NULL, h_full[17], h_job[17];
+    th_assert_rc(train(3, NULL, &full, "cuda",
+                       (const char *const[]){"--steps", "1500", "--seed", "77", "--hidden", "512", "--layers", "4",
+                                             NULL}),
+                 0);
+    th_final_lines(full, 3, 1500, h_full);
+    unsetenv("RK_CKPT_DIR");
+    th_train_spare(w, 1500, "--seed 77 " BIG, true, 280, &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
+    th_final_lines(strstr(out, "exit=0\n"), 3, 1500, h_job);
+    ck_assert_str_eq(h_job, h_full);
+    free(full);
+    free(out);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 int main(void)
 {
     char why[160];
@@ -110,5 +159,10 @@ int main(void)
     tcase_add_test(tc, resume_from_device_checkpoint);
     tcase_add_test(tc, two_ranks_same_as_cpu);
     suite_add_tcase(s, tc);
+    TCase *tk = tcase_create("kill");
+    tcase_set_timeout(tk, 600);
+    tcase_add_test(tk, killed_rank_equals_replay);
+    tcase_add_test(tk, spare_replaces_killed_rank);
+    suite_add_tcase(s, tk);
     return th_main(s);
 }

@@ -46,48 +46,6 @@ static int train(int world, const char *const env[], char **out, const char *con
 
 #define TRAIN(world, env, out, ...) train(world, env, out, (const char *const[]){__VA_ARGS__, NULL})
 
-/* Every rank's final line: `world` lines, all the same, for `steps` steps; the hash. */
-static void final_lines(const char *out, int world, int steps, char hash[17])
-{
-    char want[64];
-    snprintf(want, sizeof(want), "final step=%d world=%d hash=", steps, world);
-    int n = 0;
-    hash[0] = '\0';
-    for (const char *p = out; (p = strstr(p, "final step=")); p++) {
-        ck_assert_msg(strncmp(p, want, strlen(want)) == 0, "final line %.60s, want %s...", p, want);
-        const char *h = p + strlen(want);
-        ck_assert_msg(strspn(h, "0123456789abcdef") == 16 && h[16] == '\n', "bad hash in %.60s", p);
-        if (n++ == 0)
-            snprintf(hash, 17, "%.16s", h);
-        else
-            ck_assert_msg(strncmp(h, hash, 16) == 0, "ranks disagree: %.16s vs %s", h, hash);
-    }
-    ck_assert_msg(n == world, "%d final lines, want %d:\n%s", n, world, out);
-}
-
-/* A job script's output: the job's final lines, then "replay" and the replay's; both give
-   `world` lines of `steps` steps and the same hash. Frees out. */
-static void job_equals_replay(char *out, int world, int steps)
-{
-    char h_job[17], h_replay[17];
-    const char *replay = strstr(out, "replay\n");
-    ck_assert_ptr_nonnull(replay);
-    char *job = strndup(out, (size_t)(replay - out));
-    final_lines(strstr(job, "final"), world, steps, h_job);
-    final_lines(replay, world, steps, h_replay);
-    ck_assert_str_eq(h_job, h_replay);
-    free(job);
-    free(out);
-}
-
-static int count_of(const char *out, const char *needle)
-{
-    int n = 0;
-    for (const char *p = out; (p = strstr(p, needle)); p++)
-        n++;
-    return n;
-}
-
 static int step_lines(const char *out)
 {
     int n = 0;
@@ -104,8 +62,8 @@ START_TEST(two_ranks_reproducible)
     char *a = NULL, *b = NULL, ha[17], hb[17];
     th_assert_rc(TRAIN(2, NULL, &a, "--steps", "30", "--seed", "5"), 0);
     th_assert_rc(TRAIN(2, NULL, &b, "--steps", "30", "--seed", "5"), 0);
-    final_lines(a, 2, 30, ha);
-    final_lines(b, 2, 30, hb);
+    th_final_lines(a, 2, 30, ha);
+    th_final_lines(b, 2, 30, hb);
     ck_assert_str_eq(ha, hb);
     ck_assert_int_eq(step_lines(a), 30);
     ck_assert_ptr_nonnull(strstr(a, "step 29 loss "));
@@ -120,7 +78,7 @@ START_TEST(three_ranks_learn)
 {
     char *out = NULL, h[17];
     th_assert_rc(TRAIN(3, NULL, &out, "--steps", "200"), 0);
-    final_lines(out, 3, 200, h);
+    th_final_lines(out, 3, 200, h);
     double first = -1, last = -1;
     const char *p = strstr(out, "step 0 loss "), *q = strstr(out, "step 199 loss ");
     ck_assert_msg(p && q, "missing step lines:\n%.400s", out);
@@ -142,15 +100,15 @@ static void resume_matches(int world)
     snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s", dir);
     const char *env[] = {env_dir, "RK_CKPT_EVERY=10", NULL};
     th_assert_rc(TRAIN(world, NULL, &out, "--steps", "30"), 0);
-    final_lines(out, world ? world : 1, 30, h_full);
+    th_final_lines(out, world ? world : 1, 30, h_full);
     free(out);
     th_assert_rc(TRAIN(world, env, &out, "--steps", "20"), 0);
-    final_lines(out, world ? world : 1, 20, h_resumed);
+    th_final_lines(out, world ? world : 1, 20, h_resumed);
     free(out);
     th_assert_rc(TRAIN(world, env, &out, "--steps", "30"), 0);
     ck_assert_msg(strstr(out, "step 19 ") == NULL && strstr(out, "step 20 loss "), "did not resume at step 20:\n%s",
                   out);
-    final_lines(out, world ? world : 1, 30, h_resumed);
+    th_final_lines(out, world ? world : 1, 30, h_resumed);
     ck_assert_str_eq(h_resumed, h_full);
     free(out);
     th_rmrf(dir);
@@ -178,7 +136,7 @@ START_TEST(killed_worker_job_finishes)
 {
     char *dir = th_tmpdir("train-kill"), *out = NULL, h_full[17], h_job[17];
     th_assert_rc(TRAIN(3, NULL, &out, "--steps", "3000", "--seed", "4242"), 0);
-    final_lines(out, 3, 3000, h_full);
+    th_final_lines(out, 3, 3000, h_full);
     free(out);
 
     char *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train"), env_dir[4200], log[4300];
@@ -235,7 +193,7 @@ START_TEST(killed_worker_job_finishes)
     const char *f = strstr(out, "final step=3000 world=");
     ck_assert_msg(f != NULL, "no final line");
     int world = atoi(f + strlen("final step=3000 world="));
-    final_lines(out, world, 3000, h_job);
+    th_final_lines(out, world, 3000, h_job);
     if (world == 3) {
         ck_assert_msg(strstr(out, "relaunching, restart 1 of 2") != NULL, "3 workers at the end but no relaunch");
         ck_assert_str_eq(h_job, h_full);
@@ -268,36 +226,23 @@ static bool part_missing(int world, const char *const env[], const char *what)
    the spare is released and the job still ends with 3 final lines and exit 0. */
 static void spare_job(bool kill_one, const char *args, char **out)
 {
-    char *dir = th_tmpdir("train-spare"), *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train");
-    char cmd[16384];
-    snprintf(cmd, sizeof(cmd),
-             "export RK_CKPT_DIR=%s/ck RK_CKPT_EVERY=50 RK_EVENT_LOG=%s/ev; "
-             "%s run -n 3 --spares 1 -- %s --steps 800 --seed 77 %s > %s/out 2>&1 & job=$!; "
-             "if [ %d = 1 ]; then "
-             "  for i in $(seq 1 600); do [ -d %s/ck/step-000000000100 ] && break; sleep 0.05; done; "
-             "  for p in $(pgrep -x rk-train); do "
-             "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=%s/ev && "
-             "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; "
-             "  done; "
-             "fi; wait $job; echo \"exit=$?\"; cat %s/out; cat %s/ev.* 2>/dev/null | grep spare_joined; true",
-             dir, dir, rekindle, bin, args, dir, kill_one, dir, dir, dir, dir);
-    int rc = th_sh(cmd, 150, out);
-    ck_assert_msg(rc == 0, "job script exit %d:\n%.3000s", rc, *out ? *out : "");
+    char *dir = th_tmpdir("train-spare");
+    char all[256];
+    snprintf(all, sizeof(all), "--seed 77 %s", args);
+    th_train_spare(dir, 800, all, kill_one, 150, out);
     th_rmrf(dir);
     free(dir);
-    free(rekindle);
-    free(bin);
 }
 
 START_TEST(spare_replaces_killed_worker)
 {
     char *out = NULL, h_full[17], h_job[17];
     th_assert_rc(TRAIN(3, NULL, &out, "--steps", "800", "--seed", "77"), 0);
-    final_lines(out, 3, 800, h_full);
+    th_final_lines(out, 3, 800, h_full);
     free(out);
     spare_job(true, "", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
-    final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
+    th_final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
     ck_assert_str_eq(h_job, h_full);
     free(out);
 }
@@ -312,11 +257,11 @@ START_TEST(spare_takes_sharded_state)
 {
     char *out = NULL, h_full[17], h_job[17];
     th_assert_rc(TRAIN(3, NULL, &out, "--steps", "800", "--seed", "77", "--zero"), 0);
-    final_lines(out, 3, 800, h_full);
+    th_final_lines(out, 3, 800, h_full);
     free(out);
     spare_job(true, "--zero", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "\"spare_joined\""), "no spare joined:\n%.3000s", out);
-    final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
+    th_final_lines(strstr(out, "exit=0\n"), 3, 800, h_job);
     ck_assert_str_eq(h_job, h_full);
     free(out);
 }
@@ -327,7 +272,7 @@ START_TEST(unused_spare_released)
     char *out = NULL, h[17];
     spare_job(false, "", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "spare worker not needed"), "%.3000s", out);
-    final_lines(strstr(out, "exit=0\n"), 3, 800, h);
+    th_final_lines(strstr(out, "exit=0\n"), 3, 800, h);
     free(out);
 }
 END_TEST
@@ -342,43 +287,19 @@ END_TEST
    leaves it without one: the generation before it is resumed then (ckpt.c I16). */
 START_TEST(zero_killed_worker_rebuilds_from_memory)
 {
-    char *w = th_tmpdir("train-zero"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *out = NULL;
-    char cmd[16384];
-    snprintf(cmd, sizeof(cmd),
-             "W=%s; B=%s; R=%s; A='--steps 200 --zero --seed 7'\n"
-             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=20 RK_KEEP=100 RK_EVENT_LOG=$W/ev RK_TIMEOUT_MS=8000 "
-             "RK_HEARTBEAT_MS=250\n"
-             "$R run -n 4 -- $B $A > $W/out 2>&1 & job=$!\n"
-             "for i in $(seq 1200); do [ -d $W/c/step-000000000040 ] && break; sleep 0.05; done\n"
-             "v=$(pgrep -f \"^$B $A\\$\" | sed -n 2p); [ -n \"$v\" ] && kill -9 $v\n"
-             "wait $job; echo \"exit=$?\"; grep '^final' $W/out\n"
-             "echo \"unpartnered=$(grep -c 'no partner copy of the snapshot' $W/out)\"\n"
-             "grep -h '\"resumed\"' $W/ev.*\n"
-             "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
-             "d=step-$(printf %%012d \"$s\"); mkdir -p $W/r\n"
-             /* The memory rollback resumes the newest snapshot (one at every step), which
-                is a checkpoint on disk only when its step is one of RK_CKPT_EVERY's (and its
-                write was committed before the kill): otherwise the replay's checkpoint of
-                that step comes from a fault-free run of the first $s steps on the 4
-                workers, checkpointing step $s. */
-             "if [ -d $W/c/$d ]; then cp -r $W/c/$d $W/r/ || exit 1; else\n"
-             "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s RK_EVENT_LOG= $R run -n 4 -- $B --steps $s --zero --seed 7 > /dev/null "
-             "|| exit 1\n"
-             "  [ -d $W/r/$d ] || exit 1; fi\n"
-             "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n 3 -- $B $A | grep '^final'\n",
-             w, bin, rekindle);
+    char *w = th_tmpdir("train-zero"), *out = NULL;
     clear_rk_env();
-    int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
+    int rc = th_train_kill_replay(w, 4, 200, "--zero --seed 7",
+                                  "RK_CKPT_EVERY=20 RK_TIMEOUT_MS=8000 RK_HEARTBEAT_MS=250", 40, 2 * JOB_TIMEOUT_S,
+                                  &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
-    bool memory = count_of(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
+    bool memory = th_count(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
     ck_assert_msg(memory, "not every survivor resumed from memory:\n%s", out);
-    ck_assert_msg(count_of(out, "\"steps_lost\": 0") + count_of(out, "\"steps_lost\": 1") == 3,
+    ck_assert_msg(th_count(out, "\"steps_lost\": 0") + th_count(out, "\"steps_lost\": 1") == 3,
                   "a survivor lost more than one step:\n%s", out);
-    job_equals_replay(out, 3, 200);
+    th_job_equals_replay(out, 3, 200);
     th_rmrf(w);
     free(w);
-    free(bin);
-    free(rekindle);
 }
 END_TEST
 
@@ -401,7 +322,7 @@ START_TEST(zero_stuck_disk_finishes)
     clear_rk_env();
     int rc = th_sh(cmd, 2 * JOB_TIMEOUT_S, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
-    ck_assert_msg(count_of(out, "final step=40 world=4 ") == 4 && !strstr(out, "allgather"), "%s", out);
+    ck_assert_msg(th_count(out, "final step=40 world=4 ") == 4 && !strstr(out, "allgather"), "%s", out);
     th_rmrf(w);
     free(w);
     free(bin);
@@ -435,7 +356,7 @@ START_TEST(zero_loss_in_final_allgather_finishes_in_place)
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
     ck_assert_msg(!strstr(out, "relaunch") && !strstr(out, "rk-train:"), "the survivors failed:\n%s", out);
     ck_assert_msg(strstr(out, "resumed=30\n"), "the survivors did not resume at step 30:\n%s", out);
-    job_equals_replay(out, 3, 30);
+    th_job_equals_replay(out, 3, 30);
     th_rmrf(w);
     free(w);
     free(bin);
