@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""bench/dcp_cuda.py SIZE [--tensors N] [--reps R] [--dir DIR] [--budget S] [--cpu] [--gloo]
+
+torch.distributed.checkpoint.async_save against Rekindle, the same state on the same GPU in
+the same process: SIZE (1G, 4G, 512M) of float32 CUDA tensors in a dict of N (8), as a
+model's. Run by bench/dcp_cuda.sh, one process a size (Rekindle's registry lives as long as
+its process).
+
+  dcp        async_save(state, checkpoint_id=DIR/dcp) on one process (no_dist where this
+             torch has it and unless --gloo, else a gloo group of one), each way this
+             torch has:
+               default  its default stager (copies to host memory before it returns)
+               pinned   DefaultStager(StagingOptions(pinned, async staging, non-blocking
+                        copy; not shared memory, which only its process-based saver needs
+                        and /dev/shm may be too small for)), kept across saves as its
+                        documentation has it
+                        (--cpu: "async-staging", neither pinned nor non-blocking)
+             per save: the call's return ("blocks"), the end of staging, after which the
+             state may change ("state free": the call's return for the default stager),
+             and the save's completion ("on disk"); a warm-up, then the best of R
+  rekindle   rekindle.init(ckpt_dir=DIR/rk, ckpt_every=0, snapshot_every=1), the same
+             tensors registered (DEVICE), two warm-up steps (each maps and pins a generation
+             of staging), then R steps: the time inside step_done ("stall": what training
+             waits for while the copy overlaps its next passes), and until before_update,
+             called at once, returns ("copy done": nothing overlapping); then one checkpoint:
+             checkpoint() and wait() (on disk), its bytes read back with rekindle.load and
+             compared (sizes up to --verify-max, 1 GiB)
+
+Prints one line per way, a RESULT line for the wrapper. --cpu: the same on CPU tensors (a
+dry run of every call where there is no GPU). Exit 0 measured; 77 no CUDA device (the line
+says why); 1 a step failed (the line says which and why; a failed way of DCP's does not
+stop the rest).
+"""
+import argparse
+import inspect
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+T0 = time.monotonic()
+LIMIT_S = 100.0  # no single wait longer than this
+
+
+def say(msg):
+    print("dcp_cuda: " + msg, flush=True)
+
+
+def parse_size(s):
+    u = s[-1:].upper()
+    if u not in ("G", "M") or not s[:-1].isdigit() or int(s[:-1]) == 0:
+        raise argparse.ArgumentTypeError("%r: want 1G, 4G, 512M" % s)
+    return int(s[:-1]) << (30 if u == "G" else 20)
+
+
+def why(e):
+    """An exception in one line: its type and the last line of its message."""
+    msg = str(e).strip()
+    return "%s: %s" % (type(e).__name__, msg.splitlines()[-1][:400] if msg else "")
+
+
+def label(n):
+    return "%d GiB" % (n >> 30) if n % (1 << 30) == 0 else "%d MiB" % (n >> 20)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("size", type=parse_size)
+    p.add_argument("--tensors", type=int, default=8)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dir", default=None, help="work directory (default: a new one under $TMPDIR or /tmp)")
+    p.add_argument("--budget", type=float, default=100.0, help="seconds: measurements that would start past "
+                   "it are left out (said so)")
+    p.add_argument("--verify-max", type=parse_size, default=1 << 30)
+    p.add_argument("--cpu", action="store_true", help="CPU tensors: a dry run without a GPU")
+    p.add_argument("--gloo", action="store_true", help="async_save in a gloo group of one even where no_dist is")
+    a = p.parse_args()
+    size = label(a.size)
+
+    def fail(what, e):
+        say("%s: FAILED: %s: %s" % (size, what, why(e)))
+        sys.exit(1)
+
+    import torch
+    if a.cpu:
+        dev = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available():
+            say("skipped: torch %s sees no CUDA device" % torch.__version__)
+            sys.exit(77)
+        torch.cuda.set_device(0)
+        dev = torch.device("cuda", 0)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def left():
+        return a.budget - (time.monotonic() - T0)
+
+    work = a.dir or tempfile.mkdtemp(prefix="rk-bench-dcp.", dir=os.environ.get("TMPDIR") or "/tmp")
+    os.makedirs(work, exist_ok=True)
+    per = a.size // a.tensors // 4
+    try:
+        sd = {}
+        for i in range(a.tensors):
+            t = torch.empty(per, dtype=torch.float32, device=dev)
+            # element j of tensor i: (j mod 2^20) + 2^20 i, exact in float32
+            torch.arange(per, out=t).remainder_(1 << 20).add_(float(i << 20))
+            sd["layer%02d.weight" % i] = t
+        sync()
+    except Exception as e:  # noqa: BLE001 - said as it is
+        fail("making the state", e)
+    name = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
+    say("%s: torch %s, %s, %d float32 tensors of %.1f MiB, in %s" % (size, torch.__version__, name, a.tensors,
+                                                                        per * 4 / 2 ** 20, work))
+    results = {}
+
+    # ---- torch.distributed.checkpoint.async_save ------------------------------------------
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    kw = {}
+    if "no_dist" in inspect.signature(dcp.async_save).parameters and not a.gloo:
+        kw["no_dist"] = True
+        how = "no_dist=True"
+    else:
+        try:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        except Exception as e:  # noqa: BLE001
+            fail("a gloo process group of one for async_save", e)
+        how = "a gloo group of one"
+    ways = [("default", None)]
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        gpu = dev.type == "cuda"  # pinning and non-blocking copies need the device (--cpu: not them)
+        ways.append(("pinned" if gpu else "async-staging",
+                     DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                                  use_async_staging=True, use_non_blocking_copy=gpu))))
+    except Exception as e:  # noqa: BLE001 - an older torch: said, not fatal
+        say("%s: dcp's stager with async staging unavailable in torch %s: %s" % (size, torch.__version__, why(e)))
+
+    def dcp_once(stager, root):
+        """(blocks, state free, on disk) seconds of one async_save."""
+        args = dict(kw)
+        if stager is not None:
+            args["async_stager"] = stager
+        sync()
+        t0 = time.perf_counter()
+        f = dcp.async_save(sd, checkpoint_id=root, **args)
+        t1 = time.perf_counter()
+        # With async staging the call returns an AsyncSaveResponse: staging, then the upload.
+        staging = getattr(f, "staging_completion", None)
+        upload = getattr(f, "upload_completion", f)
+        if staging is not None:
+            staging.result(timeout=LIMIT_S)
+        t2 = time.perf_counter()
+        upload.result(timeout=LIMIT_S)
+        t3 = time.perf_counter()
+        shutil.rmtree(root, ignore_errors=True)
+        return t1 - t0, t2 - t0, t3 - t0
+
+    dcp_failed = False
+    for way, stager in ways:
+        runs, cost = [], 0.0
+        try:
+            for r in range(a.reps + 1):  # r 0: the warm-up
+                # Rekindle's part is kept time for: its checkpoint writes the same bytes.
+                if r > 0 and left() < 2.5 * cost + 10:
+                    say("%s: dcp %s: %d of %d saves left out: the %.0f s budget" % (size, way, a.reps + 1 - r,
+                                                                                     a.reps, a.budget))
+                    break
+                t = time.monotonic()
+                one = dcp_once(stager, os.path.join(work, "dcp"))
+                cost = time.monotonic() - t
+                if r > 0:
+                    runs.append(one)
+        except Exception as e:  # noqa: BLE001 - said; Rekindle's part still runs
+            say("%s: dcp.async_save (%s stager, %s): FAILED: %s" % (size, way, how, why(e)))
+            dcp_failed = True
+        finally:
+            if stager is not None:
+                stager.close()
+        if not runs:
+            continue
+        b = [min(x[i] for x in runs) * 1e3 for i in range(3)]
+        results[way] = b
+        say("%s: dcp.async_save (%s stager, %s): blocks %.1f ms, state free %.1f ms, on disk %.0f ms (best of %d)"
+            % (size, way, how, b[0], b[1], b[2], len(runs)))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+    # ---- Rekindle ---------------------------------------------------------------------------
+    rkdir = os.path.join(work, "rk")
+    try:
+        import rekindle
+        rk = rekindle.init(ckpt_dir=rkdir, ckpt_every=0, snapshot_every=1, keep=1)
+    except Exception as e:  # noqa: BLE001
+        fail("rekindle.init", e)
+    try:
+        for k, t in sd.items():
+            rk.register(k, t)
+        step = rk.resume()
+        first = []
+        for _ in range(2):  # each maps and pins one generation of staging
+            sync()
+            t0 = time.perf_counter()
+            rk.step_done(step)
+            rk.before_update()
+            first.append(time.perf_counter() - t0)
+            step += 1
+        stall, copy = [], []
+        for _ in range(a.reps):
+            sync()
+            t0 = time.perf_counter()
+            rk.step_done(step)
+            t1 = time.perf_counter()
+            rk.before_update()
+            t2 = time.perf_counter()
+            stall.append(t1 - t0)
+            copy.append(t2 - t0)
+            step += 1
+        sync()
+        t0 = time.perf_counter()
+        rk.checkpoint()
+        t1 = time.perf_counter()
+        rk.before_update()
+        t2 = time.perf_counter()
+        rk.wait()
+        t3 = time.perf_counter()
+        ck = [(t1 - t0) * 1e3, (t2 - t0) * 1e3, (t3 - t0) * 1e3]
+        checked = "not read back (over %s)" % label(a.verify_max)
+        if a.size <= a.verify_max and left() > 10:
+            got = rekindle.load(rkdir)
+            bad = [k for k, t in sd.items() if k not in got or not torch.equal(got[k], t.cpu())]
+            if bad:
+                raise RuntimeError("the checkpoint read back differs from the state in %d tensors (%s)" % (
+                    len(bad), ", ".join(bad[:3])))
+            checked = "read back and equal"
+        rk.finalize()
+    except Exception as e:  # noqa: BLE001
+        fail("rekindle", e)
+    st, cp = min(stall) * 1e3, min(copy) * 1e3
+    say("%s: rekindle: step_done %.2f ms, copy done (before_update) %.1f ms (best of %d); first two snapshots (map + "
+        "pin a generation each) %.0f + %.0f ms; checkpoint() %.2f ms, copy done %.1f ms, on disk (wait) %.0f ms, %s"
+        % (size, st, cp, a.reps, first[0] * 1e3, first[1] * 1e3, ck[0], ck[1], ck[2], checked))
+    d = results.get("default")
+    pn = results.get("pinned") or results.get("async-staging")
+    if d:
+        say("%s: rekindle's stall %.2f ms vs dcp's blocking %.1f ms: %.4fx; until the state is free %.1f vs %.1f ms: "
+            "%.3fx%s" % (size, st, d[0], st / d[0], cp, d[1], cp / d[1],
+                         "; dcp with async staging: blocks %.1f ms, state free %.1f ms" % (pn[0], pn[1]) if pn else ""))
+    print("RESULT size=%s rk_stall_ms=%.3f rk_copy_ms=%.3f rk_disk_ms=%.1f dcp_block_ms=%s dcp_free_ms=%s "
+          "dcp_disk_ms=%s dcp_pin_block_ms=%s dcp_pin_free_ms=%s" % (
+              size.replace(" GiB", "G").replace(" MiB", "M"), st, cp, ck[2],
+              *("%.3f" % x if x is not None else "na" for x in (
+                  d[0] if d else None, d[1] if d else None, d[2] if d else None,
+                  pn[0] if pn else None, pn[1] if pn else None))), flush=True)
+    if not a.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    if dcp_failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
