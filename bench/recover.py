@@ -13,7 +13,9 @@ the newest committed checkpoint, verified), and, for comparison, killing the who
 and relaunching it (rekindle run --max-restarts 1: a new job resumes from disk).
 
 Environment: RK_BENCH_KILLS (memory runs, default 20), RK_BENCH_DISK (10),
-RK_BENCH_RELAUNCH (5), RK_BENCH_STEPS (600), RK_BENCH_HIDDEN (256).
+RK_BENCH_RELAUNCH (5), RK_BENCH_STEPS (600), RK_BENCH_HIDDEN (256), RK_BENCH_DEVICE (cpu,
+or cuda: the four workers' model on the GPU, its gradients through NCCL, which a loss
+aborts and a recovery shrinks or makes again: bench/recover_cuda.sh).
 """
 import glob
 import json
@@ -29,6 +31,7 @@ import time
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 STEPS = int(os.environ.get("RK_BENCH_STEPS", "600"))
 HIDDEN = os.environ.get("RK_BENCH_HIDDEN", "256")
+DEVICE = os.environ.get("RK_BENCH_DEVICE", "cpu")
 WORKERS = 4
 
 
@@ -75,7 +78,7 @@ def one_run(mode, seed):
     cmd = [BUILD + "/bin/rekindle", "run", "-n", str(WORKERS)]
     if mode == "relaunch":
         cmd += ["--max-restarts", "1"]
-    cmd += ["--", BUILD + "/bin/rk-train", "--steps", str(STEPS), "--hidden", HIDDEN]
+    cmd += ["--", BUILD + "/bin/rk-train", "--steps", str(STEPS), "--hidden", HIDDEN, "--device", DEVICE]
     out = open(work + "/out", "w+")
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
     kill_at = rnd.randint(STEPS // 4, STEPS // 2)
@@ -141,8 +144,8 @@ def main():
     plan = [("memory", int(os.environ.get("RK_BENCH_KILLS", "20"))),
             ("disk", int(os.environ.get("RK_BENCH_DISK", "10"))),
             ("relaunch", int(os.environ.get("RK_BENCH_RELAUNCH", "5")))]
-    print("recover: %d workers, rk-train --steps %d --hidden %s, checkpoint every 25 steps, one SIGKILL per run"
-          % (WORKERS, STEPS, HIDDEN))
+    print("recover: %d workers, rk-train --steps %d --hidden %s --device %s, checkpoint every 25 steps, "
+          "one SIGKILL per run" % (WORKERS, STEPS, HIDDEN, DEVICE))
     results = {}
     for mode, n in plan:
         runs = []
@@ -159,7 +162,8 @@ def main():
     mem = [r["resumed_ms"] for r in results.get("memory", [])]
     rel = [r["resumed_ms"] for r in results.get("relaunch", [])]
     if mem and rel:
-        print("recover: kill -> training again, p50: in-memory %.0f ms vs full relaunch %.0f ms (%.1fx faster); "
+        print("recover: --device %s: kill -> training again, p50: in-memory" % DEVICE +
+              " %.0f ms vs full relaunch %.0f ms (%.1fx faster); "
               "goal <= 1000 ms in memory: %s" % (pct(mem, 50), pct(rel, 50), pct(rel, 50) / pct(mem, 50),
                                                  "met" if pct(mem, 90) <= 1000 else "NOT met (p90 %.0f ms)" % pct(mem, 90)))
     with open(os.environ.get("RK_BENCH_JSON", "/dev/null"), "w") as f:
