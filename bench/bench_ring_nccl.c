@@ -17,7 +17,7 @@
  * BUDGET_S (estimated from the size before) are reported "not run".
  *   bench_ring_nccl --probe                 (no mpirun) exit 0 if a CUDA device is usable,
  *                                           else 1 with the reason on stdout
- *   bench_ring_nccl [MAX_BYTES [BUDGET_S]]  (default 256 MiB, 35 s)
+ *   bench_ring_nccl [MAX_BYTES [BUDGET_S]]  (default 256 MiB, 30 s)
  */
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -97,7 +97,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--probe") == 0)
         return probe();
     size_t maxb = argc > 1 ? strtoull(argv[1], NULL, 0) : 256 * MIB;
-    double budget = argc > 2 ? atof(argv[2]) : 35;
+    double budget = argc > 2 ? atof(argv[2]) : 30;
     setvbuf(stdout, NULL, _IOLBF, 0);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
