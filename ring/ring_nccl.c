@@ -237,7 +237,7 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
         fail_comm(g);
         return nccl_fail(res, RK_E_PEER_LOST, "ncclAllReduce");
     }
-    for (;;) {
+    for (unsigned polls = 0;; polls++) {
         ncclResult_t st = ncclSuccess;
         ncclCommGetAsyncError(g->comm, &st);
         if (st != ncclSuccess && st != ncclInProgress) {
@@ -258,6 +258,11 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
             fail_comm(g);
             return rk__fail(RK_SUB_RING, RK_LOG_WARN, rc, "ring_nccl_allreduce: aborted: %s", rk_strerror(rc));
         }
+        /* A small call is done within the first polls; a long one leaves the core to
+           NCCL's proxy threads and the other ranks sharing the host (a device shared by
+           several ranks has its traffic through the proxies). */
+        if (polls >= 64)
+            rk__sleep_ns(10000);
     }
 }
 
