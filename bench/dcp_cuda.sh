@@ -4,7 +4,9 @@
 # one process a size): DCP's blocking time and time until the state is free against the
 # time training waits inside Rekindle's step_done, and until its copy is done. The last line
 # is the ratio per size. RK_BENCH_DCP_CUDA_SIZES="1G 4G" to change the sizes; the whole
-# stays within RK_BENCH_BUDGET_S (110) seconds. Python: the first of $RK_TEST_PYTHON,
+# stays within RK_BENCH_BUDGET_S (90) seconds: a size is not started with less than 15 s +
+# 5 s a GiB left (reported NOT RUN), and the script leaves out repetitions that would not
+# fit; stopped from outside (SIGTERM), it still prints its last line. Python: the first of $RK_TEST_PYTHON,
 # python3, /usr/bin/python3 whose torch sees a CUDA device; with none (or a build without
 # the library) it says so and exits 0. RK_BENCH_DCP_CUDA_CPU=1: a dry run on CPU tensors
 # with the first of them that has torch (--cpu), where there is no GPU.
@@ -14,7 +16,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$(dirname "$here")
 lib="$build/lib/librekindle.so.0"
 sizes=${RK_BENCH_DCP_CUDA_SIZES:-1G 4G}
-budget=${RK_BENCH_BUDGET_S:-110}
+budget=${RK_BENCH_BUDGET_S:-90}
 start=$SECONDS
 if [[ ! -e $lib ]]; then
   echo "dcp_cuda: skipped: $lib is not built"
@@ -38,11 +40,15 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset RK_CKPT_DIR RK_CKPT_EVERY RK_SNAPSHOT_EVERY
 out=$(mktemp) || exit 1
 trap 'rm -f "$out"' EXIT
-status=0 summary=()
+status=0 summary=() current=
+finish() { (IFS=';'; echo "dcp_cuda: rekindle's stall / dcp.async_save's blocking time: ${summary[*]}" | sed 's/;/; /g'); }
+trap 'summary+=("${current:-?} stopped from outside"); finish; exit 1' TERM INT
 for sz in $sizes; do
+  current=$sz
   left=$((budget - (SECONDS - start)))
-  if [[ $left -lt 25 ]]; then
-    echo "dcp_cuda: $sz: NOT RUN: ${budget} s spent"
+  need=$(awk -v s="$sz" 'BEGIN {n = s + 0; print 15 + 5 * ((s ~ /[Mm]/) ? int(n / 1024) : n)}')
+  if [[ $left -lt $need ]]; then
+    echo "dcp_cuda: $sz: NOT RUN: $left s of the ${budget} s budget left, it needs $need"
     summary+=("$sz not run")
     status=1
     continue
@@ -69,5 +75,5 @@ for sz in $sizes; do
       printf "%s %.4fx (%.2f vs %.1f ms), until the state is free %.3fx (%.1f vs %.1f ms)", s, st / b, st, b, cp / f, cp, f }')")
   fi
 done
-(IFS=';'; echo "dcp_cuda: rekindle's stall / dcp.async_save's blocking time: ${summary[*]}" | sed 's/;/; /g')
+finish
 exit $status

@@ -4,14 +4,16 @@
 # process a size): the copy into staging over the bare copy (goal <= 1.1x), the time
 # training waits inside rk_step_done, and the wait at rk_before_update when GPU work
 # overlaps the copy (goal ~0). RK_BENCH_SNAPSHOT_CUDA_SIZES="1G 4G 16G" to change the sizes;
-# the whole stays within RK_BENCH_BUDGET_S (110) seconds: a size that would start past it
-# is reported NOT RUN. Where it cannot run (a build without CUDA, no device) it says so and
-# exits 0; a size that does not fit in device or host memory is skipped with the reason.
+# the whole stays within RK_BENCH_BUDGET_S (90) seconds: a size is not started with less
+# than 10 s + 2 s a GiB left (reported NOT RUN), and one still running at the budget is
+# killed. Where it cannot run (a build without CUDA, no device) it says so and exits 0; a
+# size that does not fit in device or host memory is skipped with the reason. Stopped from
+# outside (SIGTERM), it still prints its last line with what it measured.
 set -u
 build=${1:-build}
 bin="$build/bench/bench_snapshot_cuda"
 sizes=${RK_BENCH_SNAPSHOT_CUDA_SIZES:-1G 4G 16G}
-budget=${RK_BENCH_BUDGET_S:-110}
+budget=${RK_BENCH_BUDGET_S:-90}
 if [[ ! -x $bin ]]; then
   echo "snapshot_cuda: skipped: $bin is not built (a build without CUDA)"
   exit 0
@@ -19,11 +21,23 @@ fi
 start=$SECONDS
 out=$(mktemp) || exit 1
 trap 'rm -f "$out"' EXIT
-status=0 measured=() worst_ratio=0 worst_at="" worst_stall=0 skipped=()
+status=0 measured=() worst_ratio=0 worst_at="" worst_stall=0 skipped=() current=
+finish() {
+  if [[ ${#measured[@]} -eq 0 ]]; then
+    echo "snapshot_cuda: nothing measured (${skipped[*]})"
+    return 1
+  fi
+  local met
+  met=$(awk -v a="$worst_ratio" 'BEGIN {print (a <= 1.1) ? "met" : "NOT met"}')
+  echo "snapshot_cuda: ${measured[*]}: worst copy into staging ${worst_ratio}x the bare pinned D2H (at $worst_at; goal <= 1.1x: $met); worst training stall with the copy overlapped ${worst_stall} ms$([[ ${#skipped[@]} -gt 0 ]] && echo "; not measured: ${skipped[*]}")"
+}
+trap 'skipped+=("${current:-?} (stopped from outside)"); finish; exit 1' TERM INT
 for sz in $sizes; do
+  current=$sz
   left=$((budget - (SECONDS - start)))
-  if [[ $left -lt 15 ]]; then
-    echo "snapshot_cuda: $sz: NOT RUN: ${budget} s spent"
+  gib=$(awk -v s="$sz" 'BEGIN {n = s + 0; print (s ~ /[Mm]/) ? int(n / 1024) : n}')
+  if [[ $left -lt $((10 + 2 * gib)) ]]; then
+    echo "snapshot_cuda: $sz: NOT RUN: $left s of the ${budget} s budget left, it needs $((10 + 2 * gib))"
     skipped+=("$sz (not run)")
     status=1
     continue
@@ -53,10 +67,5 @@ for sz in $sizes; do
       ;;
   esac
 done
-if [[ ${#measured[@]} -eq 0 ]]; then
-  echo "snapshot_cuda: nothing measured (${skipped[*]})"
-  exit 1
-fi
-met=$(awk -v a="$worst_ratio" 'BEGIN {print (a <= 1.1) ? "met" : "NOT met"}')
-echo "snapshot_cuda: ${measured[*]}: worst copy into staging ${worst_ratio}x the bare pinned D2H (at $worst_at; goal <= 1.1x: $met); worst training stall with the copy overlapped ${worst_stall} ms$([[ ${#skipped[@]} -gt 0 ]] && echo "; not measured: ${skipped[*]}")"
+finish || exit 1
 exit $status
