@@ -41,6 +41,7 @@
 #define REPS        3
 
 static char g_size[32]; /* "4 GiB": the prefix of every line */
+static char g_dir[4096]; /* the temporary RK_CKPT_DIR, once made */
 
 static double now_ms(void)
 {
@@ -55,10 +56,20 @@ static void nap_us(long us)
     nanosleep(&ts, NULL);
 }
 
+static void remove_dir(void)
+{
+    char rm[4200];
+    snprintf(rm, sizeof(rm), "rm -rf '%s'", g_dir);
+    if (g_dir[0] && system(rm) != 0)
+        fprintf(stderr, "snapshot_cuda: could not remove %s\n", g_dir);
+    g_dir[0] = '\0';
+}
+
 static void fail(const char *what, const char *why)
 {
     printf("snapshot_cuda: %s: FAILED: %s: %s\n", g_size, what, why);
     fflush(stdout);
+    remove_dir();
     exit(1); /* the process's end releases the device */
 }
 
@@ -283,6 +294,7 @@ int main(int argc, char **argv)
     snprintf(dir, sizeof(dir), "%s/rk-bench-snapcuda.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir))
         fail("a temporary directory", strerror(errno));
+    snprintf(g_dir, sizeof(g_dir), "%s", dir);
     snprintf(evlog, sizeof(evlog), "%s/ev", dir);
     snprintf(evfile, sizeof(evfile), "%s.0", evlog);
     rk_options o;
@@ -337,10 +349,7 @@ int main(int argc, char **argv)
     int failed;
     long taken;
     scan_events(evfile, &failed, &taken);
-    char rm[4200];
-    snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);
-    if (system(rm) != 0)
-        fprintf(stderr, "snapshot_cuda: could not remove %s\n", dir);
+    remove_dir();
     check_rk(frc, "rk_finalize");
     if (failed || taken != snaps) {
         char why[128];

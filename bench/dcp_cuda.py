@@ -32,6 +32,7 @@ says why); 1 a step failed (the line says which and why; a failed way of DCP's d
 stop the rest).
 """
 import argparse
+import atexit
 import inspect
 import os
 import shutil
@@ -101,6 +102,8 @@ def main():
 
     work = a.dir or tempfile.mkdtemp(prefix="rk-bench-dcp.", dir=os.environ.get("TMPDIR") or "/tmp")
     os.makedirs(work, exist_ok=True)
+    if not a.dir:  # a directory of its own goes, whatever the end (one given is the caller's)
+        atexit.register(shutil.rmtree, work, True)
     per = a.size // a.tensors // 4
     try:
         sd = {}
@@ -261,8 +264,6 @@ def main():
               *("%.3f" % x if x is not None else "na" for x in (
                   d[0] if d else None, d[1] if d else None, d[2] if d else None,
                   pn[0] if pn else None, pn[1] if pn else None))), flush=True)
-    if not a.dir:
-        shutil.rmtree(work, ignore_errors=True)
     if dcp_failed:
         sys.exit(1)
 

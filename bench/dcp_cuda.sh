@@ -38,8 +38,8 @@ fi
 export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" REKINDLE_LIB=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset RK_CKPT_DIR RK_CKPT_EVERY RK_SNAPSHOT_EVERY
-out=$(mktemp) || exit 1
-trap 'rm -f "$out"' EXIT
+out=$(mktemp) && work=$(mktemp -d "${TMPDIR:-/tmp}/rk-bench-dcp.XXXXXX") || exit 1
+trap 'rm -rf "$out" "$work"' EXIT
 status=0 summary=() current=
 finish() { (IFS=';'; echo "dcp_cuda: rekindle's stall / dcp.async_save's blocking time: ${summary[*]}" | sed 's/;/; /g'); }
 trap 'summary+=("${current:-?} stopped from outside"); finish; exit 1' TERM INT
@@ -53,7 +53,7 @@ for sz in $sizes; do
     status=1
     continue
   fi
-  timeout -k 5 "$left" "$py" "$here/dcp_cuda.py" "$sz" "${cpu[@]}" --budget $((left - 5)) 2>&1 | tee "$out" | grep -v '^RESULT '
+  timeout -k 5 "$left" "$py" "$here/dcp_cuda.py" "$sz" "${cpu[@]}" --dir "$work/$sz" --budget $((left - 5)) 2>&1 | tee "$out" | grep -v '^RESULT '
   rc=${PIPESTATUS[0]}
   [[ $rc -eq 77 ]] && exit 0 # no device after all: its line said why
   r=$(sed -n 's/^RESULT .* rk_stall_ms=\([0-9.]*\) rk_copy_ms=\([0-9.]*\) .* dcp_block_ms=\([0-9.na]*\) dcp_free_ms=\([0-9.na]*\) .*/\1 \2 \3 \4/p' "$out")
