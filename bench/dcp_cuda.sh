@@ -22,7 +22,7 @@ if [[ ! -e $lib ]]; then
   echo "dcp_cuda: skipped: $lib is not built"
   exit 0
 fi
-py= cpu=()
+py='' cpu=()
 probe='import torch, sys; sys.exit(not torch.cuda.is_available())'
 [[ ${RK_BENCH_DCP_CUDA_CPU:-0} == 1 ]] && probe='import torch.distributed.checkpoint' cpu=(--cpu)
 for p in "${RK_TEST_PYTHON:-}" python3 /usr/bin/python3; do
@@ -35,7 +35,8 @@ if [[ -z $py ]]; then
   echo "dcp_cuda: skipped: no Python whose torch sees a CUDA device (tried ${RK_TEST_PYTHON:+$RK_TEST_PYTHON, }python3, /usr/bin/python3)"
   exit 0
 fi
-export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" REKINDLE_LIB=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
+REKINDLE_LIB=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")
+export PYTHONPATH="$src/python${PYTHONPATH:+:$PYTHONPATH}" REKINDLE_LIB
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 unset RK_CKPT_DIR RK_CKPT_EVERY RK_SNAPSHOT_EVERY
 out=$(mktemp) && work=$(mktemp -d "${TMPDIR:-/tmp}/rk-bench-dcp.XXXXXX") || exit 1
