@@ -209,7 +209,10 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
     MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
     MPI_Comm_rank(r->parent, &r->prank);
     MPI_Comm_size(r->parent, &r->psize);
-    MPI_Comm_get_attr(r->parent, MPI_TAG_UB, &ub, &flag);
+    /* MPI_TAG_UB is an attribute of MPI_COMM_WORLD alone (MPI 4.1, 9.1.2): Open MPI
+       attaches it to no other communicator, not even MPI_COMM_SELF or a duplicate of one,
+       and its value holds for every communicator. */
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
     if (!flag || *(int *)ub < RING_TAG_UB_MIN) {
         rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_MPI, "ring_create: MPI_TAG_UB %d < %d",
                       flag ? *(int *)ub : -1, RING_TAG_UB_MIN);

@@ -449,6 +449,24 @@ START_TEST(abort_without_memory)
 }
 END_TEST
 
+/* A ring over a communicator other than MPI_COMM_WORLD (a process's own, as a program
+   with a ring of one makes): MPI_TAG_UB is asked of MPI_COMM_WORLD, the one communicator
+   Open MPI attaches it to. (Before: ring_create failed "MPI_TAG_UB -1 < 8388607" for
+   MPI_COMM_SELF: test_ring_nccl's ring of one on a GPU.) */
+START_TEST(ring_over_comm_self)
+{
+    int provided;
+    ck_assert_int_eq(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided), MPI_SUCCESS);
+    ring *r = NULL;
+    th_assert_rc(ring_create(&r, MPI_COMM_SELF, NULL, 0, 30000), 0);
+    float v[3] = {1.5f, -2.0f, 3.25f};
+    th_assert_rc(ring_allreduce(r, v, 3, RK_F32, RK_SUM, NULL), 0);
+    ck_assert(v[0] == 1.5f && v[1] == -2.0f && v[2] == 3.25f);
+    ring_destroy(&r);
+    MPI_Finalize();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ring");
@@ -463,6 +481,7 @@ int main(void)
     tcase_add_test(tu, nccl_shrink_plan);
     tcase_add_test(tu, nccl_hostid_only_where_a_device_is_shared);
     tcase_add_test(tu, nccl_exact_values);
+    tcase_add_test(tu, ring_over_comm_self);
     suite_add_tcase(s, tu);
     TCase *tj = tcase_create("jobs");
     tcase_set_timeout(tj, 170);
