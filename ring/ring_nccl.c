@@ -40,6 +40,8 @@ struct ring_nccl {
     bool failed;          /* aborted, or an asynchronous error was seen */
     ncclComm_t *retired;  /* communicators left after an abortive shrink: never destroyed */
     int nretired;
+    ncclComm_t child;     /* where NCCL puts the communicator of a shrink once it is done:
+                             it must outlive the call that started the shrink */
 };
 
 static int nccl_fail(ncclResult_t res, int code, const char *what)
@@ -192,6 +194,8 @@ void ring_nccl_destroy(ring_nccl **pg)
     }
     /* g->retired: left after an abortive shrink; NCCL forbids destroying them. */
     free(g->retired);
+    if (g->child) /* a shrink given up on that NCCL finished afterwards */
+        ncclCommAbort(g->child);
     cudaEventDestroy(g->after);
     cudaStreamDestroy(g->stream);
     free(g->members);
@@ -302,27 +306,38 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
         int64_t deadline = ring__deadline(r, c);
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
-        ncclComm_t nc = NULL;
+        ncclComm_t parent = g->comm;
+        g->child = NULL;
         /* A lost member may have left operations pending: terminate them first. */
-        ncclResult_t res = ncclCommShrink(g->comm, excl, nex, &nc, &cfg, NCCL_SHRINK_ABORT);
+        ncclResult_t res = ncclCommShrink(parent, excl, nex, &g->child, &cfg, NCCL_SHRINK_ABORT);
         free(excl);
+        /* A non-blocking shrink is polled on the parent: the new communicator is NULL
+           until it is done (NCCL's user guide, the non-blocking split). */
         if (res != ncclSuccess && res != ncclInProgress)
             rc = nccl_fail(res, RK_E_NCCL, "ncclCommShrink");
         else
-            rc = wait_comm(g, nc, c, deadline);
-        ncclComm_t *v = realloc(g->retired, (size_t)(g->nretired + 1) * sizeof(*v));
-        if (v) { /* never destroyed after an abortive shrink; kept for the record */
-            g->retired = v;
-            g->retired[g->nretired++] = g->comm;
-        }
+            rc = wait_comm(g, parent, c, deadline);
+        if (rc == 0 && !g->child)
+            rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_NCCL, "ncclCommShrink: done without a communicator");
+        if (rc == 0)
+            rc = wait_comm(g, g->child, c, deadline); /* ready at once, unless NCCL says otherwise */
         g->comm = NULL;
         g->failed = true;
         if (rc != 0) {
-            if (nc)
-                ncclCommAbort(nc);
+            /* A shrink is stopped by aborting the parent, then the child if NCCL made one. */
+            ncclCommAbort(parent);
+            if (g->child)
+                ncclCommAbort(g->child);
+            g->child = NULL;
             return rc; /* the caller agrees on a fresh communicator next */
         }
-        g->comm = nc;
+        ncclComm_t *v = realloc(g->retired, (size_t)(g->nretired + 1) * sizeof(*v));
+        if (v) { /* never destroyed after an abortive shrink; kept for the record */
+            g->retired = v;
+            g->retired[g->nretired++] = parent;
+        }
+        g->comm = g->child;
+        g->child = NULL;
         g->failed = false;
         return copy_members(g, r);
     }
