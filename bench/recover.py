@@ -152,9 +152,11 @@ def main():
         for i in range(n):
             r = one_run(mode, 1000 * len(mode) + i)
             if r is None:
-                print("  %s run %d: no resume observed (job failed or timed out)" % (mode, i))
+                print("  %s run %d: no resume observed (job failed or timed out)" % (mode, i), flush=True)
             else:
                 runs.append(r)
+                print("  %s run %d: resumed from %s after %.1f ms, %d steps lost" % (
+                    mode, i, "+".join(r["from"]), r["resumed_ms"], r["steps_lost"]), flush=True)
         results[mode] = runs
         print("%s (%d runs; resumed from %s):" % (mode, len(runs), sorted({f for r in runs for f in r["from"]})))
         for key in ("dead_ms", "rebuilt_ms", "resumed_ms", "steps_lost"):
