@@ -276,21 +276,36 @@ int th_mpirun(int n, char *const argv[], const char *const envp_extra[], int tim
     return rc;
 }
 
-bool th_have_gpu(char *why, size_t cap)
+/* The probe itself, in the child th_have_gpu forks: 0 a device, 1 no driver, 2 none usable. */
+static int gpu_probe(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(why, cap, "no GPU: the CUDA driver (libcuda.so.1) is not installed");
-        return false;
-    }
+    if (!h)
+        return 1;
     int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
     int (*cu_count)(int *) = (int (*)(int *))dlsym(h, "cuDeviceGetCount");
     int count = 0;
-    bool ok = cu_init && cu_count && cu_init(0) == 0 && cu_count(&count) == 0 && count > 0;
-    if (!ok)
+    return cu_init && cu_count && cu_init(0) == 0 && cu_count(&count) == 0 && count > 0 ? 0 : 2;
+}
+
+/* Probed in a child process: a process that has initialized CUDA cannot use it in the
+   children it forks ("initialization error"), and Check runs every test in a child of the
+   suite's process (seen on a GPU: test_ring_nccl's cases in the suite's own process). */
+bool th_have_gpu(char *why, size_t cap)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(gpu_probe());
+    int st = 0;
+    int code = pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) ? 3 : WEXITSTATUS(st);
+    if (code == 1)
+        snprintf(why, cap, "no GPU: the CUDA driver (libcuda.so.1) is not installed");
+    else if (code == 2)
         snprintf(why, cap, "no GPU: the CUDA driver reports no usable device");
-    dlclose(h);
-    return ok;
+    else if (code != 0)
+        snprintf(why, cap, "no GPU: the probe of the CUDA driver did not finish (status %#x)", st);
+    return code == 0;
 }
 
 int th_chaos_summary(const char *out, int *r, int *f, int *v)
