@@ -1,6 +1,6 @@
 /*
  * recover/api_ring_nccl.c - rk_allreduce on device buffers (built only with CUDA + NCCL;
- * recover/api_ring.c dispatches here). Never run on a GPU yet: docs/GPU.md.
+ * recover/api_ring.c dispatches here). Run on a GPU: docs/GPU.md.
  *
  * Which path: cudaPointerGetAttributes says whether buf is device memory. Without a device
  * (no driver, none visible: counted once) every buffer is a host buffer and takes the MPI

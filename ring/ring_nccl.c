@@ -20,7 +20,7 @@
  *    (members added: spares; a failed communicator; no shrink in this NCCL) the old one is
  *    aborted and a fresh communicator is made, its unique id sent by ring rank 0 to the
  *    MPI ring's members (ring_share_blob) with a bounded wait.
- * Never run on a GPU (no GPU on the build machines): tests/test_ring_nccl.c skips.
+ * Run on a GPU (an H200, docs/GPU.md); without one tests/test_ring_nccl.c skips.
  */
 #include <cuda_runtime.h>
 #include <errno.h>

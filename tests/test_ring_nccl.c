@@ -9,7 +9,7 @@
  * call on 4 (the survivors' call returns within its bound, the communicator aborted, a
  * fresh one exact; the timings printed); and rk_allreduce of device and host buffers,
  * with NCCL and through the host staging (RK_NCCL=0).
- * None of it has run on a GPU yet (docs/GPU.md).
+ * The jobs passed on a GPU (an H200: docs/GPU.md, "What has run on a GPU").
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
