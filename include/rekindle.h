@@ -87,6 +87,8 @@ enum rk_error {
 
 typedef struct rk_options {
     const char *ckpt_dir; /* RK_CKPT_DIR     ; NULL: no checkpoints                */
+                          /* (and no snapshots held in memory: without it a lost
+                             worker ends the job, RK_E_NOCKPT "set RK_CKPT_DIR") */
     int ckpt_every;       /* RK_CKPT_EVERY   ; steps between checkpoints, 0: never */
     int keep;             /* RK_KEEP         ; committed checkpoints kept (>= 1)   */
     int heartbeat_ms;     /* RK_HEARTBEAT_MS ; detector period                     */
