@@ -474,7 +474,9 @@ def _init_optimizer_state(optimizer):
             g["lr"] = 0.0
     with torch.no_grad():
         before = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
-        optimizer.step()
+        # The class's step, not a wrapper the instance holds: neither an averaging one
+        # (rekindle.elastic.DistributedOptimizer: a collective) nor an LR scheduler's counter.
+        type(optimizer).step(optimizer)
         i = 0
         for g, lr in zip(optimizer.param_groups, saved_lrs):
             if lr is not None:

@@ -1,0 +1,280 @@
+"""rekindle.elastic: Horovod Elastic's API (horovod.torch.elastic) on Rekindle's recovery.
+
+A program written for Elastic Horovod runs on Rekindle with its names changed:
+
+    import rekindle.elastic as elastic
+
+    elastic.init()                                   # hvd.init()
+    optimizer = elastic.DistributedOptimizer(optimizer)
+
+    @elastic.run                                     # @hvd.elastic.run
+    def train(state):
+        for state.epoch in range(state.epoch, epochs):
+            ...
+            state.commit()
+
+    state = elastic.TorchState(model, optimizer, epoch=0, batch=0)
+    state.register_reset_callbacks([on_reset])
+    train(state)
+
+What maps to what (docs/PYTHON.md, "Horovod Elastic API"):
+
+- TorchState registers the model (register_module), the optimizer (register_optimizer)
+  and every scalar (int, float, bool) as a 0-dimensional tensor with Rekindle, so all of
+  it is in Rekindle's snapshots and rolls back together after a loss.
+- commit() is rk_step_done: the snapshot in memory that a recovery rolls back to (and a
+  checkpoint on disk every RK_CKPT_EVERY commits). One commit is one Rekindle step.
+- A lost worker makes the survivors' next collective call raise rekindle.Recovered with
+  the state already rolled back to the last commit they all hold (what Horovod's
+  restore() does after a HorovodInternalError); run() then calls the reset callbacks and
+  the function again.
+- sync() gives every worker rank 0's state (an exact byte-wise broadcast over the ring).
+- restore() from user code is not available: the library keeps the snapshot, and rolls
+  back only on a loss (rekindle.Error, RK_E_NOTAVAIL).
+- Hosts never come back or join in this version, so there is no HostsUpdatedInterrupt and
+  no check_host_updates(): a job only shrinks (or takes a spare).
+"""
+import functools
+import numbers
+
+from . import _lib, _tensor
+from . import init as _init
+from ._lib import Error, Recovered
+
+__all__ = ["init", "shutdown", "context", "rank", "size", "run", "TorchState", "DistributedOptimizer"]
+
+_ctx = None
+
+
+def init(**options):
+    """hvd.init(): rekindle.init(**options) once per process (a second call returns the
+    same context). Options as rekindle.init's; RK_CKPT_DIR (or ckpt_dir=) is needed for
+    commits to be held at all (without it a lost worker ends the job)."""
+    global _ctx
+    if _ctx is None or _ctx._h is None:
+        _ctx = _init(**options)
+    return _ctx
+
+
+def shutdown():
+    """hvd.shutdown(): finalizes the context (rekindle.Context.finalize)."""
+    if _ctx is not None:
+        _ctx.finalize()
+
+
+def context():
+    """The rekindle.Context that init() made: for anything beyond Horovod's API
+    (allreduce, state_hash, ...)."""
+    if _ctx is None or _ctx._h is None:
+        raise Error(_lib.CODES["RK_E_STATE"], "call rekindle.elastic.init() first", "rekindle.elastic")
+    return _ctx
+
+
+def rank():
+    """hvd.rank(): this worker's rank in the current ring (renumbered after a loss; -1 for
+    a spare not yet brought in)."""
+    return context().rank
+
+
+def size():
+    """hvd.size(): the ring's size now."""
+    return context().world
+
+
+def run(func):
+    """@hvd.elastic.run: calls func(state, *args, **kwargs). The first call synchronizes
+    the state (sync(): rank 0's everywhere) and resumes the newest checkpoint on disk if
+    there is one (a relaunched job goes on from it). When a worker is lost, the survivors'
+    next collective call raises rekindle.Recovered with every registered tensor (the
+    state's scalars too) already rolled back to the last commit they all hold: the reset
+    callbacks run, then func is called again with the same state.
+
+    Every other exception propagates, rekindle.Error included: a recovery that cannot
+    go on (RK_E_MIN_WORLD, RK_E_NO_MAJORITY, RK_E_PEER_LOST, ...) ends the call, never
+    another try. Each retry follows a recovery that succeeded, and each of those removed
+    a lost member from the ring, so the retries are bounded by the job's size."""
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        state._start()
+        reset = False
+        while True:
+            try:
+                if reset:
+                    state._on_reset()
+                return func(state, *args, **kwargs)
+            except Recovered:
+                reset = True
+    return wrapper
+
+
+def DistributedOptimizer(optimizer, named_parameters=None):
+    """hvd.DistributedOptimizer: the same optimizer, whose step() first averages its
+    parameters' gradients over the ring (flattened in the optimizer's parameter order, one
+    allreduce per device and dtype, as rk.allreduce_gradients). named_parameters is
+    accepted as Horovod's and not needed (Horovod names its allreduces with it). Horovod's
+    compression, op, backward_passes_per_step and process sets are not offered."""
+    ctx = context()
+    if getattr(optimizer, "_rekindle_averaged", False):
+        return optimizer
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    step = optimizer.step
+
+    def averaged_step(*args, **kwargs):
+        ctx._reduce_flat([p.grad for p in params if p.grad is not None], "avg")
+        return step(*args, **kwargs)
+    optimizer.step = averaged_step
+    optimizer._rekindle_averaged = True
+    return optimizer
+
+
+def _fits(kind, value):
+    """A value a scalar of that kind may take: a bool for a bool, an integer for an int, a
+    real number for a float (never a bool for a number, nor a number for a bool)."""
+    if isinstance(value, bool) or kind is bool:
+        return isinstance(value, bool) and kind is bool
+    return isinstance(value, numbers.Integral if kind is int else numbers.Real)
+
+
+class TorchState:
+    """hvd.elastic.TorchState(model=None, optimizer=None, **kwargs): the state that rolls
+    back after a loss. model and any other torch.nn.Module argument are registered with
+    register_module under the argument's name, optimizer and any other
+    torch.optim.Optimizer with register_optimizer; int, float and bool arguments become
+    0-dimensional tensors "elastic/<name>" (int64, float64, uint8), read and written as
+    attributes: `state.epoch += 1`, `for state.batch in range(...)`. Other kinds of values
+    (lists, dicts, tensors, schedulers) are a TypeError: they could not roll back with the
+    rest. Made after rekindle.elastic.init(), before the first call of the run()
+    function; resume() happens at that call."""
+
+    _KINDS = {bool: "uint8", int: "int64", float: "float64"}
+
+    def __init__(self, model=None, optimizer=None, **kwargs):
+        ctx = context()
+        torch = _tensor.torch
+        if torch is None:
+            raise Error(_lib.CODES["RK_E_NOTAVAIL"], "TorchState needs torch", "TorchState")
+        values = dict(kwargs, model=model, optimizer=optimizer)
+        modules, optimizers, scalars, absent = {}, {}, {}, []
+        for name, v in values.items():
+            if name.startswith("_") or hasattr(TorchState, name) or "/" in name:
+                raise TypeError("TorchState: %r cannot name state (a method, private or with '/')" % name)
+            if v is None and name in ("model", "optimizer"):
+                absent.append(name)
+            elif isinstance(v, torch.nn.Module):
+                modules[name] = v
+            elif isinstance(v, torch.optim.Optimizer):
+                optimizers[name] = v
+            elif type(v) in self._KINDS:
+                scalars[name] = v
+            else:
+                raise TypeError("TorchState: %s=%r: a %s cannot be rolled back with the registered state (a "
+                                "module, an optimizer, an int, a float or a bool can)" % (name, v, type(v).__name__))
+        d = self.__dict__
+        d["_ctx"], d["_callbacks"], d["_started"] = ctx, [], False
+        d["_objects"] = dict(modules, **optimizers, **{name: None for name in absent})
+        d["_scalars"] = {}
+        first = len(ctx._reg)
+        for name, m in modules.items():
+            ctx.register_module(name, m)
+        for name, o in optimizers.items():
+            ctx.register_optimizer(name, o)
+        for name, v in scalars.items():
+            t = torch.tensor(v, dtype=getattr(torch, self._KINDS[type(v)]))
+            ctx.register("elastic/" + name, t)
+            d["_scalars"][name] = (t, type(v))
+        # This state's registry entries (their .obj follows a rebind): what sync() sends.
+        d["_entries"] = ctx._reg[first:]
+
+    # ---- attributes: the registered objects and the scalars --------------------------
+    def __getattr__(self, name):
+        d = self.__dict__
+        if name in d.get("_scalars", ()):
+            t, kind = d["_scalars"][name]
+            return kind(t.item())
+        if name in d.get("_objects", ()):
+            return d["_objects"][name]
+        raise AttributeError("TorchState has no attribute %r" % name)
+
+    def __setattr__(self, name, value):
+        if name in self._scalars:
+            t, kind = self._scalars[name]
+            if not _fits(kind, value):
+                raise TypeError("TorchState: %s was registered as a %s, not a %s" % (
+                    name, kind.__name__, type(value).__name__))
+            # The snapshot of the last commit may still be copying this tensor.
+            self._ctx.before_update()
+            t.fill_(value)
+        elif name in self._objects:
+            if value is not self._objects[name]:
+                raise AttributeError("TorchState: %s is registered in place: load into it (load_state_dict), "
+                                     "do not replace it" % name)
+        else:
+            object.__setattr__(self, name, value)  # a plain attribute, as in Horovod: not rolled back
+
+    # ---- Horovod's State -------------------------------------------------------------
+    def register_reset_callbacks(self, callbacks):
+        """Functions called (in order, no arguments) after each recovery, before the run()
+        function is called again: to rescale a learning rate by size(), make samplers for
+        the new world."""
+        self._callbacks.extend(callbacks)
+
+    def _on_reset(self):
+        for callback in self._callbacks:
+            callback()
+
+    def _start(self):
+        if self._started:
+            return
+        spare = self._ctx.rank < 0
+        if not spare:  # a spare receives the members' state in resume()
+            self.sync()
+        self._ctx.resume()
+        self.__dict__["_started"] = True
+        if spare:  # brought in by a loss: its rank and world are known only now
+            self._on_reset()
+
+    def commit(self):
+        """Rekindle's step_done: a snapshot of every registered tensor is held in memory
+        (copied while the next step computes), which a loss rolls back to; every
+        RK_CKPT_EVERY commits it is also written to disk. Collective like any step_done,
+        and it may raise rekindle.Recovered (run() handles it)."""
+        if not self._started:
+            raise Error(_lib.CODES["RK_E_STATE"], "commit() belongs inside the function decorated by "
+                        "rekindle.elastic.run (its first call syncs and resumes the state)", "TorchState.commit")
+        self._ctx.step_done(self._ctx.next_step)
+
+    def restore(self):
+        """Not available: the snapshot of the last commit lives in the library, which
+        restores it only when a worker is lost (then run() sees rekindle.Recovered with the
+        state already restored). Raises rekindle.Error (RK_E_NOTAVAIL)."""
+        raise Error(_lib.CODES["RK_E_NOTAVAIL"], "restore() of uncommitted changes from user code is not "
+                    "available: the last commit is restored by the library when a worker is lost",
+                    "TorchState.restore")
+
+    def sync(self):
+        """Every worker gets rank 0's state: the model, the optimizer and the scalars of this
+        TorchState, sent as bytes (rank 0's bytes, zeros elsewhere, a byte-wise MAX over the
+        ring: exact for every dtype), one allreduce per device. Collective; it may raise
+        rekindle.Recovered."""
+        torch, ctx = _tensor.torch, self._ctx
+        groups = {}
+        for e in self._entries:
+            if e.nbytes:
+                groups.setdefault(e.obj.device, []).append(e.obj)
+        root = ctx.rank == 0
+        ctx.before_update()  # the tensors are written below
+        for device, tensors in groups.items():
+            flat = torch.zeros(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8,
+                               device=device)
+            views, at = [], 0
+            for t in tensors:
+                n = t.numel() * t.element_size()
+                views.append((t.reshape(-1).view(torch.uint8), flat[at:at + n]))
+                at += n
+            if root:
+                for src, part in views:
+                    part.copy_(src)
+            ctx.allreduce(flat, "max")
+            if not root:
+                for dst, part in views:
+                    dst.copy_(part)
