@@ -415,7 +415,7 @@ START_TEST(sigint_leaves_nothing_behind)
 END_TEST
 
 static const struct {
-    const char *args[8];
+    const char *args[10];
     const char *says;
 } usage_errors[] = {
     {{NULL}, "-n N is required"},
@@ -428,7 +428,32 @@ static const struct {
     {{"-n", "2", "--max-restarts", "x", "--", "true", NULL}, "--max-restarts 'x'"},
     {{"-n", "2", "--hostfile", "/nonexistent/hosts", "--", "true", NULL}, "/nonexistent/hosts"},
     {{"-n", "2", "--frobnicate", "--", "true", NULL}, "unknown option '--frobnicate'"},
+    {{"--min-np", "2", "--", "true", NULL}, "--min-np and --max-np need --host-discovery-script"},
+    {{"--host-discovery-script", "x", "--hostfile", "/etc/hosts", "--", "true", NULL}, "not with --hostfile"},
+    {{"--host-discovery-script", "x", "--min-np", "3", "--max-np", "2", "--", "true", NULL},
+     "--min-np 3 is more than --max-np 2"},
+    {{"--host-discovery-script", "x", "--discovery-interval", "0", "--", "true", NULL}, "--discovery-interval '0'"},
 };
+
+/* A discovery script's bad line is named, and with no slot in --elastic-timeout the
+   launcher gives up (exit 2) without launching anything. */
+START_TEST(discovery_errors_named)
+{
+    char *out = NULL;
+    th_assert_rc(LAUNCH(NULL, &out, NULL, NULL, "--host-discovery-script", "printf 'node1:4\\nnode2:zero\\n'",
+                        "--elastic-timeout", "0", "--", "/bin/true"),
+                 2);
+    ck_assert_msg(strstr(out, "line 2 'node2:zero': want host or host:slots") &&
+                      strstr(out, "0 free slots of the --min-np 1 after --elastic-timeout 0 s"),
+                  "output:\n%s", out);
+    free(out);
+    th_assert_rc(LAUNCH(NULL, &out, NULL, NULL, "--host-discovery-script", "exit 3", "--elastic-timeout", "0", "--",
+                        "/bin/true"),
+                 2);
+    ck_assert_msg(strstr(out, "'exit 3' failed (exit 3)"), "output:\n%s", out);
+    free(out);
+}
+END_TEST
 
 START_TEST(usage_errors_exit_2)
 {
@@ -483,6 +508,7 @@ static Suite *run_suite(void)
     tcase_set_timeout(cli, 30);
     tcase_add_loop_test(cli, usage_errors_exit_2, 0, (int)(sizeof(usage_errors) / sizeof(usage_errors[0])));
     tcase_add_test(cli, mpirun_not_found_exit_2);
+    tcase_add_test(cli, discovery_errors_named);
     tcase_add_test(cli, help);
     suite_add_tcase(s, cli);
     return s;

@@ -206,6 +206,40 @@ START_TEST(killed_worker_job_finishes)
 }
 END_TEST
 
+/* Elastic `rekindle run --host-discovery-script` (docs/LAUNCHER.md): the discovery script
+   lists a third slot while 2 workers train; the job grows at its next checkpoint to 3 and
+   ends with the bits of a replay whose world changes at the step it resumed at. */
+START_TEST(discovery_grows_job)
+{
+    char *w = th_tmpdir("train-grow"), *out = NULL;
+    clear_rk_env();
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", false, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
+                      strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 3, 3000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
+/* A worker of 3 killed: the other 2 go on in place (from memory); its host (this one)
+   cools down for 2 s, then its slot counts again and the job grows back to 3 at its next
+   checkpoint: the bits of a replay on 3, then 2, then 3 workers. */
+START_TEST(lost_worker_grown_back)
+{
+    char *w = th_tmpdir("train-back"), *out = NULL;
+    clear_rk_env();
+    int rc = th_train_elastic(w, 4000, "--seed 6 --hidden 32", true, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "lost worker 1: no growth onto it") &&
+                      strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 3, 4000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 /* Whether a probe run fails because a part is not built: its output says so. */
 static bool part_missing(int world, const char *const env[], const char *what)
 {
@@ -442,6 +476,11 @@ int main(void)
         tcase_add_test(tc, zero_loss_in_final_allgather_finishes_in_place);
         tcase_add_test(tc, zero_stuck_disk_finishes);
         suite_add_tcase(s, tc);
+        TCase *te = tcase_create("elastic");
+        tcase_set_timeout(te, 300);
+        tcase_add_test(te, discovery_grows_job);
+        tcase_add_test(te, lost_worker_grown_back);
+        suite_add_tcase(s, te);
     }
     if (!no_ckpt) {
         TCase *tc = tcase_create("resume");

@@ -52,8 +52,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../ckpt/ckpt.h"
 #include "../detector/det.h"
 #include "../formats/fmt.h"
+#include "run_elastic.h"
 #include "tools.h"
 
 extern char **environ;
@@ -74,12 +76,18 @@ struct run_args {
     int n, spares, max_restarts;
     const char *hostfile;
     char **prog; /* PROGRAM and its arguments, NULL-terminated (points into argv) */
+    /* Elastic (--host-discovery-script): the hosts come from the script, every launch is
+       sized from them (min_np..max_np), and a running job grows at its next checkpoint. */
+    const char *discovery;
+    int min_np, max_np;
+    double interval_s, cooldown_s, elastic_timeout_s;
 };
 
 static void run_usage(FILE *f)
 {
     fprintf(f,
-            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]\n\n"
+            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]\n"
+            "       rekindle run --host-discovery-script S [--min-np N] [--max-np M] [-n N] [...] -- PROGRAM\n\n"
             "Launches PROGRAM on N workers with Open MPI (mpirun) so that survivors outlive a\n"
             "lost worker, and relaunches a job that died as a whole so it resumes from its\n"
             "latest checkpoint.\n\n"
@@ -90,6 +98,22 @@ static void run_usage(FILE *f)
             "  --hostfile F      Open MPI hostfile, passed to mpirun (multi-host: set RK_RUN_DIR\n"
             "                    to a directory every host shares)\n"
             "  --max-restarts R  relaunch a job that died up to R times (default 0)\n\n"
+            "Elastic (docs/LAUNCHER.md): the hosts come from a script, as with horovodrun.\n"
+            "  --host-discovery-script S  a command printing one 'host:slots' (or 'host')\n"
+            "                    line per host it may run on; run before every launch and\n"
+            "                    every --discovery-interval while the job runs\n"
+            "  --min-np N        fewest workers to launch with (default 1); waits up to\n"
+            "                    --elastic-timeout for that many slots\n"
+            "  --max-np M        most workers (default: every slot); -n N: the first launch's\n"
+            "  --discovery-interval SEC  (default 3); touching RK_RUN_DIR/grow asks for a\n"
+            "                    discovery at once\n"
+            "  --blacklist-cooldown SEC  a host that lost a worker is not grown onto for\n"
+            "                    this long (default 30)\n"
+            "  --elastic-timeout SEC     (default 600)\n"
+            "When more slots than workers are free (a host back after its cool-down, or a new\n"
+            "one), the job grows: at its next committed checkpoint (needs RK_CKPT_DIR) it is\n"
+            "stopped and launched again on every free slot, resuming from that checkpoint.\n"
+            "Growth relaunches count no restart. Not with --hostfile or --spares.\n\n"
             "The workers get every RK_* variable of this environment, a job secret\n"
             "RK_JOB_SECRET (generated unless set: 64 hex digits), RK_RUN_DIR and\n"
             "RK_RUN_ATTEMPT. The job completed if at least one worker exited 0 (a spare\n"
@@ -99,6 +123,17 @@ static void run_usage(FILE *f)
             "exit status: 0 the job completed; the job's status (the lowest failing rank's\n"
             "exit code, or 128+signal) if it died with no restarts left; 128+signal if\n"
             "stopped by a signal; 2 usage or environment error.\n");
+}
+
+static int parse_seconds(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (!s || !*s || *end || errno || !(v >= lo && v <= hi))
+        return tool_error(TOOL_USAGE, "run: %s '%s': want seconds in %g..%g", opt, s ? s : "", lo, hi);
+    *out = v;
+    return 0;
 }
 
 static int parse_count(const char *opt, const char *s, int lo, int hi, int *out)
@@ -117,7 +152,9 @@ enum { RUN_HELP_SHOWN = -1 };
 /* 0 parsed, RUN_HELP_SHOWN, TOOL_USAGE on a bad command line (message printed). */
 static int parse_run_args(int argc, char **argv, struct run_args *a)
 {
-    *a = (struct run_args){.n = -1};
+    *a = (struct run_args){.n = -1, .min_np = 1, .max_np = MAX_WORKERS, .interval_s = 3, .cooldown_s = 30,
+                           .elastic_timeout_s = 600};
+    bool min_given = false, max_given = false;
     int i = 1;
     for (; i < argc; i++) {
         const char *o = argv[i];
@@ -146,13 +183,39 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
                 return tool_error(TOOL_USAGE, "run: --hostfile %s: %s", v, strerror(errno));
             a->hostfile = v;
             rc = 0;
-        } else
+        } else if (strcmp(o, "--host-discovery-script") == 0) {
+            if (!v || !*v)
+                return tool_error(TOOL_USAGE, "run: --host-discovery-script needs a command");
+            a->discovery = v;
+            rc = 0;
+        } else if (strcmp(o, "--min-np") == 0) {
+            rc = parse_count(o, v, 1, MAX_WORKERS, &a->min_np);
+            min_given = true;
+        } else if (strcmp(o, "--max-np") == 0) {
+            rc = parse_count(o, v, 1, MAX_WORKERS, &a->max_np);
+            max_given = true;
+        } else if (strcmp(o, "--discovery-interval") == 0)
+            rc = parse_seconds(o, v, 0.05, 3600, &a->interval_s);
+        else if (strcmp(o, "--blacklist-cooldown") == 0)
+            rc = parse_seconds(o, v, 0, 86400, &a->cooldown_s);
+        else if (strcmp(o, "--elastic-timeout") == 0)
+            rc = parse_seconds(o, v, 0, 86400, &a->elastic_timeout_s);
+        else
             return tool_error(TOOL_USAGE, "run: unknown option '%s' (see rekindle run --help)", o);
         if (rc != 0)
             return rc;
         i++;
     }
-    if (a->n < 0)
+    if (!a->discovery && (min_given || max_given))
+        return tool_error(TOOL_USAGE, "run: --min-np and --max-np need --host-discovery-script");
+    if (a->discovery && (a->hostfile || a->spares))
+        return tool_error(TOOL_USAGE, "run: --host-discovery-script makes the hostfile itself: not with %s",
+                          a->hostfile ? "--hostfile" : "--spares");
+    if (a->discovery && a->min_np > a->max_np)
+        return tool_error(TOOL_USAGE, "run: --min-np %d is more than --max-np %d", a->min_np, a->max_np);
+    if (a->discovery && a->n > a->max_np)
+        return tool_error(TOOL_USAGE, "run: -n %d is more than --max-np %d", a->n, a->max_np);
+    if (a->n < 0 && !a->discovery)
         return tool_error(TOOL_USAGE, "run: -n N is required (see rekindle run --help)");
     if (i >= argc)
         return tool_error(TOOL_USAGE, "run: no PROGRAM to run (rekindle run -n N -- PROGRAM [ARGS...])");
@@ -466,6 +529,21 @@ static void session_sweep(pid_t sid)
     }
 }
 
+/* A worker's record: kind "exit"/"signal" and its host; false while it has none. */
+static bool read_record(const char *dir, int r, char kind[16], int *code, char host[64])
+{
+    char path[PATH_MAX];
+    kind[0] = host[0] = '\0';
+    if (snprintf(path, sizeof(path), "%s/rank-%d", dir, r) >= (int)sizeof(path))
+        return false;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    int got = fscanf(f, "%15s %d host %63s", kind, code, host);
+    fclose(f);
+    return got >= 2;
+}
+
 /* How the workers of one attempt ended, from their records. */
 struct verdict {
     int recorded;  /* workers that recorded how they ended */
@@ -500,16 +578,10 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
     size_t len = 0;
     int listed = 0;
     for (int r = 0; r < nproc; r++) {
-        char path[PATH_MAX], what[64] = "", on[80] = "";
-        bool fits = snprintf(path, sizeof(path), "%s/rank-%d", dir, r) < (int)sizeof(path);
-        FILE *f = fits ? fopen(path, "r") : NULL;
+        char what[64] = "", on[80] = "", kind[16], host[64];
         int code = -1, status;
-        char kind[16] = "", host[64] = "";
-        if (f) {
-            if (fscanf(f, "%15s %d host %63s", kind, &code, host) < 2)
-                kind[0] = '\0';
-            fclose(f);
-        }
+        if (!read_record(dir, r, kind, &code, host))
+            kind[0] = '\0';
         v->recorded += kind[0] != '\0';
         if (!kind[0]) {
             int64_t beat = mono_mtime(dir, "alive-", r);
@@ -544,6 +616,84 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
         snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
 }
 
+/* ---- elastic: growing a running job (--host-discovery-script) ---------------------------- */
+
+/* What an attempt of an elastic run watches while its job runs. */
+struct grow {
+    struct elastic *el;
+    const struct run_args *a;
+    const char *ckpt_dir; /* RK_CKPT_DIR: growth waits for its next commit (NULL: no growth) */
+    const char *run_dir;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
+    const char *rec_dir;
+    int workers, alive;   /* launched; launched minus those lost since */
+    bool *seen;           /* workers whose record was taken into account */
+    int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
+    int target;
+    bool regrow;          /* the job was stopped to grow */
+    bool warned_no_ckpt;
+    char last_error[256];
+};
+
+/* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
+   interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
+   workers are alive, growth is decided, and once a checkpoint newer than the one then
+   committed is on disk, returns true: stop the job, launch it again on every slot. */
+static bool grow_tick(struct grow *g)
+{
+    struct elastic *el = g->el;
+    int64_t now = rk__mono_ns();
+    for (int r = 0; r < g->workers; r++) {
+        char kind[16], host[64];
+        int code = 0;
+        if (g->seen[r] || !read_record(g->rec_dir, r, kind, &code, host))
+            continue;
+        g->seen[r] = true;
+        if (strcmp(kind, "exit") == 0 && code == 0)
+            continue;
+        g->alive--;
+        if (host[0] && elastic_cool(el, host, now))
+            fprintf(stderr, "rekindle: run: host %s lost worker %d: no growth onto it for %g s\n", host, r,
+                    g->a->cooldown_s);
+    }
+    char asked[PATH_MAX];
+    bool now_asked = snprintf(asked, sizeof(asked), "%s/grow", g->run_dir) < (int)sizeof(asked) && unlink(asked) == 0;
+    if (now_asked || now >= el->next_ns) {
+        el->next_ns = now + (int64_t)(g->a->interval_s * 1e9);
+        if (elastic_discover(el) != 0) {
+            if (strcmp(el->error, g->last_error) != 0)
+                fprintf(stderr, "rekindle: run: host discovery: %s (the hosts known stay as they were)\n", el->error);
+            snprintf(g->last_error, sizeof(g->last_error), "%s", el->error);
+        } else {
+            g->last_error[0] = '\0';
+        }
+    }
+    int64_t newest = -1;
+    if (g->base == -2) {
+        int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
+        if (want <= g->alive || g->alive <= 0)
+            return false;
+        if (!g->ckpt_dir) {
+            if (!g->warned_no_ckpt)
+                fprintf(stderr, "rekindle: run: %d slots are free for %d workers, but a job grows from its next "
+                                "checkpoint: set RK_CKPT_DIR\n", free, g->alive);
+            g->warned_no_ckpt = true;
+            return false;
+        }
+        ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest);
+        g->base = newest;
+        g->target = want;
+        fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing to %d at the next checkpoint (after "
+                        "step %lld)\n", free, g->alive, want, (long long)newest);
+        return false;
+    }
+    if (ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest) != 0 || newest <= g->base)
+        return false;
+    fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
+            (long long)newest, g->target);
+    g->regrow = true;
+    return true;
+}
+
 /* Runs mpirun to its end. Returns its wait status; *stop_sig is the first stopping
    signal received (0: none). Signals in `watch` are blocked by the caller.
    mpirun (Open MPI 4.1 with --enable-recovery) never exits once a process on another
@@ -555,7 +705,7 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
    checkpoint, the program's own export, survivors training on in place after a loss)
    beats, and is waited for. */
 static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
-                      const char *rec_dir, int nproc, int members)
+                      const char *rec_dir, int nproc, int members, struct grow *g)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -617,6 +767,11 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
                 ended = true;
             }
         }
+        if (g && !done && !ended && *stop_sig == 0 && grow_tick(g)) {
+            kill(pid, SIGTERM);
+            kill_at = rk__deadline_ns(RUN_GRACE_MS);
+            ended = true;
+        }
         if (!done && !killed && rk__mono_ns() >= kill_at) {
             fprintf(stderr, "rekindle: run: workers still running %d ms after the signal: killing them\n",
                     RUN_GRACE_MS);
@@ -651,7 +806,7 @@ static int make_run_dir(char *out, size_t cap, bool *created)
 /* One launch: records into RUN_DIR/attempt-K. Returns 0 and fills *v, or the launcher's
    exit status when it cannot tell (mpirun did not start, or a stopping signal). */
 static int attempt(const char *mpirun, const char *self, const struct run_args *a, const char *run_dir, int k,
-                   const sigset_t *watch, const sigset_t *old, int *stop_sig, struct verdict *v)
+                   const sigset_t *watch, const sigset_t *old, int *stop_sig, struct verdict *v, struct grow *g)
 {
     char rec_dir[PATH_MAX], nbuf[16], kbuf[16];
     if (snprintf(rec_dir, sizeof(rec_dir), "%s/attempt-%d", run_dir, k) >= (int)sizeof(rec_dir))
@@ -665,7 +820,9 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
     char **argv = mpirun_argv(mpirun, self, a, rec_dir, nbuf);
     if (!argv)
         return tool_error(TOOL_USAGE, "run: out of memory");
-    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares, a->n);
+    if (g)
+        g->rec_dir = rec_dir;
+    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares, a->n, g);
     free_argv(argv);
     if (status < 0)
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
@@ -678,6 +835,48 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
         v->job_status = ms ? ms : 1;
         snprintf(v->lost, sizeof(v->lost), "no worker recorded its end; mpirun exit status %d", ms);
     }
+    return 0;
+}
+
+/* Before each launch of an elastic run: the hosts from the script, waiting (at most
+   --elastic-timeout, the script run every --discovery-interval) until --min-np slots are
+   free; the launch gets every free slot up to --max-np (the first launch at most -n) and
+   a hostfile RUN_DIR/hostfile-K. 0, the launcher's exit status on a timeout, or
+   128+signal when stopped meanwhile. */
+static int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char *run_dir, int k,
+                        const sigset_t *watch, char *hostfile, size_t cap)
+{
+    int64_t deadline = rk__deadline_ns((int64_t)(a->elastic_timeout_s * 1000)), next_say = 0;
+    int free = 0;
+    for (;;) {
+        int64_t now = rk__mono_ns();
+        if (elastic_discover(el) != 0)
+            fprintf(stderr, "rekindle: run: host discovery: %s\n", el->error);
+        free = elastic_slots(el, now);
+        if (free >= a->min_np)
+            break;
+        if (now >= deadline)
+            return tool_error(TOOL_USAGE, "run: %d free slots of the --min-np %d after --elastic-timeout %g s", free,
+                              a->min_np, a->elastic_timeout_s);
+        if (now >= next_say) {
+            fprintf(stderr, "rekindle: run: waiting for --min-np %d slots (%d free now)\n", a->min_np, free);
+            next_say = now + 10 * 1000000000LL;
+        }
+        struct timespec tick = {(time_t)a->interval_s, (long)((a->interval_s - (double)(time_t)a->interval_s) * 1e9)};
+        int sig = sigtimedwait(watch, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
+            return 128 + sig;
+    }
+    int n = free < a->max_np ? free : a->max_np;
+    if (k == 0 && first_n > 0 && first_n < n)
+        n = first_n;
+    if (snprintf(hostfile, cap, "%s/hostfile-%d", run_dir, k) >= (int)cap ||
+        elastic_hostfile(el, hostfile, n, rk__mono_ns()) != 0)
+        return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: %s", k, el->error);
+    a->n = n;
+    a->hostfile = hostfile;
+    el->next_ns = rk__mono_ns() + (int64_t)(a->interval_s * 1e9);
+    fprintf(stderr, "rekindle: run: launching %d workers (%d free slots)\n", n, free);
     return 0;
 }
 
@@ -722,12 +921,39 @@ int cmd_run(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &watch, &old);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
 
-    int status = 0, stop_sig = 0;
-    for (int k = 0;; k++) {
+    int status = 0, stop_sig = 0, restarts = 0, first_n = a.n;
+    struct elastic *el = a.discovery ? calloc(1, sizeof(*el)) : NULL;
+    if (a.discovery && !el)
+        status = tool_error(TOOL_USAGE, "run: out of memory");
+    if (el) {
+        el->script = a.discovery;
+        el->min_np = a.min_np;
+        el->max_np = a.max_np;
+        el->cooldown_ms = (int)(a.cooldown_s * 1000);
+    }
+    char hostfile[PATH_MAX];
+    for (int k = 0; status == 0; k++) {
         struct verdict v;
-        status = attempt(mpirun, self, &a, run_dir, k, &watch, &old, &stop_sig, &v);
+        struct grow g = {.el = el, .a = &a, .ckpt_dir = getenv("RK_CKPT_DIR"), .run_dir = run_dir, .base = -2};
+        if (el) {
+            if ((status = elastic_size(&a, el, first_n, run_dir, k, &watch, hostfile, sizeof(hostfile))) != 0)
+                break;
+            g.workers = g.alive = a.n;
+            if (g.ckpt_dir && !*g.ckpt_dir)
+                g.ckpt_dir = NULL;
+            if (!(g.seen = calloc((size_t)a.n, sizeof(bool)))) {
+                status = tool_error(TOOL_USAGE, "run: out of memory");
+                break;
+            }
+        }
+        status = attempt(mpirun, self, &a, run_dir, k, &watch, &old, &stop_sig, &v, el ? &g : NULL);
+        free(g.seen);
         if (status != 0)
             break; /* stopped, or could not launch */
+        if (g.regrow && v.ok == 0) {
+            fprintf(stderr, "rekindle: run: launching again to grow (not a restart)\n");
+            continue;
+        }
         if (v.ok > 0) {
             if (v.lost[0])
                 fprintf(stderr, "rekindle: run: job completed by %d of %d workers; lost: %s\n", v.ok,
@@ -736,14 +962,17 @@ int cmd_run(int argc, char **argv)
             break;
         }
         status = v.job_status ? v.job_status : 1;
-        if (k >= a.max_restarts) {
+        if (restarts >= a.max_restarts) {
             fprintf(stderr, "rekindle: run: job failed (%s)%s\n", v.lost,
                     a.max_restarts ? ": no restarts left" : "");
             break;
         }
-        fprintf(stderr, "rekindle: run: job failed (%s): relaunching, restart %d of %d\n", v.lost, k + 1,
+        restarts++;
+        fprintf(stderr, "rekindle: run: job failed (%s): relaunching, restart %d of %d\n", v.lost, restarts,
                 a.max_restarts);
+        status = 0;
     }
+    free(el);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (created)
         fmt_remove_tree(run_dir);
