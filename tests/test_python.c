@@ -118,6 +118,25 @@ START_TEST(docs_program_call_survives_kill)
 }
 END_TEST
 
+/* examples/horovod_style.py (Elastic Horovod's API, rekindle.elastic) on 3 workers, one
+   SIGKILLed: the 2 survivors finish with the hash of a fault-free replay from the step they
+   resumed at (the model, SGD's momentum and the state's epoch, batch and step). */
+START_TEST(horovod_style_killed_worker_replay)
+{
+    job("horovod", NULL, "job_check horovod: ok");
+}
+END_TEST
+
+/* rekindle.elastic's TorchState and run() on 3 workers, one of which kills itself: the
+   first call sees rank 0's state (sync), a recovery calls the function again once after
+   one reset, with the scalars, weights and momentum of the commit rolled back to; errors
+   propagate without a retry (tests/py/elastic_check.py). */
+START_TEST(elastic_state_rolls_back)
+{
+    job("elastic", NULL, "job_check elastic: ok");
+}
+END_TEST
+
 /* A job launched again resumes from disk; rekindle.load equals the model's state_dict. */
 START_TEST(relaunch_resumes_from_disk)
 {
@@ -148,6 +167,8 @@ int main(void)
     tcase_add_test(tc, docs_program_with_survives_kill);
     tcase_add_test(tc, docs_program_call_survives_kill);
     tcase_add_test(tc, relaunch_resumes_from_disk);
+    tcase_add_test(tc, horovod_style_killed_worker_replay);
+    tcase_add_test(tc, elastic_state_rolls_back);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

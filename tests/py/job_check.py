@@ -22,6 +22,15 @@ judged as the C trainer is: run by tests/test_python.c.
         alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
         at every step (RK_CKPT_EVERY=1): one of 4 workers SIGKILLed once rank 0 printed
         step 65; the job must exit 0, every survivor print its final line.
+    job_check.py BUILD WORK horovod
+        The same judgement of examples/horovod_style.py (Elastic Horovod's API,
+        rekindle.elastic): 3 workers, one SIGKILLed once a checkpoint is committed; the 2
+        survivors' final hash (the model, SGD's momentum and the state's epoch, batch and
+        step) must equal 3 workers' replay to the step they resumed at, then 2 from there.
+    job_check.py BUILD WORK elastic
+        tests/py/elastic_check.py (rekindle.elastic's TorchState and run(): rollback of
+        the scalars, reset callbacks, sync) on 3 workers, one of which SIGKILLs itself:
+        the job must end normally with both survivors' "ok".
     job_check.py BUILD WORK relaunch
         2 workers to step 60, then the job launched again to step 90: it resumes from disk
         (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
@@ -54,7 +63,9 @@ if MODE == "docs":
     def program(steps):
         return [sys.executable, TRAIN, str(steps)] + FLAGS
 else:
-    TRAIN, EVERY, KILL_AT = os.path.join(SRC, "examples", "torch_train.py"), 30, None
+    # horovod: the Elastic Horovod-style example (rekindle.elastic), same arguments
+    TRAIN = os.path.join(SRC, "examples", "horovod_style.py" if MODE == "horovod" else "torch_train.py")
+    EVERY, KILL_AT = 30, None
 
     def program(steps):
         return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS
@@ -164,11 +175,11 @@ def mpi_rank(pid):
 
 
 def kill():
-    steps = 240 if KILL_AT is None else 120
+    steps = 240 if KILL_AT is None and MODE != "horovod" else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
     spares = 1 if MODE == "spare" else 0
-    n = 4 - spares  # the workers in the ring; the world after the loss:
+    n = 3 if MODE == "horovod" else 4 - spares  # the workers in the ring; the world after the loss:
     world = n if spares else n - 1
     job = Job(n, steps, ckpt, events, prog=job_program, spares=spares)
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
@@ -238,6 +249,15 @@ def relaunch():
     print("job_check relaunch: ok: resumed from step 60 on disk, hash %s, load equals state_dict" % got)
 
 
+def elastic():
+    script = [sys.executable, os.path.join(SRC, "tests", "py", "elastic_check.py")]
+    rc, out = finish(Job(3, 0, os.path.join(WORK, "job"), prog=lambda steps: script))
+    oks = re.findall(r"^elastic_check rank (\d+): ok", out, re.M)
+    if rc != 0 or sorted(oks) != ["0", "1"]:
+        fail("exit %d, 'ok' from launch ranks %s: want 0, from 0 and 1" % (rc, oks), out)
+    print("job_check elastic: ok: both survivors' checks passed")
+
+
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-relaunch() if MODE == "relaunch" else kill()
+{"relaunch": relaunch, "elastic": elastic}.get(MODE, kill)()

@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""examples/horovod_style.py - a training script in Elastic Horovod's style, on Rekindle.
+
+    RK_CKPT_DIR=ckpt rekindle run -n 3 -- python3 examples/horovod_style.py [--epochs 10] [--steps N]
+
+It is Horovod's elastic PyTorch MNIST example (horovod/horovod,
+examples/elastic/pytorch/pytorch_mnist_elastic.py, Apache-2.0) written again for
+Rekindle: the same structure (hvd.init, DistributedSampler, DistributedOptimizer,
+@hvd.elastic.run around `for state.epoch ...: for state.batch ...: ... state.commit()`,
+TorchState with epoch and batch, a reset callback that rescales the learning rate). What
+differs from the original, line by line:
+
+  import horovod.torch as hvd          -> import rekindle.elastic as hvd (hvd.elastic.run,
+                                          hvd.elastic.TorchState -> hvd.run, hvd.TorchState)
+  hvd.init()                           -> hvd.init(); RK_CKPT_DIR must be set: commits are
+                                          held in memory only with a checkpoint directory
+  datasets.MNIST (torchvision)         -> scikit-learn's load_digits (8x8 images), in memory
+  Net: conv 5x5 on 28x28, Dropout2d,   -> conv 3x3 on 8x8, no dropout: dropout's random
+       F.dropout                          numbers are not part of the state, so a run after
+                                          a loss could not equal a run without one
+  args.cuda, pin_memory, .cuda()       -> removed (the CPU; Rekindle's CUDA path works the
+                                          same, docs/PYTHON.md)
+  --fp16-allreduce, --use-adasum       -> removed: compression and Adasum are not offered
+  hvd.DistributedOptimizer(..., compression=, op=)
+                                       -> hvd.DistributedOptimizer(optimizer, named_parameters=)
+  train_sampler made once              -> made again in on_state_reset, for the new world
+                                          (Horovod's later example uses hvd.elastic.ElasticSampler);
+                                          a spare (rekindle run --spares, rank -1 until a loss
+                                          brings it in) makes it there, before its first call
+  steps_remaining = len(loader) - state.batch; break at it
+                                       -> the loader's batches from state.batch on, and
+                                          state.batch += 1 before commit(): a commit records
+                                          the next batch to run, so a rollback neither
+                                          repeats nor skips one
+  state.step (new scalar), --steps     -> the commits so far, Rekindle's step: --steps stops
+                                          there (a test replays a job up to a step)
+  torch.use_deterministic_algorithms   -> added: runs are bitwise reproducible
+  test() with metric_average (hvd.allreduce)
+                                       -> every rank holds the same model: rank 0 scores the
+                                          whole data set alone
+  (end)                                -> "final step=N world=W hash=H" on every rank (the
+                                          contract's line; hash: XXH64 of the registered
+                                          state, rekindle.Context.state_hash), then
+                                          hvd.shutdown(); a spare never needed exits 0
+"""
+import argparse
+import itertools
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import torch.utils.data.distributed
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import rekindle  # noqa: E402
+import rekindle.elastic as hvd  # noqa: E402
+
+# Training settings
+parser = argparse.ArgumentParser(description='PyTorch digits example, Elastic Horovod style on Rekindle')
+parser.add_argument('--batch-size', type=int, default=32, metavar='N',
+                    help='input batch size for training, per worker (default: 32)')
+parser.add_argument('--epochs', type=int, default=10, metavar='N',
+                    help='number of epochs to train (default: 10)')
+parser.add_argument('--steps', type=int, default=None, metavar='N',
+                    help='stop after N commits in all (default: run every epoch)')
+parser.add_argument('--lr', type=float, default=0.01, metavar='LR',
+                    help='learning rate (default: 0.01)')
+parser.add_argument('--momentum', type=float, default=0.5, metavar='M',
+                    help='SGD momentum (default: 0.5)')
+parser.add_argument('--seed', type=int, default=42, metavar='S',
+                    help='random seed (default: 42)')
+parser.add_argument('--log-interval', type=int, default=10, metavar='N',
+                    help='how many batches to wait before logging training status')
+args = parser.parse_args()
+
+# Horovod: initialize library.
+hvd.init()
+torch.manual_seed(args.seed)
+
+# Horovod: limit # of CPU threads to be used per worker.
+torch.set_num_threads(1)
+torch.use_deterministic_algorithms(True)
+
+
+def say(line):
+    sys.stdout.write(line + "\n")  # one write per line: the launcher forwards them whole
+    sys.stdout.flush()
+
+
+def digits():
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = torch.from_numpy((d.data / 16.0).astype(np.float32)).view(-1, 1, 8, 8)
+    return torch.utils.data.TensorDataset(x, torch.from_numpy(d.target.astype(np.int64)))
+
+
+train_dataset = digits()
+
+
+def make_loader():
+    # Horovod: use DistributedSampler to partition the training data.
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        train_dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=args.seed)
+    return sampler, torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=sampler)
+
+
+train_sampler, train_loader = make_loader() if hvd.rank() >= 0 else (None, None)  # a spare: once brought in
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super(Net, self).__init__()
+        self.conv1 = nn.Conv2d(1, 10, kernel_size=3)
+        self.fc1 = nn.Linear(90, 50)
+        self.fc2 = nn.Linear(50, 10)
+
+    def forward(self, x):
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = x.view(-1, 90)
+        x = F.relu(self.fc1(x))
+        x = self.fc2(x)
+        return F.log_softmax(x, dim=1)
+
+
+model = Net()
+
+# Horovod: scale learning rate by the number of workers.
+optimizer = optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=args.momentum)
+
+
+@hvd.run
+def train(state):
+    # post synchronization event (worker added, worker removed) init ...
+    for state.epoch in range(state.epoch, args.epochs):
+        state.model.train()
+
+        train_sampler.set_epoch(state.epoch)
+        batches = itertools.islice(enumerate(train_loader), state.batch, None)
+
+        for state.batch, (data, target) in batches:
+            if args.steps is not None and state.step >= args.steps:
+                return
+            state.optimizer.zero_grad()
+            output = state.model(data)
+            loss = F.nll_loss(output, target)
+            loss.backward()
+            state.optimizer.step()
+            if state.batch % args.log_interval == 0 and hvd.rank() == 0:
+                # Horovod: use train_sampler to determine the number of examples in
+                # this worker's partition.
+                say('Train Epoch: {} [{}/{} ({:.0f}%)]\tLoss: {:.6f}'.format(
+                    state.epoch, state.batch * len(data), len(train_sampler),
+                    100.0 * state.batch / len(train_loader), loss.item()))
+            state.batch += 1
+            state.step += 1
+            state.commit()
+        state.batch = 0
+
+
+def test():
+    model.eval()
+    with torch.no_grad():
+        x, y = train_dataset.tensors
+        accuracy = (model(x).argmax(dim=1) == y).float().mean().item()
+    if hvd.rank() == 0:
+        say('\nTrain set accuracy: {:.2f}%\n'.format(100. * accuracy))
+
+
+# Horovod: wrap optimizer with DistributedOptimizer.
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+
+# adjust learning rate on reset
+def on_state_reset():
+    global train_sampler, train_loader
+    for param_group in optimizer.param_groups:
+        param_group['lr'] = args.lr * hvd.size()
+    train_sampler, train_loader = make_loader() if hvd.rank() >= 0 else (None, None)  # a spare: once brought in
+
+
+state = hvd.TorchState(model, optimizer, epoch=0, batch=0, step=0)
+state.register_reset_callbacks([on_state_reset])
+try:
+    train(state)
+except rekindle.SpareUnused:
+    say("horovod_style: spare worker not needed: the job finished without it")
+    hvd.shutdown()
+    sys.exit(0)
+test()
+say("final step=%d world=%d hash=%s" % (state.step, hvd.size(), hvd.context().state_hash()))
+hvd.shutdown()
