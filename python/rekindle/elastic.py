@@ -87,12 +87,14 @@ def run(func):
     there is one (a relaunched job goes on from it). When a worker is lost, the survivors'
     next collective call raises rekindle.Recovered with every registered tensor (the
     state's scalars too) already rolled back to the last commit they all hold: the reset
-    callbacks run, then func is called again with the same state.
+    callbacks run, then func is called again with the same state. A spare worker (rekindle
+    run --spares) that a loss brings in runs the reset callbacks once before its first
+    call: its rank and world are known only then.
 
     Every other exception propagates, rekindle.Error included: a recovery that cannot
     go on (RK_E_MIN_WORLD, RK_E_NO_MAJORITY, RK_E_PEER_LOST, ...) ends the call, never
-    another try. Each retry follows a recovery that succeeded, and each of those removed
-    a lost member from the ring, so the retries are bounded by the job's size."""
+    another try. Each retry follows a recovery that succeeded, each of those followed the
+    loss of a worker, so the retries are bounded by the number of workers launched."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         state._start()
