@@ -435,34 +435,43 @@ void th_train_spare(const char *dir, int steps, const char *args, bool kill_one,
     free(bin);
 }
 
-int th_train_elastic(const char *dir, int steps, const char *args, bool lose, char **out)
+int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, char **out)
 {
     char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL;
+    const char *src = getenv("RK_TEST_SRC");
     int n = asprintf(
         &cmd,
-        "W=%s; B=%s; R=%s; N=%d; A='%s'; LOSE=%d; H=$(hostname)\n"
-        "if [ $LOSE = 1 ]; then echo \"$H:3\" > $W/hosts; else echo \"$H:2\" > $W/hosts; fi\n"
+        "W=%s; B=%s; R=%s; N=%d; A='%s'; HOW=%d; S=%s; H=$(hostname)\n"
+        "export RK_HOSTS_PREFIX=rke RK_HOSTS_NET=10.82.0\n"
+        "case $HOW in 0) echo \"$H:2\" > $W/hosts;; 1) echo \"$H:3\" > $W/hosts;;\n"
+        "  2) $S/scripts/hosts up 3 $W/hostfile 1 > $W/hosts.log 2>&1 || { cat $W/hosts.log; exit 1; }\n"
+        "     printf 'rke1:1\\nrke2:1\\nrke3:1\\n' > $W/hosts;; esac\n"
+        "(\n"
+        "[ $HOW = 2 ] && eval \"$($S/scripts/hosts env)\"\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run "
         "RK_TIMEOUT_MS=8000\n"
         "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 2 --max-np 3 "
         "-- $B --steps $N $A > $W/out 2> $W/err & job=$!\n"
         "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-        "if [ $LOSE = 1 ]; then\n"
-        "  for p in $(pgrep -x rk-train); do\n"
-        "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=$W/ev && "
-        "    tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; done\n"
-        "else echo \"$H:3\" > $W/hosts; touch $W/run/grow; fi\n"
-        "wait $job; echo \"exit=$?\"; grep '^final' $W/out; grep 'rekindle: run' $W/err\n"
+        "case $HOW in 0) echo \"$H:3\" > $W/hosts; touch $W/run/grow;;\n"
+        "  1) for p in $(pgrep -x rk-train); do\n"
+        "       tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=$W/ev && "
+        "       tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; done;;\n"
+        "  2) kill -9 $(ip netns pids rke2) 2>/dev/null;; esac\n"
+        "wait $job; echo \"exit=$?\"\n"
+        ")\n"
+        "[ $HOW = 2 ] && $S/scripts/hosts down > /dev/null 2>&1\n"
+        "grep '^final' $W/out; grep 'rekindle: run' $W/err\n"
         "st() { grep -h '\"resumed\"' $W/ev.* | grep \"\\\"$1\\\"\" | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/' | sort -n; }\n"
         "a=$(st memory | head -n 1); b=$(st disk | tail -n 1); echo \"memory=$a disk=$b\"\n"
         "[ -n \"$b\" ] || exit 1; mkdir -p $W/r; export RK_CKPT_DIR=$W/r RK_EVENT_LOG=\n"
-        /* The replay: the world of the job at each step, from the recorded steps. */
-        "if [ $LOSE = 1 ]; then [ -n \"$a\" ] || exit 1\n"
+        /* The replay, on this host: the world of the job at each step, from the recorded steps. */
+        "if [ $HOW != 0 ]; then [ -n \"$a\" ] || exit 1\n"
         "  RK_CKPT_EVERY=$a $R run -n 3 -- $B --steps $a $A > /dev/null 2>&1 || exit 1\n"
         "  RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1\n"
         "else RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1; fi\n"
         "echo replay; $R run -n 3 -- $B --steps $N $A 2>/dev/null | grep '^final'\n",
-        dir, bin, rekindle, steps, args, lose ? 1 : 0);
+        dir, bin, rekindle, steps, args, (int)how, src ? src : ".");
     int rc = n < 0 ? -1 : th_sh(cmd, 240, out);
     free(cmd);
     free(bin);

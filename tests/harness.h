@@ -89,15 +89,18 @@ int th_train_kill_replay(const char *dir, int world, int steps, const char *args
    spare_joined. */
 void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out);
 
-/* rk-train --steps STEPS ARGS under an elastic `rekindle run` (the hosts from a
-   discovery script: this host, with 2 slots, or 3 with `lose`; --max-np 3, cool-down 2 s),
-   checkpoints every 50 steps in dir/c. Once checkpoint 100 is committed, the script is
-   made to list 3 slots (and RK_RUN_DIR/grow touched), or with `lose` worker 1 is
-   SIGKILLed (the job shrinks in place, and grows back after the cool-down). Then the
-   replay: the same worlds at the same steps, from the steps the job resumed at. *out:
-   "exit=N", the job's final lines, the launcher's lines, "memory=A disk=B", "replay", the
-   replay's final lines. Returns th_sh's status. */
-int th_train_elastic(const char *dir, int steps, const char *args, bool lose, char **out);
+/* rk-train --steps STEPS ARGS under an elastic `rekindle run` (--max-np 3, a cool-down
+   of 2 s, the discovery script every 0.2 s), checkpoints every 50 steps in dir/c. Once
+   checkpoint 100 is committed: TH_GROW: the script, which listed this host with 2 slots,
+   lists 3 (and RK_RUN_DIR/grow is touched); TH_LOSE_WORKER: of 3 workers on this host,
+   worker 1 is SIGKILLed (the job shrinks in place, grows back after the cool-down);
+   TH_LOSE_HOST: on 3 hosts of scripts/hosts (one slot each), every process of the second
+   is SIGKILLed, likewise. Then the replay on this host: the same worlds at the same steps,
+   from the steps the job resumed at. *out: "exit=N", the job's final lines, the
+   launcher's lines, "memory=A disk=B", "replay", the replay's final lines. Returns th_sh's
+   status. */
+enum th_elastic { TH_GROW, TH_LOSE_WORKER, TH_LOSE_HOST };
+int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, char **out);
 
 /* Asserts with both sides shown. */
 #define th_assert_rc(expr, want)                                                          \

@@ -5,7 +5,8 @@
  * judged by the chaos harness's oracles, the bitwise replay among them (chaos/run
  * --hosts 3). One job loses a whole host (every process of it SIGKILLed at once), one has
  * a host cut off by iptables for a few seconds: the majority goes on in place, the cut-off
- * workers stop and commit nothing.
+ * workers stop and commit nothing. An elastic job (rekindle run --host-discovery-script)
+ * loses a host and grows back to its size when the host is listed again.
  *
  * The suite is skipped (exit 77, with the reason) where network namespaces cannot be made
  * (not root, no CAP_SYS_ADMIN) or iptables is missing. chaos/run removes its hosts
@@ -89,6 +90,25 @@ START_TEST(partition_majority_goes_on)
 }
 END_TEST
 
+/* An elastic job on 3 hosts (rekindle run --host-discovery-script listing all three, one
+   slot each) loses a host whole: the two others go on in place; the launcher counts the
+   lost worker's host out for its cool-down (learned from its wrapper's silent beat: the
+   wrapper died with the host), then it is listed again and the job grows back to 3 at its
+   next checkpoint, with the bits of a replay on 3, then 2, then 3 workers. */
+START_TEST(host_lost_and_back)
+{
+    need_hosts();
+    char *w = th_tmpdir("hosts-back"), *out = NULL;
+    int rc = th_train_elastic(w, 3000, "--seed 8 --hidden 32", TH_LOSE_HOST, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "host rke2 lost worker 1: no growth onto it") &&
+                      strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 3, 3000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 static Suite *hosts_suite(void)
 {
     Suite *s = suite_create("hosts");
@@ -96,6 +116,7 @@ static Suite *hosts_suite(void)
     tcase_set_timeout(tc, CAMPAIGN_TIMEOUT_S + 30);
     tcase_add_test(tc, host_loss_survived);
     tcase_add_test(tc, partition_majority_goes_on);
+    tcase_add_test(tc, host_lost_and_back);
     suite_add_tcase(s, tc);
     return s;
 }

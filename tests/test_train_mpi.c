@@ -213,7 +213,7 @@ START_TEST(discovery_grows_job)
 {
     char *w = th_tmpdir("train-grow"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", false, &out);
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
                       strstr(out, "launching again to grow"),
                   "rc %d:\n%s", rc, out);
@@ -230,7 +230,7 @@ START_TEST(lost_worker_grown_back)
 {
     char *w = th_tmpdir("train-back"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 4000, "--seed 6 --hidden 32", true, &out);
+    int rc = th_train_elastic(w, 4000, "--seed 6 --hidden 32", TH_LOSE_WORKER, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "lost worker 1: no growth onto it") &&
                       strstr(out, "launching again to grow"),
                   "rc %d:\n%s", rc, out);

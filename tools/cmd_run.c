@@ -67,6 +67,8 @@ enum {
                              record, the others may go without a sign of life (their
                              wrappers' beat) before they count as lost */
     BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
+    LOST_BEATS = 3,       /* an elastic run counts a worker with no record lost after this
+                             many beats of silence (its host, named in alive-<R>, cools down) */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
     SECRET_BYTES = 32,
     MAX_WORKERS = 1 << 16,
@@ -316,6 +318,14 @@ static int worker_main(const char *dir, char **prog)
         if (rk__mono_ns() >= beat_at) {
             int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
             if (afd >= 0) {
+                if (beat_at == 0) { /* its host, for a launcher that learns of a host gone from the beat */
+                    char line[300], h[256] = "?";
+                    gethostname(h, sizeof(h) - 1);
+                    int len = snprintf(line, sizeof(line), "host %s\n", h);
+                    if (write(afd, line, (size_t)len) != len) {
+                        /* a beat without its host: the launcher names none */
+                    }
+                }
                 futimens(afd, NULL);
                 close(afd);
             }
@@ -645,11 +655,26 @@ static bool grow_tick(struct grow *g)
     for (int r = 0; r < g->workers; r++) {
         char kind[16], host[64];
         int code = 0;
-        if (g->seen[r] || !read_record(g->rec_dir, r, kind, &code, host))
+        if (g->seen[r])
             continue;
+        if (!read_record(g->rec_dir, r, kind, &code, host)) {
+            /* No record, and its wrapper's beat stopped: gone with its host (or the wrapper
+               killed with it). The host is the one the beat's file names. */
+            int64_t beat = mono_mtime(g->rec_dir, "alive-", r);
+            if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
+                continue;
+            char path[PATH_MAX];
+            snprintf(path, sizeof(path), "%s/alive-%d", g->rec_dir, r);
+            FILE *f = fopen(path, "r");
+            if (!f || fscanf(f, "host %63s", host) != 1)
+                host[0] = '\0';
+            if (f)
+                fclose(f);
+        } else if (strcmp(kind, "exit") == 0 && code == 0) {
+            g->seen[r] = true;
+            continue;
+        }
         g->seen[r] = true;
-        if (strcmp(kind, "exit") == 0 && code == 0)
-            continue;
         g->alive--;
         if (host[0] && elastic_cool(el, host, now))
             fprintf(stderr, "rekindle: run: host %s lost worker %d: no growth onto it for %g s\n", host, r,
