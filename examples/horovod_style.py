@@ -14,7 +14,8 @@ differs from the original, line by line:
                                           hvd.elastic.TorchState -> hvd.run, hvd.TorchState)
   hvd.init()                           -> hvd.init(); RK_CKPT_DIR must be set: commits are
                                           held in memory only with a checkpoint directory
-  datasets.MNIST (torchvision)         -> scikit-learn's load_digits (8x8 images), in memory
+  datasets.MNIST (torchvision)         -> scikit-learn's load_digits (8x8 images), in memory,
+                                          read before hvd.init()
   Net: conv 5x5 on 28x28, Dropout2d,   -> conv 3x3 on 8x8, no dropout: dropout's random
        F.dropout                          numbers are not part of the state, so a run after
                                           a loss could not equal a run without one
@@ -54,6 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
+from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import rekindle  # noqa: E402
@@ -77,6 +79,17 @@ parser.add_argument('--log-interval', type=int, default=10, metavar='N',
                     help='how many batches to wait before logging training status')
 args = parser.parse_args()
 
+
+def digits():
+    d = load_digits()
+    x = torch.from_numpy((d.data / 16.0).astype(np.float32)).view(-1, 1, 8, 8)
+    return torch.utils.data.TensorDataset(x, torch.from_numpy(d.target.astype(np.int64)))
+
+
+# Read before hvd.init(): from there on the workers' heartbeats run, and three
+# interpreters loading a data set at once on a small machine should not starve them.
+train_dataset = digits()
+
 # Horovod: initialize library.
 hvd.init()
 torch.manual_seed(args.seed)
@@ -91,14 +104,6 @@ def say(line):
     sys.stdout.flush()
 
 
-def digits():
-    from sklearn.datasets import load_digits
-    d = load_digits()
-    x = torch.from_numpy((d.data / 16.0).astype(np.float32)).view(-1, 1, 8, 8)
-    return torch.utils.data.TensorDataset(x, torch.from_numpy(d.target.astype(np.int64)))
-
-
-train_dataset = digits()
 
 
 def make_loader():
