@@ -31,8 +31,10 @@ What maps to what (docs/PYTHON.md, "Horovod Elastic API"):
 - sync() gives every worker rank 0's state (an exact byte-wise broadcast over the ring).
 - restore() from user code is not available: the library keeps the snapshot, and rolls
   back only on a loss (rekindle.Error, RK_E_NOTAVAIL).
-- Hosts never come back or join in this version, so there is no HostsUpdatedInterrupt and
-  no check_host_updates(): a job only shrinks (or takes a spare).
+- A running job only shrinks (or takes a spare); `rekindle run --host-discovery-script`
+  grows a job by launching it again from a checkpoint, which the first call of the run()
+  function resumes. So no HostsUpdatedInterrupt reaches a running program, and there is
+  no check_host_updates().
 """
 import functools
 import numbers
