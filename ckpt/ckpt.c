@@ -92,8 +92,9 @@
  *      before stays whole with its own partner copy, so a loss in that window rolls back
  *      one step further, never to a torn one (ckpt_snapshot_select makes the older one
  *      the held one again). A region the writer reads is never written while its job is
- *      live: if the writer still reads old's region (a disk write longer than a step), the
- *      copy overwrites g in place and old, being written, stays whole. The writer waits
+ *      live: if the writer still reads old's region (a disk write longer than a step), old
+ *      is put aside (park) and a third region takes its place before the swap, so the
+ *      newest whole snapshot stays held as ever (ckpt_held.c). The writer waits
  *      for the copy of its own step only; a later batch replacing it on the copy engine
  *      means the training thread settled it first (job_copied).
  *
@@ -306,8 +307,9 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->keep = cfg->keep;
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     e->nonce = e->base_nonce = cfg->nonce;
-    for (struct ckpt_gen *g = &e->g; g; g = g == &e->g ? &e->old : NULL)
-        *g = (struct ckpt_gen){.held_step = -1, .left_step = -1, .held_rank = cfg->rank, .held_world = cfg->world};
+    struct ckpt_gen *gens[] = {&e->g, &e->old, &e->park};
+    for (size_t i = 0; i < sizeof(gens) / sizeof(gens[0]); i++)
+        *gens[i] = (struct ckpt_gen){.held_step = -1, .left_step = -1, .held_rank = cfg->rank, .held_world = cfg->world};
     e->ev = rk__evlog_ref(cfg->ev);
     e->member_lost = cfg->member_lost;
     e->member_lost_arg = cfg->member_lost_arg;
@@ -479,6 +481,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     unmap_retired(e);
     gen_free(e, &e->g);
     gen_free(e, &e->old);
+    gen_free(e, &e->park);
     if (e->prev)
         ckpt__unmap_region(e, e->prev, e->prev_cap);
     free(e->was.save);

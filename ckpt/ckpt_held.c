@@ -185,17 +185,27 @@ int ckpt_snapshot_select(ckpt_engine *e, int64_t step)
 
 /* I16: a snapshot about to be copied goes into the region of the older generation, which
    then becomes g, so that the newest whole snapshot and its partner copy stay held, as
-   old, while the copy runs. Not if a writer still reads that region (a disk write longer
-   than a step): then the copy overwrites g, and old, being written to disk, stays whole.
-   A region a writer reads is never written (its checkpoint would be torn), so with g
-   read and nothing whole in old, they swap all the same. Called with no copy pending. */
+   old, while the copy runs. A region a writer reads is never written (its checkpoint would
+   be torn): when the writer reads old (a disk write longer than a step), old is put aside
+   as park, whose region takes its place first — a third region, which the writer does not
+   read (it reads one at a time) — so the newest whole snapshot still stays held. (Before,
+   the copy overwrote g then: a loss during it and its partner copy rolled back to the
+   step being written, several steps back: seen in the seed-3300 campaign, run 140.) With
+   nothing whole in g and g not read, the copy goes into g. Called with no copy pending. */
 void ckpt__next_gen(ckpt_engine *e)
 {
     bool busy = ckpt_busy(e);
     bool g_read = busy && e->g.staging && e->g.staging == e->job_region;
     bool old_read = busy && e->old.staging && e->old.staging == e->job_region;
-    if (old_read || (e->g.held_step < 0 && !g_read))
+    if (e->g.held_step < 0 && !g_read)
         return;
+    if (old_read) {
+        struct ckpt_gen t = e->park;
+        e->park = e->old;
+        e->old = t;
+        e->old.held_step = -1; /* whatever it held is older than g: never offered */
+        e->old.left_step = -1;
+    }
     swap_gens(e);
 }
 

@@ -123,8 +123,10 @@ struct ckpt_engine {
     int64_t last_committed;
 
     /* The snapshots held in memory (I8, I14, I16): g, the newest (held_step -1 while a copy
-       into it is under way), and old, the one before it, kept whole while g's copy runs. */
-    struct ckpt_gen g, old;
+       into it is under way), and old, the one before it, kept whole while g's copy runs;
+       park, a generation a disk write still reads, put aside so that g and old can go on
+       (a third region, made the first time a write lasts longer than a step, then kept). */
+    struct ckpt_gen g, old, park;
     uint64_t epoch;      /* the current membership's (ckpt_set_membership) */
     const char *job_region; /* the staging region the job in flight reads (I16) */
     ckpt_snapshot snap, snap_old; /* views of g and old (ckpt_snapshot_held, _older) */

@@ -25,6 +25,8 @@
 #include "ckpt.h"
 #include "copy_internal.h"
 
+enum { NPIN = 3 }; /* regions kept pinned: the generations of ckpt.c I16 (g, old, park) */
+
 struct cuda_copy {
     ckpt_copy base;
     cudaStream_t own, caller;
@@ -35,8 +37,8 @@ struct cuda_copy {
     bool running;        /* batch gen has not completed */
     int rc;              /* how it ended, once it did */
     char why[256];
-    void *pinned[2];     /* the regions cudaHostRegister'd (NULL: none): the two generations
-                            of the held snapshot (ckpt.c I16), the older one first */
+    void *pinned[NPIN];  /* the regions cudaHostRegister'd, the one pinned first first (NULL:
+                            none): the generations of the held snapshot (ckpt.c I16) */
     bool pin_warned;
 };
 
@@ -141,29 +143,38 @@ static int cuda_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
 static void cuda_unpin(ckpt_copy *c, void *p)
 {
     struct cuda_copy *k = (struct cuda_copy *)c;
-    int i = p && k->pinned[0] == p ? 0 : p && k->pinned[1] == p ? 1 : -1;
-    if (i < 0)
+    int i = 0;
+    while (i < NPIN && (!p || k->pinned[i] != p))
+        i++;
+    if (i == NPIN)
         return;
     cudaError_t e = cudaHostUnregister(p);
     if (e != cudaSuccess)
         RK_LOG_WARN(RK_SUB_CKPT, "CUDA copy: unpinning staging: %s", cudaGetErrorString(e));
-    if (i == 0)
-        k->pinned[0] = k->pinned[1];
-    k->pinned[1] = NULL;
+    for (; i + 1 < NPIN; i++)
+        k->pinned[i] = k->pinned[i + 1];
+    k->pinned[NPIN - 1] = NULL;
 }
 
-/* At most two regions stay pinned, the generations of the held snapshot: pinning a third
-   unpins the one pinned first (a region replaced when the registry grew). */
+/* At most NPIN regions stay pinned, the generations of the held snapshot (g, old and the
+   one a long disk write keeps aside): pinning one more unpins the one pinned first (a
+   region replaced when the registry grew). */
 static void cuda_pin(ckpt_copy *c, void *p, size_t n)
 {
     struct cuda_copy *k = (struct cuda_copy *)c;
-    if (k->pinned[0] == p || k->pinned[1] == p || !p || !n)
+    if (!p || !n)
         return;
-    if (k->pinned[1])
+    for (int i = 0; i < NPIN; i++)
+        if (k->pinned[i] == p)
+            return;
+    if (k->pinned[NPIN - 1])
         cuda_unpin(c, k->pinned[0]);
     cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
     if (e == cudaSuccess) {
-        k->pinned[k->pinned[0] ? 1 : 0] = p;
+        int i = 0;
+        while (k->pinned[i])
+            i++;
+        k->pinned[i] = p;
     } else if (!k->pin_warned) {
         k->pin_warned = true;
         RK_LOG_WARN(RK_SUB_CKPT, "CUDA copy: cannot pin %zu bytes of staging (%s): copies go unpinned, slower", n,
@@ -181,8 +192,8 @@ static int cuda_destroy(ckpt_copy *c, int64_t deadline_ns)
         rk__retain_forever(k); /* the device may still write what it names */
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT, "CUDA copy: a batch still runs; the engine is left");
     }
-    cuda_unpin(c, k->pinned[1]);
-    cuda_unpin(c, k->pinned[0]);
+    for (int i = NPIN - 1; i >= 0; i--)
+        cuda_unpin(c, k->pinned[i]);
     cudaEventDestroy(k->done);
     cudaEventDestroy(k->after);
     cudaStreamDestroy(k->own);
