@@ -84,7 +84,21 @@ def _candidates():
     ]
 
 
+def _torch_first():
+    """Imports torch, when it is installed, before the library: a process holds one
+    libnccl.so.2, the first one loaded. torch's CUDA build brings its own NCCL, often newer
+    than the one librekindle was built against; loaded second, torch would be bound to
+    ours and fail ("libtorch_cuda.so: undefined symbol: ncclCommResume", seen with
+    PyTorch 2.15 and NCCL 2.28). The other way round, librekindle runs on torch's (NCCL
+    keeps its ABI within a major version)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+
+
 def _load():
+    _torch_first()
     tried = []
     for path in _candidates():
         if os.sep in path and not os.path.exists(path):
