@@ -450,7 +450,7 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
         "[ $HOW = 2 ] && eval \"$($S/scripts/hosts env)\"\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run "
         "RK_TIMEOUT_MS=8000\n"
-        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 2 --max-np 3 "
+        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 0.5 --max-np 3 "
         "-- $B --steps $N $A > $W/out 2> $W/err & job=$!\n"
         "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
         "case $HOW in 0) echo \"$H:3\" > $W/hosts; touch $W/run/grow;;\n"

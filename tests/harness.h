@@ -90,7 +90,7 @@ int th_train_kill_replay(const char *dir, int world, int steps, const char *args
 void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out);
 
 /* rk-train --steps STEPS ARGS under an elastic `rekindle run` (--max-np 3, a cool-down
-   of 2 s, the discovery script every 0.2 s), checkpoints every 50 steps in dir/c. Once
+   of 0.5 s, the discovery script every 0.2 s), checkpoints every 50 steps in dir/c. Once
    checkpoint 100 is committed: TH_GROW: the script, which listed this host with 2 slots,
    lists 3 (and RK_RUN_DIR/grow is touched); TH_LOSE_WORKER: of 3 workers on this host,
    worker 1 is SIGKILLed (the job shrinks in place, grows back after the cool-down);

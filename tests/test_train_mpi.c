@@ -224,17 +224,20 @@ START_TEST(discovery_grows_job)
 END_TEST
 
 /* A worker of 3 killed: the other 2 go on in place (from memory); its host (this one)
-   cools down for 2 s, then its slot counts again and the job grows back to 3 at its next
-   checkpoint: the bits of a replay on 3, then 2, then 3 workers. */
+   cools down for 0.5 s, then its slot counts again and the job grows back to 3 at its next
+   checkpoint: the bits of a replay on 3, then 2, then 3 workers. The run is long enough
+   (6000 steps, ~1 ms each on an idle machine) for the growth to come well before its end.
+   (With a cool-down of 2 s and 4000 steps the job once ended first, at world 2, during a
+   full make check.) */
 START_TEST(lost_worker_grown_back)
 {
     char *w = th_tmpdir("train-back"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 4000, "--seed 6 --hidden 32", TH_LOSE_WORKER, &out);
+    int rc = th_train_elastic(w, 6000, "--seed 6 --hidden 32", TH_LOSE_WORKER, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "lost worker 1: no growth onto it") &&
                       strstr(out, "launching again to grow"),
                   "rc %d:\n%s", rc, out);
-    th_job_equals_replay(out, 3, 4000);
+    th_job_equals_replay(out, 3, 6000);
     th_rmrf(w);
     free(w);
 }
