@@ -478,3 +478,14 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
     free(rekindle);
     return rc;
 }
+
+void th_elastic_grows_back(enum th_elastic how, const char *args, const char *lost_line)
+{
+    char *w = th_tmpdir("elastic-back"), *out = NULL;
+    int rc = th_train_elastic(w, 6000, args, how, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, lost_line) && strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 3, 6000);
+    th_rmrf(w);
+    free(w);
+}

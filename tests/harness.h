@@ -101,6 +101,10 @@ void th_train_spare(const char *dir, int steps, const char *args, bool kill_one,
    status. */
 enum th_elastic { TH_GROW, TH_LOSE_WORKER, TH_LOSE_HOST };
 int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, char **out);
+/* th_train_elastic of 6000 steps with TH_LOSE_WORKER or TH_LOSE_HOST (long enough for the
+   growth back, ~1 ms steps on an idle machine, to come well before the end), asserting exit
+   0, the launcher's lost_line, the growth, and the final bits of the replay on 3 workers. */
+void th_elastic_grows_back(enum th_elastic how, const char *args, const char *lost_line);
 
 /* Asserts with both sides shown. */
 #define th_assert_rc(expr, want)                                                          \

@@ -43,14 +43,7 @@
 
 static int g_rank, g_world;
 
-#define FAIL(...)                                                                          \
-    do {                                                                                   \
-        printf("FAIL rank %d: ", g_rank);                                                  \
-        printf(__VA_ARGS__);                                                               \
-        printf("\n");                                                                      \
-        fflush(stdout);                                                                    \
-        _exit(1);                                                                          \
-    } while (0)
+#define FAIL(...) PROG_FAIL(g_rank, __VA_ARGS__)
 
 #define N_ELEMS ((size_t)(1u << 20) + 3)
 #define KILL_AFTER_MS 300   /* from the agreement to the victim's death */
@@ -118,6 +111,13 @@ static double ms_between(int64_t from_ns, int64_t to_ns)
     return (double)(to_ns - from_ns) / 1e6;
 }
 
+/* A ring over MPI_COMM_WORLD and its NCCL communicator on device 0, or FAIL. */
+static void open_ring(ring **r, ring_nccl **g)
+{
+    if (ring_create(r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_nccl_create(g, *r, 0, 60000, NULL) != 0)
+        FAIL("ring or NCCL communicator: %s", rk_last_error());
+}
+
 /* Sum, avg, max and min of f32, f16 and bf16 device buffers, bit for bit against the host
    reference computed in the same type. */
 static int mode_dtypes(void)
@@ -129,8 +129,7 @@ static int mode_dtypes(void)
         all[i] = i;
     ring *r = NULL;
     ring_nccl *g = NULL;
-    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_nccl_create(&g, r, 0, 60000, NULL) != 0)
-        FAIL("ring or NCCL communicator: %s", rk_last_error());
+    open_ring(&r, &g);
     rk_dtype types[] = {RK_F32, RK_F16, RK_BF16};
     const char *tname[] = {"f32", "f16", "bf16"};
     rk_op ops[] = {RK_SUM, RK_AVG, RK_MAX, RK_MIN};
@@ -206,8 +205,7 @@ static int mode_kill(int victim, bool inside)
         all[i] = i;
     ring *r = NULL;
     ring_nccl *g = NULL;
-    if (ring_create(&r, MPI_COMM_WORLD, NULL, 0, 60000) != 0 || ring_nccl_create(&g, r, 0, 60000, NULL) != 0)
-        FAIL("ring or NCCL communicator: %s", rk_last_error());
+    open_ring(&r, &g);
     float *d = device_values();
     struct oracle o = {pids, victim, 0};
     ring_cancel c = {.deadline_ns = 0, .changed = oracle_changed, .arg = &o};

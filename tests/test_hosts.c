@@ -98,14 +98,7 @@ END_TEST
 START_TEST(host_lost_and_back)
 {
     need_hosts();
-    char *w = th_tmpdir("hosts-back"), *out = NULL;
-    int rc = th_train_elastic(w, 6000, "--seed 8 --hidden 32", TH_LOSE_HOST, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "host rke2 lost worker 1: no growth onto it") &&
-                      strstr(out, "launching again to grow"),
-                  "rc %d:\n%s", rc, out);
-    th_job_equals_replay(out, 3, 6000);
-    th_rmrf(w);
-    free(w);
+    th_elastic_grows_back(TH_LOSE_HOST, "--seed 8 --hidden 32", "host rke2 lost worker 1: no growth onto it");
 }
 END_TEST
 

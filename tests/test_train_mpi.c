@@ -231,15 +231,8 @@ END_TEST
    full make check.) */
 START_TEST(lost_worker_grown_back)
 {
-    char *w = th_tmpdir("train-back"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 6000, "--seed 6 --hidden 32", TH_LOSE_WORKER, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "lost worker 1: no growth onto it") &&
-                      strstr(out, "launching again to grow"),
-                  "rc %d:\n%s", rc, out);
-    th_job_equals_replay(out, 3, 6000);
-    th_rmrf(w);
-    free(w);
+    th_elastic_grows_back(TH_LOSE_WORKER, "--seed 6 --hidden 32", "lost worker 1: no growth onto it");
 }
 END_TEST
 
