@@ -38,6 +38,17 @@ network namespaces joined by a bridge, over TCP):
   link_loss         iptables drops x% (2, 5 or 10) of what one host sends and receives, at
                     random, for a few seconds (no netem in every kernel): slower, but no
                     worker may be declared dead for it
+Elastic kinds between hosts: the job runs under `rekindle run --host-discovery-script`
+listing the hosts the harness says are up (each host's slots summing to the workers), for
+--grow-steps steps, and must end at its full size:
+  host_return       host_loss, then the host comes back after 1-3 s: either the harness
+                    lists it again ('relist': it was taken off the list at the loss), or it
+                    stays listed and the launcher's --blacklist-cooldown of that length keeps
+                    it out ('cooldown'). The others go on in place; the job grows back to W
+                    at a checkpoint after the host's return (a relaunch that is no restart)
+  host_add          the job starts on the hosts but one; that host is listed at a random
+                    step (and, half the time, RK_RUN_DIR/grow touched to push the news):
+                    the job grows to W at its next checkpoint
 Moments: 'step' (a random step), 'snapshot' (the step whose rk_step_done takes a
 snapshot), 'persist' (a few ms after it: the write is in flight), 'commit' (as soon as a
 ckpt_committed event is seen), 'dead' (as soon as a peer_dead event is seen: recovery).
@@ -52,9 +63,11 @@ from job import marked_processes, now_ns
 
 KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "kill_in_rebuild", "stop_cont",
          "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world",
-         "host_loss", "partition", "link_loss"]
+         "host_loss", "partition", "link_loss", "host_return", "host_add"]
 # Kinds that need the job on several hosts (chaos/run --hosts K).
-NEED_HOSTS = {"host_loss", "partition", "link_loss"}
+NEED_HOSTS = {"host_loss", "partition", "link_loss", "host_return", "host_add"}
+# Kinds whose job runs elastic (host discovery) and must grow to its full size.
+GROWS = {"host_return", "host_add"}
 # Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
 IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "kill_in_rebuild", "stop_cont", "io_fault",
             "disk_hang", "hb_jitter", "host_loss", "partition", "link_loss"}
@@ -74,13 +87,19 @@ def majority_left(world, killed, lowest):
     return 2 * left > world or (2 * left == world and lowest not in killed)
 
 
-def draw(rng, kinds, workers, steps, every, hosts=0):
+def draw(rng, kinds, workers, steps, every, hosts=0, grow_steps=0):
     """The run's plan: {'kind', 'faults': [fault dicts], 'env', 'max_restarts', 'netns',
     'expect'}. expect: 'finish' (completes, in place if the kind is in IN_PLACE) or
-    'stop' (ends with the min_world error)."""
+    'stop' (ends with the min_world error). An elastic kind (GROWS) adds 'steps' (the
+    run's, grow_steps), 'cooldown_s' (the launcher's --blacklist-cooldown) and
+    'unlisted' (the host left off the list at the start, or None)."""
     kind = rng.choice(kinds)
     plan = {"kind": kind, "faults": [], "env": {}, "max_restarts": 2, "netns": False,
             "expect": "finish", "in_place": kind in IN_PLACE}
+    if kind in GROWS:
+        # early enough that the host is back, and a checkpoint or two later, well before the end
+        plan.update(steps=grow_steps, cooldown_s=0.5, unlisted=None)
+        early = {"step": rng.randint(max(every + 1, grow_steps // 10), max(every + 2, grow_steps // 4))}
     lo, hi = max(every + 1, steps // 6), max(every + 2, (steps * 3) // 4)
 
     def moment():
@@ -156,6 +175,14 @@ def draw(rng, kinds, workers, steps, every, hosts=0):
     elif kind == "link_loss":
         fault("link_loss", pick="host", n=0, host=rng.randrange(hosts), hold_ms=rng.randint(2000, 4000),
               loss=rng.choice([2, 5, 10]))
+    elif kind == "host_return":
+        how, hold = rng.choice(["relist", "cooldown"]), rng.randint(1000, 3000)
+        if how == "cooldown":
+            plan["cooldown_s"] = hold / 1000.0
+        fault("host_loss", pick="host", n=0, host=rng.randrange(hosts), returns=how, hold_ms=hold, **early)
+    elif kind == "host_add":
+        plan["unlisted"] = rng.randrange(hosts)
+        fault("host_add", pick="host", n=0, host=plan["unlisted"], push=rng.random() < 0.5, **early)
     if kind in ("kill_two",):
         plan["in_place"] = None  # decided when the victims are known (majority rule)
     return plan
@@ -261,6 +288,13 @@ def inject(f, job, rng, world_start):
         else:  # relaunch, corrupt: the whole run, launcher included
             job.kill_everything()
         return None
+    if k == "host_add":
+        host = job.hosts.names[f["host"]]
+        f["host"], f["victims"] = host, []
+        job.list_host(host, True)
+        if f["push"]:  # the scheduler's news pushed: the launcher runs its script at once
+            open(os.path.join(job.run_dir(), "grow"), "w").close()
+        return None
     if k in NEED_HOSTS:
         host = job.hosts.names[f["host"]]
         f["host"] = host
@@ -271,8 +305,12 @@ def inject(f, job, rng, world_start):
             if not procs:
                 f["fired"] = False
                 return "no process of the run on " + host
+            if f.get("returns") == "relist":  # the scheduler takes the dead host off the list
+                job.list_host(host, False)
             _signal(procs, signal.SIGKILL)
             f["processes"] = len(procs)
+            if f.get("returns"):
+                f["return_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
             return None
         f["end_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
         if k == "partition":

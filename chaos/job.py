@@ -120,7 +120,8 @@ def kill_marked(mark, exact=True, sig=signal.SIGKILL):
 
 
 class Job:
-    def __init__(self, run_dir, build, src, workers, train_args, env, mark, max_restarts=0, netns=False, hosts=None):
+    def __init__(self, run_dir, build, src, workers, train_args, env, mark, max_restarts=0, netns=False, hosts=None,
+                 elastic=None):
         self.dir = run_dir
         self.build, self.src = build, src
         self.workers = workers
@@ -130,6 +131,15 @@ class Job:
         self.max_restarts = max_restarts
         self.netns = netns
         self.hosts = hosts        # Hosts (scripts/hosts) to run on, or None: this host
+        # Elastic (a dict: cooldown_s, unlisted): `rekindle run --host-discovery-script`
+        # reading the list of the hosts up, which the harness changes (list_host).
+        self.elastic = elastic
+        self.listed = set()
+        self.hosts_list = os.path.join(run_dir, "hosts-up")
+        if elastic:
+            for i, h in enumerate(hosts.names):
+                if i != elastic.get("unlisted"):
+                    self.list_host(h, True)
         self.ckpt = os.path.join(run_dir, "ckpt")
         self.evbase = os.path.join(run_dir, "ev")
         self.launch_dir = os.path.join(run_dir, "launch")
@@ -150,9 +160,35 @@ class Job:
         self._out_part = ""
 
     # ---- launching -----------------------------------------------------------------
+    def slots(self, host):
+        """An elastic job's slots on host: the workers spread over the hosts, the first
+        ones taking one more where they do not divide."""
+        i, k = self.hosts.names.index(host), len(self.hosts.names)
+        return self.workers // k + (1 if i < self.workers % k else 0)
+
+    def list_host(self, host, up):
+        """Lists host (up) or takes it off the list the discovery script prints (replaced
+        whole, by a rename: the launcher never reads half of it)."""
+        (self.listed.add if up else self.listed.discard)(host)
+        tmp = self.hosts_list + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("".join("%s:%d\n" % (h, self.slots(h)) for h in self.hosts.names if h in self.listed))
+        os.rename(tmp, self.hosts_list)
+
+    def run_dir(self):
+        return os.path.join(self.launch_dir, "phase-%d" % self.phase)
+
+    def start_world(self):
+        return sum(self.slots(h) for h in self.listed) if self.elastic else self.workers
+
     def command(self):
-        cmd = [os.path.join(self.build, "bin", "rekindle"), "run", "-n", str(self.workers)]
-        if self.hosts:
+        cmd = [os.path.join(self.build, "bin", "rekindle"), "run"]
+        if self.elastic:
+            cmd += ["--host-discovery-script", "cat " + self.hosts_list, "--discovery-interval", "0.2",
+                    "--blacklist-cooldown", "%g" % self.elastic["cooldown_s"], "--max-np", str(self.workers)]
+        else:
+            cmd += ["-n", str(self.workers)]
+        if self.hosts and not self.elastic:
             cmd += ["--hostfile", self.hosts.hostfile]
         if self.max_restarts:
             cmd += ["--max-restarts", str(self.max_restarts)]
@@ -171,7 +207,7 @@ class Job:
             "CHAOS_RUN": self.mark,
             "RK_CKPT_DIR": self.ckpt,
             "RK_EVENT_LOG": self.evbase,
-            "RK_RUN_DIR": os.path.join(self.launch_dir, "phase-%d" % self.phase),
+            "RK_RUN_DIR": self.run_dir(),
         })
         env.update(MPI_ENV)
         if self.hosts:

@@ -16,21 +16,25 @@ after a run that had to stop; the reason is in the detail and in the report).
                and nobody could tell it, it refused to go on as a minority
                (RK_E_NO_MAJORITY on its stderr); a partitioned host's workers (the
                minority) did not finish (no 'exit 0' record) and committed nothing
-               after the partition began
+               after the partition began; an elastic kind (host_return, host_add)
+               was relaunched only to grow and ended at the full world, or had no
+               checkpoint after the host was back to grow at (skipped, said)
   verify       `rekindle verify` passes every committed checkpoint (--all), and fails
                each one the harness damaged
   h5           every committed checkpoint opens with h5py: root attributes step (equal
                to its label), world_size, format_version; every tensor readable
   fresh_resume no resume older than the newest checkpoint committed before the fault
   replay       the final hash equals a fault-free replay from the last resume step on the
-               final world size (that checkpoint copied alone into a fresh directory)
+               final world size (that checkpoint copied alone into a fresh directory);
+               an elastic kind's whole history replayed from scratch, world by world
   no_leftover  no process of the run (launcher, mpirun, orted, wrapper, trainer) alive
                after it ended
   no_temp      no '.'-prefixed entry in the checkpoint directory after a clean end
   no_false_dead no worker declared dead that the harness did not kill, stop or crash
                (declarations by a worker while or after it was stopped are its stale
                view of the others, not false deaths; a worker wedged inside MPI by a
-               peer's death, which leaves with RK_EXIT_WEDGED, counts as lost and is named)
+               peer's death, which leaves with RK_EXIT_WEDGED, counts as lost and is named;
+               deaths while the launcher stops the job to grow it are that stop)
   events       every event-log line is one JSON object with t_ns, rank and event
 """
 import os
@@ -165,7 +169,70 @@ def nothing_to_roll_back(job, plan, workers):
         any((v + 1) % workers in f["victims"] for v in f["victims"]) for f in plan["faults"])
 
 
-def check_in_place(job, plan, workers):
+GROW_TEXT = "launching again to grow (not a restart)"
+GROW_STOP = re.compile(r"rekindle: run: checkpoint (\d+) committed: stopping the job to launch it again")
+
+
+def growths(job):
+    """How many times the launcher relaunched the job to grow it (not restarts)."""
+    return job.stderr_text().count(GROW_TEXT)
+
+
+def growth_stops(job):
+    """(from, to) CLOCK_REALTIME ns of each stop of the job to grow it: from the commit
+    of the checkpoint the launcher waited for to the first resume from disk after it."""
+    out = []
+    for m in GROW_STOP.finditer(job.stderr_text()):
+        t0 = min((e["t_ns"] for e in job.events_named("ckpt_committed") if e["step"] == int(m.group(1))), default=None)
+        if t0 is None:
+            continue
+        t1 = min((e["t_ns"] for e in job.events_named("resumed", t0) if e.get("from") == "disk"), default=float("inf"))
+        out.append((t0, t1))
+    return out
+
+
+def f_kind(plan):
+    return plan["faults"][0]["kind"] if plan["faults"] else None
+
+
+def check_grown(job, plan, cfg):
+    """An elastic kind: the loss (host_return) was survived in place, every relaunch was a
+    growth, and the job ended at its full size (the workers of every host)."""
+    workers, grown = cfg["workers"], growths(job)
+    restarts = job.relaunches() - grown
+    if job.phase != 0 or restarts:
+        if nothing_to_roll_back(job, plan, workers):
+            return _skip("in_place", "a slice lost in memory before any commit: rightly relaunched")
+        return _bad("in_place", "the job was restarted %d time(s) besides %d growth(s)" % (restarts, grown))
+    finals = last_finals(job)
+    if finals and finals[0][2] == workers:
+        mem = [e["step"] for e in job.events_named("resumed") if e.get("from") == "memory"]
+        return _ok("in_place", "%s; grew %s %d by %d relaunch(es) at a checkpoint" % (
+            "the loss survived in place (resumed step %d from memory)" % min(mem) if mem else
+            "no rollback from memory", "back to" if f_kind(plan) == "host_loss" else "to", workers, grown))
+    # When could it grow: the host listed again (or its cool-down over), the launcher's
+    # next look (0.2 s), the loss noticed from the wrappers' silence (3 s), then a commit.
+    f = plan["faults"][0]
+    ready = f.get("returned_ns") or (f["t_ns"] if f.get("fired") else None)
+    if ready is None:
+        return _skip("in_place", "the host was never lost or added")
+    if f["kind"] == "host_loss":
+        ready = max(ready, f["t_ns"] + 3_500_000_000 + int(plan["cooldown_s"] * 1e9))
+    every = int(cfg["env"]["RK_CKPT_EVERY"])
+    later = [e for e in job.events_named("ckpt_committed", ready + 500_000_000)
+             if e["step"] <= cfg["steps"] - 2 * every]
+    if not later:
+        return _skip("in_place", "no checkpoint committed after the host came back, %d steps before the end: "
+                     "too late to grow (final world %s)" % (2 * every, finals[0][2] if finals else "?"))
+    return _bad("in_place", "final world %s, want %d: checkpoint %d was committed %.1f s after the host came "
+                "back, and the job did not grow" % (finals[0][2] if finals else "?", workers, later[0]["step"],
+                                                    (later[0]["t_ns"] - ready) / 1e9))
+
+
+def check_in_place(job, plan, cfg):
+    if plan["kind"] in faults.GROWS:
+        return check_grown(job, plan, cfg)
+    workers = cfg["workers"]
     lost = lost_ranks(job, plan)
     in_place = plan["in_place"]
     if in_place is None:  # kill_two: the victims decide (rule I1 against the first view)
@@ -374,27 +441,29 @@ def segments(job, cfg):
     it resumed in (the first resume event of each epoch, its world from ring_rebuilt; a
     relaunch's resume from disk too), after the launch's own (0, 0, workers)."""
     worlds = {e["epoch"]: e["world"] for e in job.events_named("ring_rebuilt")}
+    start = cfg.get("start_world", cfg["workers"])
     first = {}
     for e in sorted(job.events_named("resumed"), key=lambda e: e["t_ns"]):
-        key = (e.get("epoch"), e["step"], e.get("from"))
-        if key not in first:
-            first[key] = (e["t_ns"], e["step"], worlds.get(e.get("epoch"), cfg["workers"]))
-    return [(0, 0, cfg["workers"])] + sorted(first.values())
+        key = (e.get("epoch"), e["step"], e.get("from"), e.get("world"))
+        if key not in first:  # 'world' is in the event since it was added; else its epoch's
+            first[key] = (e["t_ns"], e["step"], e.get("world", worlds.get(e.get("epoch"), start)))
+    return [(0, 0, start)] + sorted(first.values())
 
 
-def state_at(job, cfg, step, before_ns, args, scratch, depth=0):
+def state_at(job, cfg, step, before_ns, args, scratch, depth=0, trust=True):
     """A checkpoint directory holding the state the job had at `step` when it resumed it at
-    before_ns, and how it was had: the job's own committed checkpoint of that step, else a
-    replay of the part of its history that produced it (a snapshot held in memory, taken at
-    every step, is on disk only at RK_CKPT_EVERY's steps): from the state of the latest
-    membership before before_ns that resumed at a step <= `step`, on that membership's
-    world, to `step`, checkpointing it. (None, why) if it cannot be had."""
-    if step == 0 or os.path.isdir(os.path.join(job.ckpt, "step-%012d" % step)):
+    before_ns, and how it was had: the job's own committed checkpoint of that step (when
+    `trust`), else a replay of the part of its history that produced it (a snapshot held
+    in memory, taken at every step, is on disk only at RK_CKPT_EVERY's steps): from the
+    state of the latest membership before before_ns that resumed at a step <= `step`, on
+    that membership's world, to `step`, checkpointing it. With trust False the whole
+    history is replayed from scratch, world by world. (None, why) if it cannot be had."""
+    if step == 0 or (trust and os.path.isdir(os.path.join(job.ckpt, "step-%012d" % step))):
         return job.ckpt, "the job's checkpoint %d" % step if step else "scratch"
     if depth > 8:
         return None, "more than 8 segments of history to replay"
     t0, s0, world0 = max((g for g in segments(job, cfg) if g[0] < before_ns and g[1] <= step), default=(0, 0, cfg["workers"]))
-    where, how = state_at(job, cfg, s0, t0 if t0 else 1, args, scratch, depth + 1)
+    where, how = state_at(job, cfg, s0, t0 if t0 else 1, args, scratch, depth + 1, trust)
     if where is None or s0 == step:
         return where, how
     seg = os.path.join(scratch, "seg%d" % depth)
@@ -425,7 +494,10 @@ def check_replay(job, plan, cfg, damaged, cache, scratch, sabotage):
     if step == 0 and key in cache:
         want, how = cache[key], "fault-free run on %d workers (cached)" % world
     else:
-        where, prefix = state_at(job, cfg, step, resumes[-1]["t_ns"] if resumes else 0, args, scratch + "-state")
+        # An elastic kind's history is replayed whole, world by world: the checkpoint the
+        # growth resumed from is checked too, not taken as given.
+        where, prefix = state_at(job, cfg, step, resumes[-1]["t_ns"] if resumes else 0, args, scratch + "-state",
+                                 trust=plan["kind"] not in faults.GROWS)
         if where is None:
             return _bad("replay", "the state of resumed step %d: %s" % (step, prefix))
         want, how = replay_hash(cfg["build"], cfg["src"], where, step, world, args, scratch,
@@ -497,8 +569,11 @@ def check_no_false_dead(job, plan):
             hit.add(f["rank"])
     if whole:
         return _skip("no_false_dead", "the whole job was killed")
+    # Stopping the job to grow it ends every worker: deaths seen meanwhile are that stop.
+    stops = growth_stops(job)
     wrong = sorted({(e["rank"], e["peer"]) for e in job.events_named("peer_dead")
-                    if e.get("peer") not in hit and e["rank"] not in stopped})
+                    if e.get("peer") not in hit and e["rank"] not in stopped
+                    and not any(t0 <= e["t_ns"] < t1 for t0, t1 in stops)})
     hit |= wedged(job)
     wrong = [w for w in wrong if w[1] not in hit]
     if wrong:
@@ -536,6 +611,8 @@ def latencies(job, plan):
     (rank 0's steps done at the kill minus the step resumed); how that first death was
     learned (via: parent or silence) and whether the parent's report was on."""
     out = []
+    # A growth's relaunch resumes every worker again, from disk: not the fault's recovery.
+    grown = min((t0 for t0, _ in growth_stops(job)), default=float("inf"))
     for f in plan["faults"]:
         if not f.get("fired") or f["kind"] not in ("kill", "stop", "host_loss", "partition") or f["pick"] == "all":
             continue
@@ -545,7 +622,8 @@ def latencies(job, plan):
         dead = [e["t_ns"] for e in dead_ev]
         first = {}
         for e in sorted(job.events_named("resumed", t), key=lambda e: e["t_ns"]):
-            first.setdefault(e["rank"], e)
+            if e["t_ns"] < grown:
+                first.setdefault(e["rank"], e)
         rec = {"fault": f["kind"], "victims": f["victims"], "progress": f["progress"],
                "detect_ms": (min(dead) - t) / 1e6 if dead else None,
                "recover_ms": (max(e["t_ns"] for e in first.values()) - t) / 1e6 if first else None,

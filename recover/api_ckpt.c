@@ -431,7 +431,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
         ctx->next_step = *next_step = step;
         RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s", step, ctx->opt.ckpt_dir);
         RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"),
-                 RK_EV_I("epoch", ctx->agreed_epoch));
+                 RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("world", ctx->world));
     } else if (!rc) {
         /* Nothing on disk: hold the state the program starts from, so that a failure before
            the first checkpoint can still roll back in memory. */

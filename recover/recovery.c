@@ -662,7 +662,8 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     if (rc != 0)
         return rc;
     RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", ctx->next_step), RK_EV_S("from", source_name(from)),
-             RK_EV_I("epoch", dec->epoch), RK_EV_I("steps_lost", dec->steps_lost), RK_EV_D("ms", rk__ms_since(t0)));
+             RK_EV_I("epoch", dec->epoch), RK_EV_I("world", ctx->world), RK_EV_I("steps_lost", dec->steps_lost),
+             RK_EV_D("ms", rk__ms_since(t0)));
     RK_LOG_INFO(RK_SUB_REC, "recovered in %.1f ms: epoch %llu, world %d, resuming step %lld from %s (%lld steps lost)",
                 rk__ms_since(t0), (unsigned long long)dec->epoch, ctx->world, (long long)ctx->next_step,
                 source_name(from), (long long)dec->steps_lost);
