@@ -118,10 +118,12 @@ START_TEST(docs_program_call_survives_kill)
 }
 END_TEST
 
-/* examples/horovod_style.py (Elastic Horovod's API, rekindle.elastic) on 3 workers, one
-   SIGKILLed: the 2 survivors finish with the hash of a fault-free replay from the step they
-   resumed at (the model, SGD's momentum and the state's epoch, batch and step). */
-START_TEST(horovod_style_killed_worker_replay)
+/* examples/horovod_style.py (Elastic Horovod's API, rekindle.elastic) on 3 workers under
+   `rekindle run --host-discovery-script`, one SIGKILLed and its slot taken off the list,
+   then listed again: the 2 survivors go on in place, the job grows back to 3 at a
+   checkpoint, and ends with the hash of a replay of its history world by world (the
+   model, SGD's momentum and the state's epoch, batch and step). */
+START_TEST(horovod_style_killed_then_grown_back)
 {
     job("horovod", NULL, "job_check horovod: ok");
 }
@@ -167,7 +169,7 @@ int main(void)
     tcase_add_test(tc, docs_program_with_survives_kill);
     tcase_add_test(tc, docs_program_call_survives_kill);
     tcase_add_test(tc, relaunch_resumes_from_disk);
-    tcase_add_test(tc, horovod_style_killed_worker_replay);
+    tcase_add_test(tc, horovod_style_killed_then_grown_back);
     tcase_add_test(tc, elastic_state_rolls_back);
     suite_add_tcase(s, tc);
     return th_main(s);

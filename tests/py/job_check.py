@@ -24,9 +24,15 @@ judged as the C trainer is: run by tests/test_python.c.
         step 65; the job must exit 0, every survivor print its final line.
     job_check.py BUILD WORK horovod
         The same judgement of examples/horovod_style.py (Elastic Horovod's API,
-        rekindle.elastic): 3 workers, one SIGKILLed once a checkpoint is committed; the 2
-        survivors' final hash (the model, SGD's momentum and the state's epoch, batch and
-        step) must equal 3 workers' replay to the step they resumed at, then 2 from there.
+        rekindle.elastic), run elastic: `rekindle run --host-discovery-script` listing
+        this host with 3 slots. One worker is SIGKILLed once a checkpoint is committed and
+        its slot taken off the list (the scheduler lost it), then listed again 0.5 s later
+        (it came back): the 2 survivors go on in place from memory, and the launcher grows
+        the job back to 3 at a later checkpoint (a relaunch, not a restart). The 3 final
+        hashes (the model, SGD's momentum and the state's epoch, batch and step) must equal
+        a replay of the job's history world by world: 3 workers to the step the survivors
+        resumed at, 2 from there to the checkpoint the growth resumed from (which must equal
+        the job's own bitwise), 3 from there to the end.
     job_check.py BUILD WORK elastic
         tests/py/elastic_check.py (rekindle.elastic's TorchState and run(): rollback of
         the scalars, reset callbacks, sync) on 3 workers, one of which SIGKILLs itself:
@@ -44,6 +50,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,8 +74,9 @@ else:
     TRAIN = os.path.join(SRC, "examples", "horovod_style.py" if MODE == "horovod" else "torch_train.py")
     EVERY, KILL_AT = 30, None
 
-    def program(steps):
-        return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS
+    def program(steps):  # horovod: epochs enough for any --steps here (19-28 batches an epoch)
+        return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS + (
+            ["--epochs", "400"] if MODE == "horovod" else [])
 
 
 def job_program(steps):
@@ -77,6 +85,7 @@ def job_program(steps):
         return [sys.executable, os.path.join(SRC, "tests", "py", "last_call.py")] + program(steps)[2:]
     return program(steps)
 NAME = " ".join([MODE] + FLAGS)
+GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
 
 
 def fail(msg, log=""):
@@ -88,7 +97,8 @@ def fail(msg, log=""):
 
 def env_for(ckpt, events=None, every=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
-    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or EVERY), "RK_TIMEOUT_MS": "5000",
+    # RK_KEEP: the checkpoint a growth resumed from stays for the comparison with the replay's
+    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or EVERY), "RK_TIMEOUT_MS": "5000", "RK_KEEP": "1000",
                 "PYTHONPATH": os.path.join(SRC, "python")})
     if events:
         env["RK_EVENT_LOG"] = events
@@ -96,11 +106,14 @@ def env_for(ckpt, events=None, every=None):
 
 
 class Job:
-    """`rekindle run -n N` of the program; its output is collected as it comes."""
+    """`rekindle run -n N` of the program (hosts: a discovery script's list instead, for
+    at most N workers); its output is collected as it comes."""
 
-    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None):
-        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--spares", str(spares), "--"] + \
-            prog(steps) + list(extra)
+    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None, hosts=None):
+        size = ["-n", str(n), "--spares", str(spares)] if hosts is None else [
+            "--host-discovery-script", "cat " + hosts, "--discovery-interval", "0.2", "--blacklist-cooldown", "0.5",
+            "--max-np", str(n)]
+        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run"] + size + ["--"] + prog(steps) + list(extra)
         self.p = subprocess.Popen(cmd, env=env_for(ckpt, events, every), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
@@ -174,14 +187,24 @@ def mpi_rank(pid):
         return None
 
 
+def list_slots(path, slots):
+    with open(path + ".tmp", "w") as f:
+        f.write("%s:%d\n" % (socket.gethostname(), slots))
+    os.rename(path + ".tmp", path)
+
+
 def kill():
-    steps = 240 if KILL_AT is None and MODE != "horovod" else 120
+    grow = MODE == "horovod"  # lost, then its slot listed again: grows back
+    steps = 3000 if grow else 240 if KILL_AT is None else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
     spares = 1 if MODE == "spare" else 0
-    n = 3 if MODE == "horovod" else 4 - spares  # the workers in the ring; the world after the loss:
-    world = n if spares else n - 1
-    job = Job(n, steps, ckpt, events, prog=job_program, spares=spares)
+    n = 3 if grow else 4 - spares  # the workers in the ring; the world after the loss:
+    world = n if spares or grow else n - 1
+    hosts = os.path.join(WORK, "hosts") if grow else None
+    if grow:
+        list_slots(hosts, n)
+    job = Job(n, steps, ckpt, events, prog=job_program, spares=spares, hosts=hosts)
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
     # worker of launch rank 1, never a spare (last: rank 1 kills itself).
     pattern = "^" + re.escape(" ".join(program(steps)))
@@ -193,15 +216,23 @@ def kill():
             pids = [p for p in workers(pattern) if mpi_rank(p) == 1]
             if pids:
                 victim = pids[0]
+                if grow:
+                    list_slots(hosts, n - 1)
                 os.kill(victim, signal.SIGKILL)
         time.sleep(0.05)
+    if grow and victim is not None:
+        time.sleep(0.5)
+        list_slots(hosts, n)
     rc, out = finish(job)
     if victim is None:
         fail("no worker was killed (none found once %s)" % (
             "a checkpoint was committed" if KILL_AT is None else "step %d was printed" % KILL_AT), out)
     if rc != 0:
         fail("the job ended with exit %d after a worker was killed" % rc, out)
-    got = one_final(out, steps, world, "the job")
+    # A job stopped to grow may have reached its end first: its workers then printed their
+    # final lines before the stop ended them, and the launch that grew it prints the job's.
+    last = out.rsplit(GROW_LINE, 1)[-1] if grow else out
+    got = one_final(last, steps, world, "the job's last launch" if grow else "the job")
     resumed = []
     for path in glob.glob(events + ".*"):
         with open(path) as f:
@@ -209,6 +240,8 @@ def kill():
     if not resumed:
         fail("no 'resumed' event in %s.*" % events, out)
     resumed.sort(key=lambda e: e["t_ns"])
+    if grow:
+        return grown_back(out, got, resumed, n, steps, ckpt)
     step, source = resumed[-1]["step"], resumed[-1]["from"]
     if len({(e["step"], e["from"]) for e in resumed if e["epoch"] == resumed[-1]["epoch"]}) != 1:
         fail("the survivors resumed differently: %s" % resumed)
@@ -226,6 +259,30 @@ def kill():
         fail("final hash %s, the replay from step %d (resumed from %s) gives %s" % (got, step, source, want), out)
     print("job_check %s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
         NAME, step, source, got))
+
+
+def grown_back(out, got, resumed, n, steps, ckpt):
+    """The judgement of a job that lost a worker, went on in place, then grew back."""
+    if GROW_LINE not in out or "relaunching, restart" in out:
+        fail("the job did not grow back by a relaunch at a checkpoint (or was restarted)", out)
+    memory = [e for e in resumed if e["from"] == "memory"]
+    disk = [e for e in resumed if e["from"] == "disk" and memory and e["t_ns"] > memory[0]["t_ns"]]
+    if not memory or not disk:
+        fail("want a resume from memory (the loss), then one from disk (the growth): %s" % resumed, out)
+    a, b = memory[0]["step"], disk[-1]["step"]
+    replay = os.path.join(WORK, "replay")
+    os.makedirs(replay)
+    if a > 0:
+        run(n, a, replay, "replay to step %d on %d workers" % (a, n), every=a)
+    run(n - 1, b, replay, "replay from step %d to %d on %d workers" % (a, b, n - 1), every=b)
+    if not equal_state(rekindle.load(ckpt, b), rekindle.load(replay, b)):
+        fail("the job's checkpoint %d, which the growth resumed from, differs from the replay's" % b)
+    want, _ = run(n, steps, replay, "replay from step %d on %d workers" % (b, n))
+    if got != want:
+        fail("final hash %s; the replay (%d workers to %d, %d to %d, %d to the end) gives %s" % (
+            got, n, a, n - 1, b, n, want), out)
+    print("job_check %s: ok: %d survivors resumed at step %d from memory, grew back to %d at checkpoint %d, "
+          "hash %s equals the replay's" % (NAME, n - 1, a, n, b, got))
 
 
 def relaunch():
