@@ -71,6 +71,12 @@ class Job:
         try:
             self.p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            # torchrun starts its workers in sessions of their own: end them by descent
+            for pid in [self.p.pid] + descendants(self.p.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             os.killpg(self.p.pid, signal.SIGKILL)
             self.p.wait()
         self.reader.join(10)
@@ -81,6 +87,24 @@ class Job:
 
     def text(self):
         return "\n".join(l for _, l in self.lines)
+
+
+def descendants(root):
+    """Every process below root, from /proc (children first found, then theirs)."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
 
 
 def procs(pattern, env_key=None, env_val=None):
