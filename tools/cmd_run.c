@@ -67,6 +67,7 @@ enum {
                              record, the others may go without a sign of life (their
                              wrappers' beat) before they count as lost */
     BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
+    STOP_POLL_MS = 20,    /* how often the wrapper looks for DIR/stop (a stop to grow) */
     LOST_BEATS = 3,       /* an elastic run counts a worker with no record lost after this
                              many beats of silence (its host, named in alive-<R>, cools down) */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
@@ -309,11 +310,14 @@ static int worker_main(const char *dir, char **prog)
         close(pfd[1]);
     /* Pass on what is sent to the wrapper; end when the program ends (waitpid reports an end,
        never a stop), telling the others first; beat meanwhile, so the launcher can tell a
-       worker still at work from one whose host is gone. */
+       worker still at work from one whose host is gone. DIR/stop, written by a launcher
+       that stops the job to grow it, ends the program at once (SIGTERM), on every host:
+       mpirun's own forwarding of the launcher's SIGTERM took 1-2 s, steps all lost. */
     int status = 0;
-    bool pipe_open = pp != NULL;
-    char alive[PATH_MAX];
+    bool pipe_open = pp != NULL, stopping = false;
+    char alive[PATH_MAX], stop[PATH_MAX];
     snprintf(alive, sizeof(alive), "%s/alive-%s", dir, rank);
+    snprintf(stop, sizeof(stop), "%s/stop", dir);
     for (int64_t beat_at = 0;;) {
         if (rk__mono_ns() >= beat_at) {
             int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
@@ -333,7 +337,11 @@ static int worker_main(const char *dir, char **prog)
         }
         struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
         int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
-        poll(pf, 2, ms > 0 ? ms : 0);
+        poll(pf, 2, ms > STOP_POLL_MS ? STOP_POLL_MS : ms > 0 ? ms : 0);
+        if (!stopping && access(stop, F_OK) == 0) {
+            kill(child, SIGTERM);
+            stopping = true;
+        }
         if (pf[1].revents && det_parent_read(pp) != 0)
             pipe_open = false; /* closed: the child ended or exec'd a program without a detector */
         struct signalfd_siginfo si;
@@ -716,6 +724,12 @@ static bool grow_tick(struct grow *g)
     fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
             (long long)newest, g->target);
     g->regrow = true;
+    char stop[PATH_MAX]; /* each worker's wrapper ends its program when it sees it */
+    int fd = snprintf(stop, sizeof(stop), "%s/stop", g->rec_dir) < (int)sizeof(stop)
+                 ? open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
+                 : -1;
+    if (fd >= 0)
+        close(fd);
     return true;
 }
 
