@@ -3,6 +3,10 @@ GiB in all) by 2 ranks, and its restore into zeroed tensors in a new job, by one
 Run by bench/peers/run, each method under its own launcher, as its documentation has it:
 
     rekindle run -n 2 -- python ckpt.py rekindle DIR G      rk.checkpoint() + rk.wait()
+    rekindle run -n 2 -- python ckpt.py rekindle-buffered DIR G
+                                                          the same with io="buffered" (RK_IO:
+                                                          page-cache writes + fsync instead
+                                                          of O_DIRECT through io_uring)
     torchrun --standalone --nproc-per-node 2 ckpt.py M DIR G
         M = dcp-save        torch.distributed.checkpoint.save
             dcp-async       torch.distributed.checkpoint.async_save (its default stager)
@@ -82,7 +86,8 @@ def rekindle_job():
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
     import rekindle
     root = os.path.join(DIR, "rekindle")
-    with rekindle.init(ckpt_dir=root, ckpt_every=0, keep=1) as rk:
+    io = "buffered" if BASE == "rekindle-buffered" else "auto"
+    with rekindle.init(ckpt_dir=root, ckpt_every=0, keep=1, io=io) as rk:
         if RESTORE and rk.rank == 0:
             evict(root)
         sd = state(not RESTORE)
@@ -198,4 +203,4 @@ def torch_job():
     dist.destroy_process_group()
 
 
-rekindle_job() if BASE == "rekindle" else torch_job()
+rekindle_job() if BASE.startswith("rekindle") else torch_job()
