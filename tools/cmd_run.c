@@ -55,6 +55,7 @@
 #include "../ckpt/ckpt.h"
 #include "../detector/det.h"
 #include "../formats/fmt.h"
+#include "run.h"
 #include "run_elastic.h"
 #include "tools.h"
 
@@ -66,24 +67,10 @@ enum {
     LATE_GRACE_MS = 5000, /* a worker ended (completed or failed): how long, since the last
                              record, the others may go without a sign of life (their
                              wrappers' beat) before they count as lost */
-    BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
     STOP_POLL_MS = 20,    /* how often the wrapper looks for DIR/stop (a stop to grow) */
-    LOST_BEATS = 3,       /* an elastic run counts a worker with no record lost after this
-                             many beats of silence (its host, named in alive-<R>, cools down) */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
     SECRET_BYTES = 32,
     MAX_WORKERS = 1 << 16,
-};
-
-struct run_args {
-    int n, spares, max_restarts;
-    const char *hostfile;
-    char **prog; /* PROGRAM and its arguments, NULL-terminated (points into argv) */
-    /* Elastic (--host-discovery-script): the hosts come from the script, every launch is
-       sized from them (min_np..max_np), and a running job grows at its next checkpoint. */
-    const char *discovery;
-    int min_np, max_np;
-    double interval_s, cooldown_s, elastic_timeout_s;
 };
 
 static void run_usage(FILE *f)
@@ -548,7 +535,7 @@ static void session_sweep(pid_t sid)
 }
 
 /* A worker's record: kind "exit"/"signal" and its host; false while it has none. */
-static bool read_record(const char *dir, int r, char kind[16], int *code, char host[64])
+bool run_read_record(const char *dir, int r, char kind[16], int *code, char host[64])
 {
     char path[PATH_MAX];
     kind[0] = host[0] = '\0';
@@ -574,7 +561,7 @@ struct verdict {
 
 /* CLOCK_MONOTONIC ns of a file's last change, as far as it is from now in CLOCK_REALTIME;
    0 if it has none. */
-static int64_t mono_mtime(const char *dir, const char *name, int r)
+int64_t run_mono_mtime(const char *dir, const char *name, int r)
 {
     char path[PATH_MAX];
     struct stat st;
@@ -598,15 +585,15 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
     for (int r = 0; r < nproc; r++) {
         char what[64] = "", on[80] = "", kind[16], host[64];
         int code = -1, status;
-        if (!read_record(dir, r, kind, &code, host))
+        if (!run_read_record(dir, r, kind, &code, host))
             kind[0] = '\0';
         v->recorded += kind[0] != '\0';
         if (!kind[0]) {
-            int64_t beat = mono_mtime(dir, "alive-", r);
+            int64_t beat = run_mono_mtime(dir, "alive-", r);
             v->last_beat_ns = beat > v->last_beat_ns ? beat : v->last_beat_ns;
         }
         if (strcmp(kind, "exit") == 0 && code == 0) {
-            if (r >= members && !mono_mtime(dir, "joined-", r))
+            if (r >= members && !run_mono_mtime(dir, "joined-", r))
                 v->unused++;
             else
                 v->ok++;
@@ -632,105 +619,6 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
     }
     if (listed > 8 && len < sizeof(v->lost))
         snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
-}
-
-/* ---- elastic: growing a running job (--host-discovery-script) ---------------------------- */
-
-/* What an attempt of an elastic run watches while its job runs. */
-struct grow {
-    struct elastic *el;
-    const struct run_args *a;
-    const char *ckpt_dir; /* RK_CKPT_DIR: growth waits for its next commit (NULL: no growth) */
-    const char *run_dir;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
-    const char *rec_dir;
-    int workers, alive;   /* launched; launched minus those lost since */
-    bool *seen;           /* workers whose record was taken into account */
-    int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
-    int target;
-    bool regrow;          /* the job was stopped to grow */
-    bool warned_no_ckpt;
-    char last_error[256];
-};
-
-/* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
-   interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
-   workers are alive, growth is decided, and once a checkpoint newer than the one then
-   committed is on disk, returns true: stop the job, launch it again on every slot. */
-static bool grow_tick(struct grow *g)
-{
-    struct elastic *el = g->el;
-    int64_t now = rk__mono_ns();
-    for (int r = 0; r < g->workers; r++) {
-        char kind[16], host[64];
-        int code = 0;
-        if (g->seen[r])
-            continue;
-        if (!read_record(g->rec_dir, r, kind, &code, host)) {
-            /* No record, and its wrapper's beat stopped: gone with its host (or the wrapper
-               killed with it). The host is the one the beat's file names. */
-            int64_t beat = mono_mtime(g->rec_dir, "alive-", r);
-            if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
-                continue;
-            char path[PATH_MAX];
-            snprintf(path, sizeof(path), "%s/alive-%d", g->rec_dir, r);
-            FILE *f = fopen(path, "r");
-            if (!f || fscanf(f, "host %63s", host) != 1)
-                host[0] = '\0';
-            if (f)
-                fclose(f);
-        } else if (strcmp(kind, "exit") == 0 && code == 0) {
-            g->seen[r] = true;
-            continue;
-        }
-        g->seen[r] = true;
-        g->alive--;
-        if (host[0] && elastic_cool(el, host, now))
-            fprintf(stderr, "rekindle: run: host %s lost worker %d: no growth onto it for %g s\n", host, r,
-                    g->a->cooldown_s);
-    }
-    char asked[PATH_MAX];
-    bool now_asked = snprintf(asked, sizeof(asked), "%s/grow", g->run_dir) < (int)sizeof(asked) && unlink(asked) == 0;
-    if (now_asked || now >= el->next_ns) {
-        el->next_ns = now + (int64_t)(g->a->interval_s * 1e9);
-        if (elastic_discover(el) != 0) {
-            if (strcmp(el->error, g->last_error) != 0)
-                fprintf(stderr, "rekindle: run: host discovery: %s (the hosts known stay as they were)\n", el->error);
-            snprintf(g->last_error, sizeof(g->last_error), "%s", el->error);
-        } else {
-            g->last_error[0] = '\0';
-        }
-    }
-    int64_t newest = -1;
-    if (g->base == -2) {
-        int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
-        if (want <= g->alive || g->alive <= 0)
-            return false;
-        if (!g->ckpt_dir) {
-            if (!g->warned_no_ckpt)
-                fprintf(stderr, "rekindle: run: %d slots are free for %d workers, but a job grows from its next "
-                                "checkpoint: set RK_CKPT_DIR\n", free, g->alive);
-            g->warned_no_ckpt = true;
-            return false;
-        }
-        ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest);
-        g->base = newest;
-        g->target = want;
-        fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing to %d at the next checkpoint (after "
-                        "step %lld)\n", free, g->alive, want, (long long)newest);
-        return false;
-    }
-    if (ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest) != 0 || newest <= g->base)
-        return false;
-    fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
-            (long long)newest, g->target);
-    g->regrow = true;
-    char stop[PATH_MAX]; /* each worker's wrapper ends its program when it sees it */
-    int fd = snprintf(stop, sizeof(stop), "%s/stop", g->rec_dir) < (int)sizeof(stop)
-                 ? open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
-                 : -1;
-    if (fd >= 0)
-        close(fd);
-    return true;
 }
 
 /* Runs mpirun to its end. Returns its wait status; *stop_sig is the first stopping
@@ -874,48 +762,6 @@ static int attempt(const char *mpirun, const char *self, const struct run_args *
         v->job_status = ms ? ms : 1;
         snprintf(v->lost, sizeof(v->lost), "no worker recorded its end; mpirun exit status %d", ms);
     }
-    return 0;
-}
-
-/* Before each launch of an elastic run: the hosts from the script, waiting (at most
-   --elastic-timeout, the script run every --discovery-interval) until --min-np slots are
-   free; the launch gets every free slot up to --max-np (the first launch at most -n) and
-   a hostfile RUN_DIR/hostfile-K. 0, the launcher's exit status on a timeout, or
-   128+signal when stopped meanwhile. */
-static int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char *run_dir, int k,
-                        const sigset_t *watch, char *hostfile, size_t cap)
-{
-    int64_t deadline = rk__deadline_ns((int64_t)(a->elastic_timeout_s * 1000)), next_say = 0;
-    int free = 0;
-    for (;;) {
-        int64_t now = rk__mono_ns();
-        if (elastic_discover(el) != 0)
-            fprintf(stderr, "rekindle: run: host discovery: %s\n", el->error);
-        free = elastic_slots(el, now);
-        if (free >= a->min_np)
-            break;
-        if (now >= deadline)
-            return tool_error(TOOL_USAGE, "run: %d free slots of the --min-np %d after --elastic-timeout %g s", free,
-                              a->min_np, a->elastic_timeout_s);
-        if (now >= next_say) {
-            fprintf(stderr, "rekindle: run: waiting for --min-np %d slots (%d free now)\n", a->min_np, free);
-            next_say = now + 10 * 1000000000LL;
-        }
-        struct timespec tick = {(time_t)a->interval_s, (long)((a->interval_s - (double)(time_t)a->interval_s) * 1e9)};
-        int sig = sigtimedwait(watch, NULL, &tick);
-        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
-            return 128 + sig;
-    }
-    int n = free < a->max_np ? free : a->max_np;
-    if (k == 0 && first_n > 0 && first_n < n)
-        n = first_n;
-    if (snprintf(hostfile, cap, "%s/hostfile-%d", run_dir, k) >= (int)cap ||
-        elastic_hostfile(el, hostfile, n, rk__mono_ns()) != 0)
-        return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: %s", k, el->error);
-    a->n = n;
-    a->hostfile = hostfile;
-    el->next_ns = rk__mono_ns() + (int64_t)(a->interval_s * 1e9);
-    fprintf(stderr, "rekindle: run: launching %d workers (%d free slots)\n", n, free);
     return 0;
 }
 

@@ -1,0 +1,139 @@
+/*
+ * tools/run_grow.c - an elastic `rekindle run` (--host-discovery-script): the size of each
+ * launch from the discovered hosts, and the watch over a running job that decides when it
+ * grows (docs/LAUNCHER.md, "Elastic jobs").
+ */
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../ckpt/ckpt.h"
+#include "run.h"
+#include "tools.h"
+
+/* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
+   interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
+   workers are alive, growth is decided, and once a checkpoint newer than the one then
+   committed is on disk, returns true: stop the job, launch it again on every slot. */
+bool grow_tick(struct grow *g)
+{
+    struct elastic *el = g->el;
+    int64_t now = rk__mono_ns();
+    for (int r = 0; r < g->workers; r++) {
+        char kind[16], host[64];
+        int code = 0;
+        if (g->seen[r])
+            continue;
+        if (!run_read_record(g->rec_dir, r, kind, &code, host)) {
+            /* No record, and its wrapper's beat stopped: gone with its host (or the wrapper
+               killed with it). The host is the one the beat's file names. */
+            int64_t beat = run_mono_mtime(g->rec_dir, "alive-", r);
+            if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
+                continue;
+            char path[PATH_MAX];
+            snprintf(path, sizeof(path), "%s/alive-%d", g->rec_dir, r);
+            FILE *f = fopen(path, "r");
+            if (!f || fscanf(f, "host %63s", host) != 1)
+                host[0] = '\0';
+            if (f)
+                fclose(f);
+        } else if (strcmp(kind, "exit") == 0 && code == 0) {
+            g->seen[r] = true;
+            continue;
+        }
+        g->seen[r] = true;
+        g->alive--;
+        if (host[0] && elastic_cool(el, host, now))
+            fprintf(stderr, "rekindle: run: host %s lost worker %d: no growth onto it for %g s\n", host, r,
+                    g->a->cooldown_s);
+    }
+    char asked[PATH_MAX];
+    bool now_asked = snprintf(asked, sizeof(asked), "%s/grow", g->run_dir) < (int)sizeof(asked) && unlink(asked) == 0;
+    if (now_asked || now >= el->next_ns) {
+        el->next_ns = now + (int64_t)(g->a->interval_s * 1e9);
+        if (elastic_discover(el) != 0) {
+            if (strcmp(el->error, g->last_error) != 0)
+                fprintf(stderr, "rekindle: run: host discovery: %s (the hosts known stay as they were)\n", el->error);
+            snprintf(g->last_error, sizeof(g->last_error), "%s", el->error);
+        } else {
+            g->last_error[0] = '\0';
+        }
+    }
+    int64_t newest = -1;
+    if (g->base == -2) {
+        int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
+        if (want <= g->alive || g->alive <= 0)
+            return false;
+        if (!g->ckpt_dir) {
+            if (!g->warned_no_ckpt)
+                fprintf(stderr, "rekindle: run: %d slots are free for %d workers, but a job grows from its next "
+                                "checkpoint: set RK_CKPT_DIR\n", free, g->alive);
+            g->warned_no_ckpt = true;
+            return false;
+        }
+        ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest);
+        g->base = newest;
+        g->target = want;
+        fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing to %d at the next checkpoint (after "
+                        "step %lld)\n", free, g->alive, want, (long long)newest);
+        return false;
+    }
+    if (ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest) != 0 || newest <= g->base)
+        return false;
+    fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
+            (long long)newest, g->target);
+    g->regrow = true;
+    char stop[PATH_MAX]; /* each worker's wrapper ends its program when it sees it */
+    int fd = snprintf(stop, sizeof(stop), "%s/stop", g->rec_dir) < (int)sizeof(stop)
+                 ? open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
+                 : -1;
+    if (fd >= 0)
+        close(fd);
+    return true;
+}
+
+/* Before each launch of an elastic run: the hosts from the script, waiting (at most
+   --elastic-timeout, the script run every --discovery-interval) until --min-np slots are
+   free; the launch gets every free slot up to --max-np (the first launch at most -n) and
+   a hostfile RUN_DIR/hostfile-K. 0, the launcher's exit status on a timeout, or
+   128+signal when stopped meanwhile. */
+int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char *run_dir, int k,
+                        const sigset_t *watch, char *hostfile, size_t cap)
+{
+    int64_t deadline = rk__deadline_ns((int64_t)(a->elastic_timeout_s * 1000)), next_say = 0;
+    int free = 0;
+    for (;;) {
+        int64_t now = rk__mono_ns();
+        if (elastic_discover(el) != 0)
+            fprintf(stderr, "rekindle: run: host discovery: %s\n", el->error);
+        free = elastic_slots(el, now);
+        if (free >= a->min_np)
+            break;
+        if (now >= deadline)
+            return tool_error(TOOL_USAGE, "run: %d free slots of the --min-np %d after --elastic-timeout %g s", free,
+                              a->min_np, a->elastic_timeout_s);
+        if (now >= next_say) {
+            fprintf(stderr, "rekindle: run: waiting for --min-np %d slots (%d free now)\n", a->min_np, free);
+            next_say = now + 10 * 1000000000LL;
+        }
+        struct timespec tick = {(time_t)a->interval_s, (long)((a->interval_s - (double)(time_t)a->interval_s) * 1e9)};
+        int sig = sigtimedwait(watch, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP)
+            return 128 + sig;
+    }
+    int n = free < a->max_np ? free : a->max_np;
+    if (k == 0 && first_n > 0 && first_n < n)
+        n = first_n;
+    if (snprintf(hostfile, cap, "%s/hostfile-%d", run_dir, k) >= (int)cap ||
+        elastic_hostfile(el, hostfile, n, rk__mono_ns()) != 0)
+        return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: %s", k, el->error);
+    a->n = n;
+    a->hostfile = hostfile;
+    el->next_ns = rk__mono_ns() + (int64_t)(a->interval_s * 1e9);
+    fprintf(stderr, "rekindle: run: launching %d workers (%d free slots)\n", n, free);
+    return 0;
+}
