@@ -488,7 +488,7 @@ def check_replay(job, plan, cfg, damaged, cache, scratch, sabotage):
     if step in damaged:
         return _bad("replay", "the run resumed from damaged checkpoint %d" % step)
     args = list(cfg["train_args"])
-    if sabotage == "replay":
+    if "replay" in sabotage:
         args[args.index("--seed") + 1] = str(int(args[args.index("--seed") + 1]) + 1)
     key = (world, tuple(args))
     if step == 0 and key in cache:

@@ -1,7 +1,8 @@
 /*
  * tests/test_ckpt.c - the checkpoint engine through the public API, with real processes
  * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant of ckpt/ckpt.c
- * it checks (I1..I13).
+ * it checks (I1..I13). A crash at each I/O operation of a checkpoint (I1, I6, I7) is
+ * tests/test_crash.c's sweep, over 2 ranks and three models of what the disk kept.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -993,36 +994,6 @@ START_TEST(failure_superseded_by_a_later_commit)
 }
 END_TEST
 
-/* I1: a crash injected at every I/O operation of checkpoint 2 in turn never leaves a
-   committed-but-bad checkpoint; the next start removes the dead attempt. */
-START_TEST(crash_at_every_operation)
-{
-    int committed = 0, crashed = 0;
-    for (int n = 0; n < 200; n++) {
-        char *dir = th_tmpdir("crash"), f[64], *out = NULL;
-        snprintf(f, sizeof(f), "RK_FAULT=any@%d=crash", n);
-        int rc = run_prog(1, dir, "write", "3", f, "RK_FAULT_PATH=000000000002", &out);
-        free(out);
-        bool done = rc == 0;
-        ck_assert_msg(rc == 0 || rc == 128 + 9, "%s: exit %d", f, rc);
-        crashed += !done;
-        if (th_exists(dir, S2)) {
-            committed++;
-            RUN_OK(1, dir, "resume", "2", NULL, NULL);
-        } else {
-            RUN_OK(1, dir, "resume", "-1", NULL, NULL);
-        }
-        ck_assert_int_eq(th_dot_entries(dir), 0); /* cleaned at start by the resume run */
-        th_rmrf(dir);
-        free(dir);
-        if (done)
-            break;
-    }
-    ck_assert_int_gt(crashed, 3);
-    ck_assert_int_gt(committed, 0);
-}
-END_TEST
-
 /* h5py reads every tensor through index.h5 bitwise equal to the shard bytes the verified
    reader restores, with the contract's dtypes and the registered shapes. */
 START_TEST(h5py_reads_index)
@@ -1103,10 +1074,5 @@ int main(void)
     tcase_add_test(tc, timeline_order);
     tcase_add_test(tc, recommit_never_loses_label);
     suite_add_tcase(s, tc);
-    TCase *tcc = tcase_create("crash");
-    tcase_add_checked_fixture(tcc, setup, teardown);
-    tcase_set_timeout(tcc, 240);
-    tcase_add_test(tcc, crash_at_every_operation);
-    suite_add_tcase(s, tcc);
     return th_main(s);
 }

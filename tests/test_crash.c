@@ -23,7 +23,7 @@
  * there, else checkpoint 2, bitwise, and leave no '.'-entry behind (the temporaries of the
  * cut job are removed). A test of the power-loss model itself comes first.
  *
- * RK_CRASH_STRIDE=K runs every K-th (rank, OP, N) only (default 4, which keeps make check
+ * RK_CRASH_STRIDE=K runs every K-th (rank, OP, N) only (default 5, which keeps make check
  * within about two minutes; make crash-sweep runs every case: K=1); RK_CRASH_OFFSET=J
  * picks which of the K. The suite prints
  *   crash sweep: O operations, C cases, K checks, V violations
@@ -306,7 +306,7 @@ END_TEST
 
 START_TEST(every_io_step_of_a_checkpoint)
 {
-    long stride = 4, offset = 0;
+    long stride = 5, offset = 0;
     const char *s = getenv("RK_CRASH_STRIDE"), *o = getenv("RK_CRASH_OFFSET");
     if (s)
         stride = strtol(s, NULL, 10) > 0 ? strtol(s, NULL, 10) : 1;

@@ -86,6 +86,7 @@ def job_program(steps):
     return program(steps)
 NAME = " ".join([MODE] + FLAGS)
 GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
+SCALE = int(os.environ.get("RK_TEST_TIME_SCALE", "1") or 1)  # tests/run: every bound of the tests scales
 
 
 def fail(msg, log=""):
@@ -124,7 +125,8 @@ class Job:
         return "".join(self.lines)
 
 
-def finish(job, timeout=300):
+def finish(job, timeout=None):
+    timeout = timeout or 300 * SCALE
     try:
         job.p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -195,7 +197,7 @@ def list_slots(path, slots):
 
 def kill():
     grow = MODE == "horovod"  # lost, then its slot listed again: grows back
-    steps = 3000 if grow else 240 if KILL_AT is None else 120
+    steps = 1200 if grow else 240 if KILL_AT is None else 120
     ckpt, events = os.path.join(WORK, "job"), os.path.join(WORK, "events")
     os.makedirs(ckpt)
     spares = 1 if MODE == "spare" else 0
@@ -210,7 +212,8 @@ def kill():
     pattern = "^" + re.escape(" ".join(program(steps)))
     ready = lambda: glob.glob(os.path.join(ckpt, "step-*")) if KILL_AT is None else any(
         l.startswith("step %d " % KILL_AT) for l in list(job.lines))
-    victim, deadline = "rank 1, itself" if MODE == "last" else None, time.time() + 180
+    # the first checkpoint may take long on a loaded machine: the bound scales as the tests' do
+    victim, deadline = "rank 1, itself" if MODE == "last" else None, time.time() + 180 * SCALE
     while victim is None and time.time() < deadline and job.p.poll() is None:
         if ready():
             pids = [p for p in workers(pattern) if mpi_rank(p) == 1]
