@@ -288,16 +288,15 @@ def inject(f, job, rng, world_start):
         else:  # relaunch, corrupt: the whole run, launcher included
             job.kill_everything()
         return None
-    if k == "host_add":
-        host = job.hosts.names[f["host"]]
-        f["host"], f["victims"] = host, []
-        job.list_host(host, True)
-        if f["push"]:  # the scheduler's news pushed: the launcher runs its script at once
-            open(os.path.join(job.run_dir(), "grow"), "w").close()
-        return None
     if k in NEED_HOSTS:
         host = job.hosts.names[f["host"]]
         f["host"] = host
+        if k == "host_add":
+            f["victims"] = []
+            job.list_host(host, True)
+            if f["push"]:  # the scheduler's news pushed: the launcher runs its script at once
+                open(os.path.join(job.run_dir(), "grow"), "w").close()
+            return None
         on = {r: pid for r, pid in live.items() if job.host_of(pid) == host}
         f["victims"] = sorted(on) if k != "link_loss" else []
         if k == "host_loss":

@@ -187,9 +187,7 @@ class Job:
             cmd += ["--host-discovery-script", "cat " + self.hosts_list, "--discovery-interval", "0.2",
                     "--blacklist-cooldown", "%g" % self.elastic["cooldown_s"], "--max-np", str(self.workers)]
         else:
-            cmd += ["-n", str(self.workers)]
-        if self.hosts and not self.elastic:
-            cmd += ["--hostfile", self.hosts.hostfile]
+            cmd += ["-n", str(self.workers)] + (["--hostfile", self.hosts.hostfile] if self.hosts else [])
         if self.max_restarts:
             cmd += ["--max-restarts", str(self.max_restarts)]
         cmd += ["--", os.path.join(self.src, "chaos", "worker.sh"),

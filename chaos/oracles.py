@@ -191,14 +191,10 @@ def growth_stops(job):
     return out
 
 
-def f_kind(plan):
-    return plan["faults"][0]["kind"] if plan["faults"] else None
-
-
 def check_grown(job, plan, cfg):
     """An elastic kind: the loss (host_return) was survived in place, every relaunch was a
     growth, and the job ended at its full size (the workers of every host)."""
-    workers, grown = cfg["workers"], growths(job)
+    workers, grown, f = cfg["workers"], growths(job), plan["faults"][0]
     restarts = job.relaunches() - grown
     if job.phase != 0 or restarts:
         if nothing_to_roll_back(job, plan, workers):
@@ -209,10 +205,9 @@ def check_grown(job, plan, cfg):
         mem = [e["step"] for e in job.events_named("resumed") if e.get("from") == "memory"]
         return _ok("in_place", "%s; grew %s %d by %d relaunch(es) at a checkpoint" % (
             "the loss survived in place (resumed step %d from memory)" % min(mem) if mem else
-            "no rollback from memory", "back to" if f_kind(plan) == "host_loss" else "to", workers, grown))
+            "no rollback from memory", "back to" if f["kind"] == "host_loss" else "to", workers, grown))
     # When could it grow: the host listed again (or its cool-down over), the launcher's
     # next look (0.2 s), the loss noticed from the wrappers' silence (3 s), then a commit.
-    f = plan["faults"][0]
     ready = f.get("returned_ns") or (f["t_ns"] if f.get("fired") else None)
     if ready is None:
         return _skip("in_place", "the host was never lost or added")
@@ -462,7 +457,8 @@ def state_at(job, cfg, step, before_ns, args, scratch, depth=0, trust=True):
         return job.ckpt, "the job's checkpoint %d" % step if step else "scratch"
     if depth > 8:
         return None, "more than 8 segments of history to replay"
-    t0, s0, world0 = max((g for g in segments(job, cfg) if g[0] < before_ns and g[1] <= step), default=(0, 0, cfg["workers"]))
+    history = segments(job, cfg)  # its first, (0, 0, start world), is before any resume at any step
+    t0, s0, world0 = max(g for g in history if g[0] < before_ns and g[1] <= step)
     where, how = state_at(job, cfg, s0, t0 if t0 else 1, args, scratch, depth + 1, trust)
     if where is None or s0 == step:
         return where, how

@@ -304,7 +304,7 @@ static int worker_main(const char *dir, char **prog)
     bool pipe_open = pp != NULL, stopping = false;
     char alive[PATH_MAX], stop[PATH_MAX];
     snprintf(alive, sizeof(alive), "%s/alive-%s", dir, rank);
-    snprintf(stop, sizeof(stop), "%s/stop", dir);
+    snprintf(stop, sizeof(stop), "%s/" RUN_STOP_FILE, dir);
     for (int64_t beat_at = 0;;) {
         if (rk__mono_ns() >= beat_at) {
             int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);

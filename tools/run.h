@@ -13,6 +13,10 @@
 
 #include "run_elastic.h"
 
+/* In an attempt's directory: written by the launcher that stops the job to grow it; each
+   worker's wrapper, looking for it every STOP_POLL_MS, ends its program (tools/cmd_run.c). */
+#define RUN_STOP_FILE "stop"
+
 enum {
     BEAT_MS = 1000,       /* the wrapper's sign of life: DIR/alive-<R> touched this often */
     LOST_BEATS = 3,       /* an elastic run counts a worker with no record lost after this

@@ -87,10 +87,11 @@ bool grow_tick(struct grow *g)
     fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
             (long long)newest, g->target);
     g->regrow = true;
-    char stop[PATH_MAX]; /* each worker's wrapper ends its program when it sees it */
-    int fd = snprintf(stop, sizeof(stop), "%s/stop", g->rec_dir) < (int)sizeof(stop)
-                 ? open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)
-                 : -1;
+    /* Each worker's wrapper ends its program when it sees the file. Not made (a path too
+       long, a full disk): the caller's SIGTERM to mpirun stops the job all the same, slower. */
+    char stop[PATH_MAX];
+    snprintf(stop, sizeof(stop), "%s/" RUN_STOP_FILE, g->rec_dir);
+    int fd = open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd >= 0)
         close(fd);
     return true;

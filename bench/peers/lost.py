@@ -57,8 +57,11 @@ class Job:
 
     def __init__(self, cmd, env, name):
         self.name = name
-        self.p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True)
+        # every process of the job inherits the mark, also those torchrun puts in sessions
+        # of their own: how a job past its bound is ended whole (procs())
+        self.mark = "%s-%d-%d" % (name, os.getpid(), time.monotonic_ns())
+        self.p = subprocess.Popen(cmd, env=dict(env, PEERS_JOB=self.mark), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -71,8 +74,7 @@ class Job:
         try:
             self.p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            # torchrun starts its workers in sessions of their own: end them by descent
-            for pid in [self.p.pid] + descendants(self.p.pid):
+            for pid in procs("", "PEERS_JOB", self.mark):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -87,24 +89,6 @@ class Job:
 
     def text(self):
         return "\n".join(l for _, l in self.lines)
-
-
-def descendants(root):
-    """Every process below root, from /proc (children first found, then theirs)."""
-    kids = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = [], [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def procs(pattern, env_key=None, env_val=None):
