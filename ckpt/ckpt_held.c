@@ -200,6 +200,8 @@ void ckpt__next_gen(ckpt_engine *e)
     if (e->g.held_step < 0 && !g_read)
         return;
     if (old_read) {
+        RK_LOG_DEBUG(RK_SUB_CKPT, "the writer still reads the region of the older snapshot: it is put aside, a third "
+                     "region takes its place");
         struct ckpt_gen t = e->park;
         e->park = e->old;
         e->old = t;

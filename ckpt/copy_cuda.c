@@ -175,6 +175,7 @@ static void cuda_pin(ckpt_copy *c, void *p, size_t n)
         while (k->pinned[i])
             i++;
         k->pinned[i] = p;
+        RK_LOG_DEBUG(RK_SUB_CKPT, "CUDA copy: pinned %zu bytes of staging (%d regions pinned)", n, i + 1);
     } else if (!k->pin_warned) {
         k->pin_warned = true;
         RK_LOG_WARN(RK_SUB_CKPT, "CUDA copy: cannot pin %zu bytes of staging (%s): copies go unpinned, slower", n,

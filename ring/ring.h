@@ -191,8 +191,8 @@ bool ring_nccl_hostid(char *out, size_t cap, const char *existing, const char *h
  * The same contract for device memory, on an NCCL communicator created non-blocking
  * (config.blocking = 0) over the members of an MPI ring: every wait polls
  * ncclCommGetAsyncError and the cancellation source against the deadline; on a failure
- * the communicator is aborted (ncclCommAbort) and the call returns RK_E_PEER_LOST or
- * RK_E_TIMEOUT. The reduction order is NCCL's (deterministic for a fixed topology and
+ * what the communicator has in flight is stopped (ncclCommRevoke where ring_nccl_revokes,
+ * else ncclCommAbort) and the call returns RK_E_PEER_LOST or RK_E_TIMEOUT. The reduction order is NCCL's (deterministic for a fixed topology and
  * NCCL version, not the MPI ring's order). */
 #if defined(RK_HAVE_NCCL)
 typedef struct ring_nccl ring_nccl;
@@ -202,24 +202,28 @@ typedef struct ring_nccl ring_nccl;
 int ring_nccl_create(ring_nccl **g, ring *r, int device, int timeout_ms, const ring_cancel *cancel);
 /* Whether the communicator can take a call (made, not aborted, no asynchronous error). */
 bool ring_nccl_ok(const ring_nccl *g);
-/* Finalizes (or, after an abort, leaves alone: never destroyed after an abortive shrink)
-   the NCCL communicator; *g = NULL. */
+/* Finalizes (after a failure: aborts) the NCCL communicator, joins the threads freeing
+   retired ones (bounded by timeout_ms); *g = NULL. */
 void ring_nccl_destroy(ring_nccl **g);
 /* In place on device memory, after the work queued on `after` (a cudaStream_t; NULL: the
    legacy default stream); returns when the result is in buf (the ring's stream polled to
-   completion, never a blocking synchronize). RK_E_PEER_LOST / RK_E_TIMEOUT abort the
-   communicator: the next call needs ring_nccl_rebuild (RK_E_STATE until then). */
+   completion, never a blocking synchronize). RK_E_PEER_LOST / RK_E_TIMEOUT revoke or abort
+   the communicator: the next call needs ring_nccl_rebuild (RK_E_STATE until then). */
 int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtype, rk_op op, void *after,
                         const ring_cancel *cancel);
+/* Whether a failed call revokes the communicator (NCCL >= 2.28 and RK_NCCL_REVOKE not
+   0/off) and returns once its kernels ended, rather than aborting it (~0.5 s). */
+bool ring_nccl_revokes(void);
 /* Whether this member can take its communicator over to r's members (after ring_rebuild)
-   without a new one: it is intact, members were only dropped (ring_nccl_plan), and this
-   NCCL has ncclCommShrink (RK_HAVE_NCCL_SHRINK). Local. */
+   without a new one: members were only dropped (ring_nccl_plan) from an intact communicator
+   or a revoked one NCCL now calls quiescent, or none from an intact one, and this NCCL has ncclCommShrink
+   (RK_HAVE_NCCL_SHRINK). Local. */
 bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r);
 /* After ring_rebuild(r, ...): a communicator over r's members. shrink (every member must
    pass the same: the callers agree on it, each from ring_nccl_can_shrink): the same members
-   keep theirs, dropped ones are excluded by ncclCommShrink(NCCL_SHRINK_ABORT); a failed
-   shrink leaves the handle failed (a fresh one next). !shrink: the old communicator is
-   aborted and a fresh one made, its unique id sent by ring rank 0 (ring_share_blob): the
+   keep theirs, dropped ones are excluded by ncclCommShrink (NCCL_SHRINK_ABORT; on a revoked
+   one NCCL_SHRINK_DEFAULT); a failed shrink leaves the handle failed (a fresh one next).
+   !shrink: the old communicator is freed and a fresh one made, its unique id sent by ring rank 0 (ring_share_blob): the
    way spares join. Bounded by cancel. */
 int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *cancel);
 #endif

@@ -8,27 +8,42 @@
  *    the deadline and the cancellation source (wait_comm).
  *  - An allreduce is enqueued on the ring's own stream, after the work the caller's stream
  *    had queued (an event recorded there), and polled with cudaStreamQuery,
- *    ncclCommGetAsyncError and the cancellation source; on loss or deadline the
- *    communicator is aborted (ncclCommAbort) so the kernel ends and nothing writes the
- *    caller's device buffer after the call returns; the call fails.
+ *    ncclCommGetAsyncError and the cancellation source. On loss or deadline the call
+ *    stops what it has in flight before it fails, so nothing writes the caller's device
+ *    buffer after it returns: ncclCommRevoke (NCCL >= 2.28; RK_NCCL_REVOKE=0 turns it
+ *    off), and the call returns once the ring's stream drained (the kernels ended);
+ *    without it (or when the revoke fails or the kernels still run after
+ *    REVOKE_BOUND_MS) ncclCommAbort, which returns only after ~0.5 s: it waits for NCCL's
+ *    proxy thread, which wakes every 500 ms (measured on an H200: docs/BENCHMARKS.md).
  *  - Rebuild (the caller says which way: every member must take the same one):
- *    members only dropped, communicator intact (the loss was seen between calls) ->
- *    ncclCommShrink (NCCL >= 2.27, RK_HAVE_NCCL_SHRINK) excluding the lost NCCL ranks
- *    (ring_nccl_plan), with NCCL_SHRINK_ABORT (ends whatever the lost member left
- *    pending); the old communicator is then never destroyed (NCCL forbids it after an
- *    abortive shrink) but kept until ring_nccl_destroy, which leaves it alone. Otherwise
- *    (members added: spares; a failed communicator; no shrink in this NCCL) the old one is
- *    aborted and a fresh communicator is made, its unique id sent by ring rank 0 to the
- *    MPI ring's members (ring_share_blob) with a bounded wait.
+ *    members only dropped and the communicator intact, or revoked and quiescent by then
+ *    (NCCL's own time, ~0.5 s after the revoke) -> ncclCommShrink
+ *    (NCCL >= 2.27, RK_HAVE_NCCL_SHRINK) excluding the lost NCCL ranks (ring_nccl_plan),
+ *    NCCL_SHRINK_ABORT on an intact parent (ends whatever the lost member left pending),
+ *    NCCL_SHRINK_DEFAULT on a revoked one. Otherwise (members added: spares; a revoked
+ *    communicator not yet quiescent; an aborted one; no shrink in this NCCL) a fresh communicator, its unique id sent by
+ *    ring rank 0 to the MPI ring's members (ring_share_blob) with a bounded wait.
+ *  - A communicator nothing of ours runs on any more (the parent of a shrink, a revoked or
+ *    intact one replaced by a fresh one) is freed by ncclCommAbort on a thread of its own
+ *    (retire): recovery does not wait its ~0.5 s; ring_nccl_destroy joins those threads,
+ *    bounded.
  * Run on a GPU (an H200, docs/GPU.md); without one tests/test_ring_nccl.c skips.
  */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ring_internal.h"
+
+#if defined(RK_HAVE_NCCL_SHRINK) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define RK_HAVE_NCCL_REVOKE 1 /* ncclCommRevoke */
+#endif
+
+/* A revoke not quiescent by then falls back to ncclCommAbort. */
+enum { REVOKE_BOUND_MS = 2000 };
 
 struct ring_nccl {
     ncclComm_t comm;
@@ -37,9 +52,11 @@ struct ring_nccl {
     int device;
     int timeout_ms;
     int *members, n;      /* parent ranks of the NCCL ranks, ring order */
-    bool failed;          /* aborted, or an asynchronous error was seen */
-    ncclComm_t *retired;  /* communicators left after an abortive shrink: never destroyed */
-    int nretired;
+    bool failed;          /* revoked, aborted, or an asynchronous error was seen */
+    bool revoked;         /* failed, stopped by ncclCommRevoke and quiescent: comm kept for
+                             a shrink */
+    pthread_t *reapers;   /* the threads aborting retired communicators (retire) */
+    int nreapers;
     ncclComm_t child;     /* where NCCL puts the communicator of a shrink once it is done:
                              it must outlive the call that started the shrink */
 };
@@ -73,6 +90,66 @@ static int wait_comm(ring_nccl *g, ncclComm_t comm, const ring_cancel *c, int64_
             return rc;
         rk__sleep_ns(20000);
     }
+}
+
+/* ---- retired communicators: freed off the recovery path -------------------------------- */
+
+struct reap {
+    ncclComm_t comm;
+    int device;
+};
+
+static void *reap_main(void *arg)
+{
+    struct reap *x = arg;
+    cudaSetDevice(x->device);
+    ncclCommAbort(x->comm);
+    free(x);
+    return NULL;
+}
+
+/* Frees a communicator nothing runs on any more (no call of ours in flight on it: the
+   parent of a shrink, a revoked or intact one replaced by a fresh one). NCCL's user guide
+   leaves the parent of an abortive shrink to the caller's ncclCommAbort; its ~0.5 s runs
+   on a thread of its own (synchronously if no thread can be made). */
+static void retire(ring_nccl *g, ncclComm_t comm)
+{
+    struct reap *x = malloc(sizeof(*x));
+    pthread_t *v = realloc(g->reapers, (size_t)(g->nreapers + 1) * sizeof(*v));
+    if (v)
+        g->reapers = v;
+    if (x && v) {
+        *x = (struct reap){comm, g->device};
+        if (pthread_create(&v[g->nreapers], NULL, reap_main, x) == 0) {
+            g->nreapers++;
+            return;
+        }
+    }
+    free(x);
+    ncclCommAbort(comm);
+}
+
+/* Joins the retiring threads within timeout_ms in all; one still inside ncclCommAbort then
+   is left detached (logged). */
+static void join_reapers(ring_nccl *g)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += g->timeout_ms / 1000;
+    until.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    for (int i = 0; i < g->nreapers; i++)
+        if (pthread_timedjoin_np(g->reapers[i], NULL, &until) != 0) {
+            RK_LOG_WARN(RK_SUB_RING, "NCCL: a retired communicator's abort still runs after %d ms: left to finish alone",
+                        g->timeout_ms);
+            pthread_detach(g->reapers[i]);
+        }
+    free(g->reapers);
+    g->reapers = NULL;
+    g->nreapers = 0;
 }
 
 static int nccl_type(rk_dtype t, ncclDataType_t *out)
@@ -192,10 +269,9 @@ void ring_nccl_destroy(ring_nccl **pg)
                 ncclCommAbort(g->comm);
         }
     }
-    /* g->retired: left after an abortive shrink; NCCL forbids destroying them. */
-    free(g->retired);
     if (g->child) /* a shrink given up on that NCCL finished afterwards */
         ncclCommAbort(g->child);
+    join_reapers(g);
     cudaEventDestroy(g->after);
     cudaStreamDestroy(g->stream);
     free(g->members);
@@ -203,15 +279,75 @@ void ring_nccl_destroy(ring_nccl **pg)
     *pg = NULL;
 }
 
-/* Aborts the communicator (never destroyed after a failed operation: newer NCCL can hang
-   in ncclCommDestroy then); ncclCommAbort ends the kernels so the stream drains. */
+bool ring_nccl_revokes(void)
+{
+#if defined(RK_HAVE_NCCL_REVOKE)
+    const char *e = getenv("RK_NCCL_REVOKE");
+    return !e || (strcmp(e, "0") != 0 && strcmp(e, "off") != 0);
+#else
+    return false;
+#endif
+}
+
+#if defined(RK_HAVE_NCCL_REVOKE)
+/* ncclCommRevoke, then the ring's stream polled until it drained (the kernels ended: from
+   then on nothing writes the caller's buffer) within REVOKE_BOUND_MS. The communicator
+   becomes quiescent later, by itself (~0.5 s: NCCL's proxy thread); a shrink waits for
+   that (revoked_quiescent), a fresh communicator does not. False: not so (the caller
+   aborts). */
+static bool revoke(ring_nccl *g)
+{
+    int64_t t0 = rk__mono_ns(), deadline = rk__deadline_ns(REVOKE_BOUND_MS);
+    ncclResult_t res = ncclCommRevoke(g->comm, NCCL_REVOKE_DEFAULT);
+    if (res != ncclSuccess && res != ncclInProgress) {
+        RK_LOG_WARN(RK_SUB_RING, "ncclCommRevoke: %s: aborting the communicator", ncclGetErrorString(res));
+        return false;
+    }
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(g->stream);
+        if (e == cudaSuccess) {
+            RK_LOG_DEBUG(RK_SUB_RING, "ncclCommRevoke: the kernels ended after %.1f ms", rk__ms_since(t0));
+            return true;
+        }
+        if (e != cudaErrorNotReady) {
+            RK_LOG_WARN(RK_SUB_RING, "after ncclCommRevoke: cudaStreamQuery: %s: aborting the communicator",
+                        cudaGetErrorString(e));
+            return false;
+        }
+        if (rk__deadline_passed(deadline)) {
+            RK_LOG_WARN(RK_SUB_RING, "ncclCommRevoke: the kernels still run after %d ms: aborting the communicator",
+                        (int)REVOKE_BOUND_MS);
+            return false;
+        }
+        rk__sleep_ns(20000);
+    }
+}
+#endif
+
+/* A revoked communicator is good for a shrink once NCCL says it is quiescent. */
+static bool revoked_quiescent(const ring_nccl *g)
+{
+    ncclResult_t st = ncclInProgress;
+    return g->revoked && g->comm && ncclCommGetAsyncError(g->comm, &st) == ncclSuccess && st == ncclSuccess;
+}
+
+/* Stops what the communicator has in flight after a failed call, so the kernels end and
+   nothing writes the caller's buffer after the call returns: revoked (kept for a shrink)
+   where this NCCL can, otherwise aborted (never destroyed after a failed operation: newer
+   NCCL can hang in ncclCommDestroy then). */
 static void fail_comm(ring_nccl *g)
 {
     g->failed = true;
-    if (g->comm) {
-        ncclCommAbort(g->comm);
-        g->comm = NULL;
+    if (!g->comm || g->revoked)
+        return;
+#if defined(RK_HAVE_NCCL_REVOKE)
+    if (ring_nccl_revokes() && revoke(g)) {
+        g->revoked = true;
+        return;
     }
+#endif
+    ncclCommAbort(g->comm);
+    g->comm = NULL;
 }
 
 int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, rk_op op, void *after,
@@ -273,14 +409,15 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
 bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r)
 {
 #if defined(RK_HAVE_NCCL_SHRINK)
-    if (!g || !g->comm || g->failed || !ring_is_member(r))
+    if (!g || !g->comm || (g->failed && !revoked_quiescent(g)) || !ring_is_member(r))
         return false;
     int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
     if (!excl)
         return false;
     enum ring_nccl_plan p = ring_nccl_plan(g->members, g->n, r->members, r->size, excl, &nex);
     free(excl);
-    return p != RING_NCCL_FRESH;
+    /* A revoked communicator is shrunk, never kept: the same members take a fresh one. */
+    return p == RING_NCCL_SHRINK || (p == RING_NCCL_KEEP && !g->failed);
 #else
     (void)g;
     (void)r;
@@ -302,14 +439,16 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
         free(excl);
         return 0;
     }
-    if (shrink && plan == RING_NCCL_SHRINK && g->comm && !g->failed) {
+    if (shrink && plan == RING_NCCL_SHRINK && g->comm && (!g->failed || revoked_quiescent(g))) {
         int64_t deadline = ring__deadline(r, c);
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
         ncclComm_t parent = g->comm;
         g->child = NULL;
-        /* A lost member may have left operations pending: terminate them first. */
-        ncclResult_t res = ncclCommShrink(parent, excl, nex, &g->child, &cfg, NCCL_SHRINK_ABORT);
+        /* An intact parent may have operations a lost member left pending: terminate them
+           first; a revoked one has none (NCCL's fault-tolerance guide). */
+        ncclResult_t res = ncclCommShrink(parent, excl, nex, &g->child, &cfg,
+                                          g->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
         free(excl);
         /* A non-blocking shrink is polled on the parent: the new communicator is NULL
            until it is done (NCCL's user guide, the non-blocking split). */
@@ -323,6 +462,7 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
             rc = wait_comm(g, g->child, c, deadline); /* ready at once, unless NCCL says otherwise */
         g->comm = NULL;
         g->failed = true;
+        g->revoked = false;
         if (rc != 0) {
             /* A shrink is stopped by aborting the parent, then the child if NCCL made one. */
             ncclCommAbort(parent);
@@ -331,11 +471,7 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
             g->child = NULL;
             return rc; /* the caller agrees on a fresh communicator next */
         }
-        ncclComm_t *v = realloc(g->retired, (size_t)(g->nretired + 1) * sizeof(*v));
-        if (v) { /* never destroyed after an abortive shrink; kept for the record */
-            g->retired = v;
-            g->retired[g->nretired++] = parent;
-        }
+        retire(g, parent);
         g->comm = g->child;
         g->child = NULL;
         g->failed = false;
@@ -345,7 +481,13 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
 #else
     (void)shrink;
 #endif
-    fail_comm(g);
+    if (g->comm && (!g->failed || g->revoked)) /* nothing of ours runs on it: freed off this path */
+        retire(g, g->comm);
+    else if (g->comm)
+        ncclCommAbort(g->comm);
+    g->comm = NULL;
+    g->failed = true;
+    g->revoked = false;
     if ((rc = fresh_comm(g, r, c)) != 0)
         return rc;
     return copy_members(g, r);

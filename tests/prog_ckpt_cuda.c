@@ -9,6 +9,14 @@
  *   persist   one process: state of step s is pattern(s); rk_step_done(0) and (1) with
  *             RK_CKPT_EVERY=1 write checkpoints 1 and 2 from the device; rk_wait; each file's
  *             tensors (rk_reader) are pattern(1) and pattern(2): "ok persist".
+ *   generations  one process, RK_CKPT_EVERY=4 (a divisor of GEN_STEPS), one more device
+ *             tensor (model/big, BIG bytes, each byte the step's low byte: a cudaMemset):
+ *             GEN_STEPS steps, each one cudaMemcpy per tensor (the patterns made
+ *             beforehand) and the memset, so the disk writes (BIG bytes each) outlast the
+ *             snapshot-only steps between checkpoints and the held snapshot takes a third
+ *             staging region (ckpt.c I16), pinned like the others (at most 3:
+ *             ckpt/copy_cuda.c); rk_wait; every checkpoint left in the directory holds its
+ *             step's bytes, the newest the last step's: "ok generations K checkpoints".
  *   restore   one process: the tensors filled with 0xa5, rk_resume: next step 2, the
  *             device holds pattern(2): "ok restore".
  *   rollback V  several ranks: in step s, an allreduce (the gradients), the update to
@@ -99,6 +107,11 @@ static void check_state(int64_t step, const char *what)
     }
 }
 
+/* generations only: the big tensor (0 bytes: not registered). */
+enum { BIG = 64 << 20 };
+static size_t g_big;
+static void *g_big_dev;
+
 static rk_ctx *start(void)
 {
     rk_ctx *ctx = prog_rk_init();
@@ -114,6 +127,14 @@ static rk_ctx *start(void)
         if (rc != 0)
             FAIL("rk_register %s: %s: %s", defs[t].name, rk_strerror(rc), rk_last_error());
     }
+    if (g_big) {
+        int64_t shape[1] = {(int64_t)g_big};
+        if (cudaMalloc(&g_big_dev, g_big) != cudaSuccess)
+            FAIL("cudaMalloc model/big");
+        int rc = rk_register(ctx, "model/big", g_big_dev, RK_U8, 1, shape, RK_DEVICE);
+        if (rc != 0)
+            FAIL("rk_register model/big: %s: %s", rk_strerror(rc), rk_last_error());
+    }
     return ctx;
 }
 
@@ -124,22 +145,40 @@ static void finish(rk_ctx *ctx)
         FAIL("rk_finalize: %s: %s", rk_strerror(rc), rk_last_error());
     for (size_t t = 0; t < NT; t++)
         cudaFree(dev[t]);
+    cudaFree(g_big_dev);
+    g_big_dev = NULL;
 }
 
-/* The tensors of checkpoint `step` in the directory, read with rk_reader: pattern(step). */
-static void check_file(int64_t step)
+/* The tensors of checkpoint `step` in the directory, read with rk_reader: pattern(step).
+   False if there is no such checkpoint and `must` is not set. */
+static bool check_file_if(int64_t step, bool must)
 {
     const char *dir = getenv("RK_CKPT_DIR");
     rk_reader *r = NULL;
     int rc = rk_reader_open(&r, dir, step);
+    if (rc == RK_E_NOCKPT && !must)
+        return false;
     if (rc != 0)
         FAIL("rk_reader_open %s step %lld: %s: %s", dir, (long long)step, rk_strerror(rc), rk_last_error());
-    if (rk_reader_count(r) != NT)
-        FAIL("checkpoint %lld holds %zu tensors, want %zu", (long long)step, rk_reader_count(r), NT);
-    for (size_t i = 0; i < NT; i++) {
+    size_t want_n = NT + (g_big > 0);
+    if (rk_reader_count(r) != want_n)
+        FAIL("checkpoint %lld holds %zu tensors, want %zu", (long long)step, rk_reader_count(r), want_n);
+    for (size_t i = 0; i < want_n; i++) {
         rk_tensor_info info;
         if (rk_reader_info(r, i, &info) != 0)
             FAIL("rk_reader_info %zu", i);
+        if (strcmp(info.name, "model/big") == 0) {
+            uint8_t *got = malloc(g_big);
+            if (info.nbytes != g_big || rk_reader_read(r, i, got, g_big) != 0)
+                FAIL("checkpoint %lld: model/big: %llu bytes, or unreadable", (long long)step,
+                     (unsigned long long)info.nbytes);
+            for (size_t b = 0; b < g_big; b++)
+                if (got[b] != (uint8_t)step)
+                    FAIL("checkpoint %lld: model/big byte %zu is %#x, want %#x", (long long)step, b, got[b],
+                         (uint8_t)step);
+            free(got);
+            continue;
+        }
         size_t t = 0;
         while (t < NT && strcmp(defs[t].name, info.name) != 0)
             t++;
@@ -159,13 +198,19 @@ static void check_file(int64_t step)
         free(got);
     }
     rk_reader_close(&r);
+    return true;
 }
 
-static int persist(void)
+static void check_file(int64_t step)
 {
-    rk_ctx *ctx = start();
-    for (int64_t s = 0; s < 2; s++) {
-        set_state(s + 1);
+    check_file_if(step, true);
+}
+
+/* Steps 0..n-1, each the update to the state of step s + 1 then rk_step_done(s); rk_wait. */
+static void train(rk_ctx *ctx, int64_t n, void (*update)(int64_t step))
+{
+    for (int64_t s = 0; s < n; s++) {
+        update(s + 1);
         int rc = rk_step_done(ctx, s);
         if (rc != 0)
             FAIL("rk_step_done(%lld): %s: %s", (long long)s, rk_strerror(rc), rk_last_error());
@@ -173,11 +218,54 @@ static int persist(void)
     int rc = rk_wait(ctx);
     if (rc != 0)
         FAIL("rk_wait: %s: %s", rk_strerror(rc), rk_last_error());
+}
+
+static int persist(void)
+{
+    rk_ctx *ctx = start();
+    train(ctx, 2, set_state);
     check_file(1);
     check_file(2);
     check_state(2, "after the checkpoints");
     finish(ctx);
     printf("ok persist %zu device tensors\n", NT);
+    return 0;
+}
+
+enum { GEN_STEPS = 16 };
+static uint8_t *g_pat[GEN_STEPS + 1][NT]; /* pattern(t, step), made beforehand */
+
+/* The state of `step` in a few milliseconds: one cudaMemcpy per tensor, one memset. */
+static void gen_update(int64_t step)
+{
+    for (size_t t = 0; t < NT; t++) {
+        cudaError_t e = cudaMemcpy(dev[t], g_pat[step][t], nbytes(t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess)
+            FAIL("cudaMemcpy to %s: %s", defs[t].name, cudaGetErrorString(e));
+    }
+    if (cudaMemset(g_big_dev, (int)(uint8_t)step, g_big) != cudaSuccess)
+        FAIL("cudaMemset model/big");
+}
+
+static int generations(void)
+{
+    g_big = BIG;
+    rk_ctx *ctx = start();
+    for (int64_t s = 1; s <= GEN_STEPS; s++)
+        for (size_t t = 0; t < NT; t++) {
+            g_pat[s][t] = malloc(nbytes(t));
+            pattern(t, s, g_pat[s][t]);
+        }
+    train(ctx, GEN_STEPS, gen_update);
+    int k = 0;
+    for (int64_t s = 1; s <= GEN_STEPS; s++)
+        k += check_file_if(s, s == GEN_STEPS);
+    check_state(GEN_STEPS, "after the checkpoints");
+    finish(ctx);
+    for (int64_t s = 1; s <= GEN_STEPS; s++)
+        for (size_t t = 0; t < NT; t++)
+            free(g_pat[s][t]);
+    printf("ok generations %d checkpoints\n", k);
     return 0;
 }
 
@@ -252,6 +340,8 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && strcmp(argv[1], "persist") == 0)
         return persist();
+    if (argc >= 2 && strcmp(argv[1], "generations") == 0)
+        return generations();
     if (argc >= 2 && strcmp(argv[1], "restore") == 0)
         return restore();
     if (argc >= 3 && strcmp(argv[1], "rollback") == 0)

@@ -18,14 +18,17 @@
  *              enqueued (SIGKILL from its cancellation source, polled right after the
  *              enqueue): the survivors' call returns RK_E_PEER_LOST (the oracle) or
  *              RK_E_TIMEOUT within its bound (CALL_BOUND_MS, plus ABORT_SLACK_MS for the
- *              abort), the communicator aborted, their buffer not written after the call
- *              returned, and a fresh communicator over the survivors is exact: "ok fresh".
+ *              stop), the communicator revoked (ring_nccl_revokes) or aborted, their buffer
+ *              not written after the call returned, and the communicator shrunk (revoked
+ *              and quiescent by then at every survivor) or a fresh one (else; always when
+ *              aborted: RK_NCCL_REVOKE=0, NCCL < 2.28) over the survivors is exact:
+ *              "ok shrunk"/"ok fresh".
  *   api        rk_allreduce of a device buffer and of a host buffer (the MPI ring), each
  *              exact; with RK_NCCL=0 the device buffer goes through the host staging.
  * The kill modes print, per survivor, in ms from the victim's death (the agreed time; it
  * dies within microseconds of it): returned_ms (its call returned: inside only),
- * detect_ms (the oracle saw the death), abort_ms (from detection to the aborted call's
- * return: inside only), rebuild_ms (the MPI ring rebuilt, the agreement and the NCCL
+ * detect_ms (the oracle saw the death), abort_ms (from detection to the stopped call's
+ * return, the revoke or abort included: inside only), rebuild_ms (the MPI ring rebuilt, the agreement and the NCCL
  * communicator shrunk or made fresh), nccl_ms (the NCCL part of it) and first_ms (the
  * first allreduce over the survivors). bench/ring_nccl.sh reports them.
  */
@@ -272,8 +275,11 @@ static int mode_kill(int victim, bool inside)
         FAIL("MPI ring rebuild: %s", rk_last_error());
     int32_t can = ring_nccl_can_shrink(g, r);
 #if defined(RK_HAVE_NCCL_SHRINK)
-    if (can != !inside)
-        FAIL("ring_nccl_can_shrink %d after a loss %s a call", can, inside ? "inside" : "between");
+    /* Inside: a revoked communicator shrinks if NCCL called it quiescent by now at every
+       survivor; an aborted one never does. */
+    if (inside ? can && !ring_nccl_revokes() : !can)
+        FAIL("ring_nccl_can_shrink %d after a loss %s a call (revoke %s)", can, inside ? "inside" : "between",
+             ring_nccl_revokes() ? "on" : "off");
 #endif
     if (ring_allreduce(r, &can, 1, RK_I32, RK_MIN, NULL) != 0)
         FAIL("agreement: %s", rk_last_error());

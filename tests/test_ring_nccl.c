@@ -2,12 +2,13 @@
  * tests/test_ring_nccl.c - the NCCL ring (ring/ring_nccl.c) on device buffers. Needs a
  * CUDA GPU: without one the suite is skipped (exit 77, reported SKIP). With one, a ring
  * of one process on device 0: exact sum/avg/max of f32 device buffers, bad arguments, and
- * a call cancelled by the membership source (the communicator is then aborted, and rebuilt
- * fresh); then mpirun jobs of 2-4 ranks sharing device 0 (tests/prog_ring_nccl.c, each
+ * a call cancelled by the membership source (the communicator is then revoked or aborted,
+ * and rebuilt fresh, the revoked one freed on a thread of its own); then mpirun jobs of 2-4 ranks sharing device 0 (tests/prog_ring_nccl.c, each
  * bounded by JOB_S): sum, avg, max and min of f32, f16 and bf16 bit for bit against a host
  * reference on 4 ranks; a member killed between calls on 3 ranks (shrink) and inside a
- * call on 4 (the survivors' call returns within its bound, the communicator aborted, a
- * fresh one exact; the timings printed); and rk_allreduce of device and host buffers,
+ * call on 4 (the survivors' call returns within its bound, the communicator revoked, or
+ * with RK_NCCL_REVOKE=0 aborted, and the ring over the survivors exact; the timings
+ * printed); and rk_allreduce of device and host buffers,
  * with NCCL and through the host staging (RK_NCCL=0).
  * The jobs passed on a GPU (an H200: docs/GPU.md, "What has run on a GPU").
  */
@@ -85,9 +86,10 @@ END_TEST
    a hung job never outlives its case, nor keeps the GPU. */
 #define JOB_S 60
 
-/* Runs prog_ring_nccl; asserts no FAIL line, `want` lines starting with tag, and that the
-   output has (staged) or has not the line of device buffers going through host staging.
-   The tagged lines (with the kill modes' timings) are printed. */
+/* Runs prog_ring_nccl; asserts no FAIL line, `want` lines starting with tag (or with one of
+   the tags it lists, separated by '|'), and that the output has (staged) or has not the
+   line of device buffers going through host staging. The tagged lines (with the kill
+   modes' timings) are printed. */
 static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want,
                 bool staged)
 {
@@ -98,11 +100,15 @@ static void job(int n, bool recovery, char *const args[], const char *const env[
     ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring_nccl %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
                   out ? out : "");
     int got = 0;
-    for (const char *q = out; (q = strstr(q, tag)); q++)
-        if (q == out || q[-1] == '\n') {
-            got++;
-            printf("ring_nccl %s: %.*s\n", args[0], (int)strcspn(q, "\n"), q);
-        }
+    for (const char *t = tag; *t; t += strcspn(t, "|") + (t[strcspn(t, "|")] == '|')) {
+        char one[64];
+        snprintf(one, sizeof(one), "%.*s", (int)strcspn(t, "|"), t);
+        for (const char *q = out; (q = strstr(q, one)); q++)
+            if (q == out || q[-1] == '\n') {
+                got++;
+                printf("ring_nccl %s: %.*s\n", args[0], (int)strcspn(q, "\n"), q);
+            }
+    }
     ck_assert_msg(got == want, "%d lines '%s', want %d (rc %d):\n%s", got, tag, want, rc, out);
     if (!recovery)
         ck_assert_msg(rc == 0, "prog_ring_nccl exit %d:\n%s", rc, out);
@@ -126,12 +132,22 @@ START_TEST(shrink_after_a_loss_between_calls)
 END_TEST
 
 /* A member killed inside a call (its part enqueued) on 4 ranks: the survivors' calls
-   return within their bound, the communicator aborted, nothing writes their buffers
-   afterwards, and a fresh one is exact. */
+   return within their bound, the communicator revoked (NCCL >= 2.28), nothing writes
+   their buffers afterwards, and the communicator shrunk (quiescent by then) or a fresh
+   one is exact. */
+START_TEST(revoked_after_a_loss_inside_a_call)
+{
+    char *args[] = {"inside", "2", NULL};
+    job(4, true, args, NULL, "ok shrunk |ok fresh ", 3, false);
+}
+END_TEST
+
+/* The same with RK_NCCL_REVOKE=0: the communicator aborted, a fresh one exact. */
 START_TEST(fresh_after_a_loss_inside_a_call)
 {
     char *args[] = {"inside", "2", NULL};
-    job(4, true, args, NULL, "ok fresh ", 3, false);
+    const char *env[] = {"RK_NCCL_REVOKE=0", NULL};
+    job(4, true, args, env, "ok fresh ", 3, false);
 }
 END_TEST
 
@@ -177,6 +193,7 @@ int main(void)
     tcase_set_timeout(tj, JOB_S + 30);
     tcase_add_test(tj, dtypes_exact_on_four_ranks);
     tcase_add_test(tj, shrink_after_a_loss_between_calls);
+    tcase_add_test(tj, revoked_after_a_loss_inside_a_call);
     tcase_add_test(tj, fresh_after_a_loss_inside_a_call);
     tcase_add_test(tj, api_device_and_host_buffers);
     tcase_add_test(tj, api_staged_without_nccl);
