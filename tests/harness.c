@@ -69,11 +69,9 @@ char *th_tmpdir(const char *tag)
     const char *base = getenv("RK_TEST_TMP");
     char *p = NULL;
     if (asprintf(&p, "%s/%s.XXXXXX", base ? base : "/tmp", tag) < 0)
-        return NULL;
-    if (!mkdtemp(p)) {
-        free(p);
-        return NULL;
-    }
+        ck_abort_msg("th_tmpdir %s: out of memory", tag);
+    if (!mkdtemp(p)) /* (its caller would build paths on NULL: files in "(null)/" of the cwd) */
+        ck_abort_msg("th_tmpdir: cannot make %s: %s", p, strerror(errno));
     return p;
 }
 

@@ -6,10 +6,13 @@
  * format alone: tests/test_detector.c.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -395,6 +398,75 @@ START_TEST(proc_bad_secret_refused)
 }
 END_TEST
 
+/* Threads of this process under SCHED_RR (field 41 of /proc/self/task/T/stat). */
+static int rr_threads(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    int n = 0;
+    for (struct dirent *e; dir && (e = readdir(dir));) {
+        char path[300], buf[1024];
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = e->d_name[0] == '.' ? NULL : fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[len] = '\0';
+        char *q = strrchr(buf, ')'); /* after the command name: fields 3.. */
+        int field = 2;
+        for (; q && *q && field < 41; q++)
+            field += *q == ' ';
+        n += q && field == 41 && atoi(q) == SCHED_RR;
+    }
+    if (dir)
+        closedir(dir);
+    return n;
+}
+
+static void *nap(void *arg)
+{
+    (void)arg;
+    return NULL;
+}
+
+/* Whether this process may make a thread real-time (root, CAP_SYS_NICE, RLIMIT_RTPRIO). */
+static bool may_be_real_time(void)
+{
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED);
+    pthread_attr_setschedpolicy(&a, SCHED_RR);
+    struct sched_param sp = {.sched_priority = 1};
+    pthread_attr_setschedparam(&a, &sp);
+    pthread_t t;
+    bool ok = pthread_create(&t, &a, nap, NULL) == 0;
+    if (ok)
+        pthread_join(t, NULL);
+    pthread_attr_destroy(&a);
+    return ok;
+}
+
+/* The detector thread asks for SCHED_RR (its turns on time on a loaded machine: a normal
+   thread's wake came 200-300 ms late at load ~10 on 2 cores, and its peers took that for
+   death); RK_DET_RT=0 leaves it as it is; where the process may not, it runs as before. */
+START_TEST(proc_detector_thread_real_time)
+{
+    unsetenv("RK_JOB_SECRET");
+    bool may = may_be_real_time(), off = _i == 1; /* one process each: MPI starts once a process */
+    if (off)
+        setenv("RK_DET_RT", "0", 1);
+    rk_ctx *ctx = NULL;
+    th_assert_rc(rk_init(&ctx, NULL), 0);
+    int n = 0;
+    for (int i = 0; i < 100 && (n = rr_threads()) == 0 && may && !off; i++)
+        usleep(10000); /* the thread sets its own policy as it starts */
+    ck_assert_msg(n == (may && !off), "%d real-time threads (may: %d, RK_DET_RT=0: %d)", n, may, off);
+    th_assert_rc(rk_finalize(&ctx), 0);
+    unsetenv("RK_DET_RT");
+    if (!may)
+        printf("proc_detector_thread_real_time: this process may not use SCHED_RR: checked that none is used\n");
+}
+END_TEST
+
 /* RK_DET_IFACE as a subnet ("127.0.0.0/8"): one setting for every host of a job, each
    binding its own address inside it; a subnet no interface is in is refused. */
 START_TEST(proc_iface_subnet)
@@ -430,6 +502,7 @@ static Suite *detector_proc_suite(void)
     tcase_add_test(tc, proc_secret_not_inherited);
     tcase_add_test(tc, proc_bad_secret_refused);
     tcase_add_test(tc, proc_iface_subnet);
+    tcase_add_loop_test(tc, proc_detector_thread_real_time, 0, 2);
     tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
     tcase_add_test(tc, proc_sigstop_then_fenced);
     tcase_add_test(tc, proc_run_kill_via_parent_stop_via_silence);

@@ -548,6 +548,38 @@ START_TEST(before_update_program_resumes_one_step_back)
 }
 END_TEST
 
+/* The same program, written from rekindle.h alone, in an elastic job (docs/LAUNCHER.md,
+   "Growing"): `rekindle run --host-discovery-script` lists 2 slots, then 3 once checkpoint
+   100 is committed; the job is stopped and launched again on 3 workers, which resume from
+   the newest checkpoint (its `resumed` events say world 3) and end with the exact state:
+   nothing in the program is about growth but rk_resume at its start. */
+START_TEST(docs_program_grows_with_the_job)
+{
+    char *w = th_tmpdir("update-grow"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
+             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000\n"
+             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 3 -- "
+             "%s/tests/prog_update 1200 -1 -1 > $W/out 2> $W/err & job=$!\n"
+             "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
+             "echo \"$H:3\" > $W/hosts; touch $W/run/grow\n"
+             "wait $job; echo \"exit=$?\"; cat $W/out; grep 'rekindle: run' $W/err\n"
+             "grep -h '\"resumed\"' $W/ev.*\n",
+             w, rekindle, getenv("RK_TEST_BUILD"));
+    int rc = th_sh(cmd, 180, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
+                      strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    ck_assert_msg(count_lines(out, " ok\n") == 3 && !strstr(out, "WRONG"), "want 3 workers ok at the end:\n%s", out);
+    ck_assert_msg(count_lines(out, "\"world\": 3") == 3 && count_lines(out, "\"from\": \"disk\"") == 3,
+                  "the grown launch's 3 workers should resume from disk in a world of 3:\n%s", out);
+    th_rmrf(w);
+    free(w);
+    free(rekindle);
+    free(out);
+}
+END_TEST
+
 /* A worker whose MPI call never returns (rank 2: its first test of a transfer at step 5
    hangs, as Open MPI's shared-memory transport does after a peer died mid-send) still
    sends heartbeats, so its peers would wait for it until their own bound and stop. The
@@ -675,6 +707,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, rounds_R5_timeout_after_last_round_alike);
     tcase_add_test(tc, wedged_worker_leaves_and_others_recover);
     tcase_add_test(tc, before_update_program_resumes_one_step_back);
+    tcase_add_test(tc, docs_program_grows_with_the_job);
     suite_add_tcase(s, tc);
     return s;
 }
