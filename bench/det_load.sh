@@ -7,8 +7,10 @@
 # tests/prog_update (3000 steps) under `rekindle run`. Per run: the detector's late turns
 # (its WARN "detector thread late by X ms"), the worst of them, and live workers declared
 # dead (peer_dead events: no worker is killed, so every one is a false death). The last
-# line sums each mode up. Needs the tests built (make build-tests); says why and exits 0
-# when it cannot run. At most 190 s a pair (~60 s at load 8), plus 10 s.
+# line sums each mode up, after bench/wake_probe.py beside the same load (20 s at normal
+# priority, 20 s under `chrt -r 1`: a sleeping process's wake, apart from Rekindle). Needs
+# the tests built (make build-tests); says why and exits 0 when it cannot run. At most
+# 190 s a pair (~60 s at load 8), plus 50 s.
 set -uo pipefail
 build=${1:-build}
 pairs=${2:-3}
@@ -59,4 +61,14 @@ for i in $(seq 1 "$pairs"); do
     [[ ${w:-0} -gt ${worst[$m]} ]] && worst[$m]=${w:-0}
   done
 done
+# The mechanism apart from Rekindle, beside the same load: bench/wake_probe.py.
+probe="$(dirname "$0")/wake_probe.py"
+if command -v python3 > /dev/null; then
+  echo "det_load: normal priority: $(python3 "$probe" 20)"
+  if chrt -r 1 true 2> /dev/null; then
+    echo "det_load: SCHED_RR 1: $(chrt -r 1 python3 "$probe" 20)"
+  else
+    echo "det_load: SCHED_RR 1: not allowed here, the probe not run under it"
+  fi
+fi
 echo "det_load: $nload loading jobs; real-time off: ${late[off]} late turns in ${runs[off]} runs (worst ${worst[off]} ms), ${lost[off]} false deaths; real-time on (the default): ${late[on]} late turns (worst ${worst[on]} ms), ${lost[on]} false deaths"
