@@ -80,8 +80,9 @@ static void wedge_watch(void *arg)
         return;
     RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR,
               "the training thread has been inside one MPI call for %lld ms: it will not return (a peer that "
-              "died in the middle of a send, over Open MPI's shared-memory transport: docs/RING.md, "
-              "\"Transport\"); leaving the job with exit status %d so that the others go on without this worker",
+              "died in the middle of a send over Open MPI's shared-memory transport, or TCP to a host lost "
+              "whole: docs/RING.md, \"Transport\"); leaving the job with exit status %d so that the others go on "
+              "without this worker",
               (long long)stuck_ms, RK_EXIT_WEDGED);
     RK_EVENT(ctx->ev, "wedged", RK_EV_D("ms", (double)stuck_ms), RK_EV_I("exit", RK_EXIT_WEDGED));
     _exit(RK_EXIT_WEDGED);
