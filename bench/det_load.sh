@@ -19,7 +19,7 @@ prog="$build/tests/prog_update" rekindle="$build/bin/rekindle" train="$build/bin
 for f in "$prog" "$rekindle" "$train"; do
   [[ -x $f ]] || { echo "det_load: skipped: $f is not built (make build-tests)"; exit 0; }
 done
-work=$(mktemp -d "${TMPDIR:-/tmp}/rk-det-load.XXXXXX")
+work=$(mktemp -d "${TMPDIR:-/tmp}/rk-det-load.XXXXXX") || { echo "det_load: cannot make a work directory"; exit 1; }
 loads=()
 # The loads end by SIGTERM to their process groups (rekindle run then stops its job), then
 # SIGKILL to what is left of them after 10 s.

@@ -133,14 +133,8 @@ static void retire(ring_nccl *g, ncclComm_t comm)
    is left detached (logged). */
 static void join_reapers(ring_nccl *g)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += g->timeout_ms / 1000;
-    until.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    int64_t end = rk__real_ns() + (int64_t)g->timeout_ms * 1000000; /* timedjoin's clock */
+    struct timespec until = {.tv_sec = end / 1000000000, .tv_nsec = end % 1000000000};
     for (int i = 0; i < g->nreapers; i++)
         if (pthread_timedjoin_np(g->reapers[i], NULL, &until) != 0) {
             RK_LOG_WARN(RK_SUB_RING, "NCCL: a retired communicator's abort still runs after %d ms: left to finish alone",
