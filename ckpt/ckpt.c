@@ -124,6 +124,8 @@
 #include "ckpt_internal.h"
 
 
+#define LOST_POLL_MS 20 /* how often a wait for the writer, or the writer's for a copy, looks again */
+
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled);
 static bool wait_idle(ckpt_engine *e, int64_t deadline_ns);
 
@@ -160,9 +162,17 @@ static void note_failure(ckpt_engine *e, int64_t step, int rc)
    its outcome is the job's. */
 static int job_copied(ckpt_engine *e, struct ckpt_job *j, int64_t deadline)
 {
-    int rc = j->copy_host ? ckpt_copy_wait(e->host_copy, j->copy_host, deadline) : 0;
-    if (!rc && j->copy_dev)
-        rc = ckpt_copy_wait(e->dev_copy, j->copy_dev, deadline);
+    int rc;
+    for (;;) { /* in slices: a job abandoned meanwhile (its copy given up on) waits no more */
+        int64_t slice = rk__deadline_ns(LOST_POLL_MS), until = slice < deadline ? slice : deadline;
+        rc = j->copy_host ? ckpt_copy_wait(e->host_copy, j->copy_host, until) : 0;
+        if (!rc && j->copy_dev)
+            rc = ckpt_copy_wait(e->dev_copy, j->copy_dev, until);
+        if (rc != RK_E_TIMEOUT || until == deadline)
+            break;
+        if (ckpt__abandoned(j))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_INFO, RK_E_ABORTED, "abandoned while its copy still ran");
+    }
     if (rc == RK_E_ABORTED && atomic_load(&j->copy_settled)) {
         rc = atomic_load(&j->copy_rc);
         if (rc)
@@ -464,7 +474,13 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
         if (e->rank == 0)
             ckpt__drop_skipped(e, deadline_ns);
     }
-    /* A copy still running at the deadline (I15) keeps its engine and staging mapped. */
+    /* A copy still running at the deadline (I15) keeps its engine and staging mapped; one
+       given up on is waited for here too (ckpt__settle would only look). */
+    if (e->cp.pending && e->cp.torn) {
+        if (!e->cp.host_done)
+            ckpt_copy_wait(e->host_copy, e->cp.host_gen, deadline_ns);
+        ckpt_copy_wait(e->dev_copy, e->cp.dev_gen, deadline_ns);
+    }
     int crc = ckpt__settle(e, false, deadline_ns) == RK_E_TIMEOUT && e->cp.pending ? RK_E_TIMEOUT : 0;
     if (!crc)
         crc = ckpt_copy_destroy(&e->host_copy, deadline_ns);
@@ -530,7 +546,6 @@ static bool settled_locked(ckpt_engine *e)
    an abandoned one may still be stuck); true if it is. With a member_lost check (I3), it
    is asked every LOST_POLL_MS, and the job in flight is abandoned as soon as it says a
    member is gone: a commit that waits for a dead member is never waited out. */
-#define LOST_POLL_MS 20
 static bool wait_state(ckpt_engine *e, int64_t deadline_ns, bool settled)
 {
     for (;;) {
@@ -752,11 +767,13 @@ static int snapshot_failed(ckpt_engine *e, int64_t step, int rc, const char *wha
 }
 
 /* The copy under way gave up on at a deadline (I15): whatever it copies is never held nor
-   written, since the caller's buffers now move on under it. */
+   written, since the caller's buffers now move on under it. Reached once a copy: a wait
+   that finds it given up already only looks (ckpt__settle). */
 static int give_up(ckpt_engine *e)
 {
     char why[512];
     snprintf(why, sizeof(why), "%s", rk_last_error());
+    RK_EVENT(e->ev, "copy_timeout", RK_EV_I("step", e->cp.step), RK_EV_B("ckpt", e->cp.job));
     if (!e->cp.torn && !e->cp.job) {
         e->cp.torn = true;
         snapshot_failed(e, e->cp.step, RK_E_TIMEOUT, "not held: its copy did not finish in time", why);
@@ -775,16 +792,29 @@ static int give_up(ckpt_engine *e)
                     "still runs (%s)", e->cp.step, why);
 }
 
-/* Waits for the copy under way (I15); once both batches are done, holds the snapshot if
-   neither failed nor was given up on. */
+/* A copy given up on that still runs: RK_E_TIMEOUT, without a wait, a log line or an
+   event (give_up said it once). */
+static int still_torn(ckpt_engine *e)
+{
+    rk__set_last_error("the copy of step %" PRId64 " into staging, given up on at its deadline, still runs",
+                       e->cp.step);
+    return RK_E_TIMEOUT;
+}
+
+/* Waits for the copy under way (I15) until deadline_ns, or only looks once it was given up
+   on: its bound was spent once, and every later wait goes on at once until it ends (only
+   then can a fresh copy start). Once both batches are done, holds the snapshot if neither
+   failed nor was given up on. */
 int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
 {
     if (!e->cp.pending)
         return 0;
+    if (e->cp.torn)
+        deadline_ns = 0;
     if (!e->cp.host_done) {
         int rc = ckpt_copy_wait(e->host_copy, e->cp.host_gen, deadline_ns);
         if (rc == RK_E_TIMEOUT)
-            return give_up(e);
+            return e->cp.torn ? still_torn(e) : give_up(e);
         e->cp.host_done = true;
         if (rc && !e->cp.rc)
             e->cp.rc = rc;
@@ -794,7 +824,7 @@ int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns)
     if (e->cp.dev_gen) {
         int rc = ckpt_copy_wait(e->dev_copy, e->cp.dev_gen, deadline_ns);
         if (rc == RK_E_TIMEOUT)
-            return give_up(e);
+            return e->cp.torn ? still_torn(e) : give_up(e);
         if (rc && !e->cp.rc)
             e->cp.rc = rc;
     }

@@ -10,6 +10,10 @@
  *                                      file operations counted by RK_FAULT, formats/fio.h)
  *   prog_ckpt resume EXPECT SEED [big] rk_resume; checks next_step == EXPECT and every byte;
  *                                      prints "rank R resumed S" (exit 0); EXPECT -1: none
+ *   prog_ckpt perrank STEPS SEED       one per-rank tensor: STEPS steps of rk_allreduce, the
+ *                                      update, rk_step_done; then removes RK_FAULT_HOLD's file
+ *                                      (a held copy ends), rk_wait (its result printed, not
+ *                                      judged), rk_finalize; prints "rank R stepped N" (exit 0)
  *   prog_ckpt other                    registers a different set and calls rk_resume; prints
  *                                      the code's name
  *   prog_ckpt untouched 0 SEED [big]   fills every buffer with 0x5A, rk_resume; prints
@@ -99,6 +103,26 @@ int main(int argc, char **argv)
         printf("untouched %d\n", x[0] == 0.0f && x[4] == 0.0f);
         rk_finalize(&ctx);
         return 0;
+    }
+    if (strcmp(mode, "perrank") == 0) {
+        static float own[4096], grad[16];
+        int64_t shape = RK_ARRAY_LEN(own);
+        if ((rc = rk_register(ctx, "own", own, RK_F32, 1, &shape, RK_PER_RANK)) != 0)
+            return fail("rk_register", rc);
+        for (int64_t s = 0; s < arg; s++) {
+            if ((rc = rk_allreduce(ctx, grad, RK_ARRAY_LEN(grad), RK_F32, RK_SUM)) < 0)
+                return fail("rk_allreduce", rc);
+            for (size_t i = 0; i < RK_ARRAY_LEN(own); i++)
+                own[i] = (float)(s + 1);
+            if ((rc = rk_step_done(ctx, s)) < 0)
+                return fail("rk_step_done", rc);
+        }
+        if (getenv("RK_FAULT_HOLD"))
+            unlink(getenv("RK_FAULT_HOLD"));
+        rc = rk_wait(ctx);
+        printf("rank %d stepped %" PRId64 " (rk_wait: %s)\n", rk_rank(ctx), arg, rk_strerror(rc));
+        rc = rk_finalize(&ctx);
+        return rc ? fail("rk_finalize", rc) : 0;
     }
     for (size_t t = 0; t < n; t++) {
         buf[t] = malloc(nbytes_of(&specs[t]) + 1);

@@ -682,6 +682,38 @@ START_TEST(h5py_reads_index)
 }
 END_TEST
 
+/* I15: a snapshot's copy that hangs (RK_FAULT=copy@2=hang: the copy of the checkpoint of
+   step 3, one per-rank tensor, so every step also sends a partner copy) is waited for up to
+   its bound once, then given up on; every later wait for it (the partner copy's look at the
+   held snapshot, the next snapshot's turn, rk_allreduce's and rk_step_done's waits before
+   the update) sees it given up and goes on at once, until it ends. Counted in the event
+   log: one copy_timeout event over 12 steps. (Before: every later wait spent a quarter of
+   the timeout again, an event each, and steps took 1 s with RK_TIMEOUT_MS=2000.) */
+START_TEST(hung_copy_costs_its_bound_once)
+{
+    char *dir = th_tmpdir("hungcopy"), ev[4200], hold[4200], evpath[4300], ckdir[4200], *out = NULL;
+    snprintf(ev, sizeof(ev), "RK_EVENT_LOG=%s/ev", dir);
+    snprintf(hold, sizeof(hold), "RK_FAULT_HOLD=%s/hold", dir);
+    snprintf(ckdir, sizeof(ckdir), "RK_CKPT_DIR=%s/ck", dir);
+    ck_assert_int_eq(th_write_file(hold + strlen("RK_FAULT_HOLD="), "", 0), 0);
+    const char *env[] = {ckdir, "RK_CKPT_EVERY=3", "RK_TIMEOUT_MS=2000", "RK_FAULT=copy@2=hang", hold, ev,
+                         "RK_JOB_SECRET=" SECRET, NULL};
+    char *argv[] = {prog, "perrank", "12", "7", NULL};
+    int rc = th_run(argv, env, 60, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "rank 0 stepped 12"), "exit %d: %s", rc, out);
+    free(out);
+    snprintf(evpath, sizeof(evpath), "%s/ev.0", dir);
+    char *log = th_read_file(evpath, NULL);
+    ck_assert_msg(log, "no event log %s", evpath);
+    int late = th_count(log, "\"copy_timeout\"");
+    ck_assert_msg(late == 1, "the hung copy was waited for to its bound %d times, want once (event log %s)", late, evpath);
+    ck_assert_msg(th_count(log, "\"ckpt_failed\"") >= 1, "its checkpoint did not fail (event log %s)", evpath);
+    free(log);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt");
@@ -711,6 +743,7 @@ int main(void)
     tcase_add_test(tc, retention_rereads_nothing_committed);
     tcase_add_test(tc, timeline_order);
     tcase_add_test(tc, recommit_never_loses_label);
+    tcase_add_test(tc, hung_copy_costs_its_bound_once);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
