@@ -91,7 +91,9 @@
  *      (ckpt__next_gen, ckpt_held.c): while it is copied (held_step -1) and sent to the partner, the one
  *      before stays whole with its own partner copy, so a loss in that window rolls back
  *      one step further, never to a torn one (ckpt_snapshot_select makes the older one
- *      the held one again). A region the writer reads is never written while its job is
+ *      the held one again, but never while a copy into g still runs: until it settles, g
+ *      is the region it writes). From the turn on, g holds nothing (-1): a snapshot that
+ *      fails before its copy leaves old the newest whole one, never g an older one. A region the writer reads is never written while its job is
  *      live: if the writer still reads old's region (a disk write longer than a step), old
  *      is put aside (park) and a third region takes its place before the swap, so the
  *      newest whole snapshot stays held as ever (ckpt_held.c). The writer waits
@@ -612,9 +614,11 @@ int ckpt__stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     if (busy && e->retired)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
-    void *p = rk__map(need);
+    int f = fmt_fault_fail("stage");
+    void *p = f ? NULL : rk__map(need);
     if (!p)
-        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "checkpoint staging of %zu bytes: %s", need, strerror(errno));
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, f ? f : -errno, "checkpoint staging of %zu bytes: %s", need,
+                        strerror(f ? -f : errno));
     e->g.held_step = -1;
     memset(e->g.frozen_ok, 0, e->g.held_cap * sizeof(*e->g.frozen_ok)); /* a new region holds nothing */
     if (busy) {

@@ -171,7 +171,9 @@ static void swap_gens(ckpt_engine *e)
 
 int ckpt_snapshot_select(ckpt_engine *e, int64_t step)
 {
-    ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4));
+    if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->cp.pending)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT, "no snapshot can be selected while the copy of step "
+                        "%" PRId64 " into the newest generation still runs", e->cp.step); /* g stays its (I16) */
     if (step >= 0 && e->g.held_step == step)
         return 0;
     if (step < 0 || e->old.held_step != step || e->was.open)
@@ -209,6 +211,8 @@ void ckpt__next_gen(ckpt_engine *e)
         e->old.left_step = -1;
     }
     swap_gens(e);
+    e->g.held_step = -1; /* to be written: nothing held there, even if what follows fails */
+    e->g.left_step = -1;
 }
 
 bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n)

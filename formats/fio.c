@@ -37,7 +37,8 @@ static const char *const op_names[FMT_OP_COUNT + 1] = {
     [FMT_OP_SYNCDIR] = "syncdir",   [FMT_OP_UNLINK] = "unlink",   [FMT_OP_DIRECT] = "odirect",
     [FMT_OP_URING] = "uring",       [FMT_OP_REBUILD] = "rebuild", [FMT_OP_LIST] = "list",
     [FMT_OP_SWAP] = "swap",         [FMT_OP_MKDIR] = "mkdir",     [FMT_OP_PROGRESS] = "progress",
-    [FMT_OP_ROLLBACK] = "rollback", [FMT_OP_ALLREDUCE] = "allreduce", [FMT_OP_COPY] = "copy", [FIO_ANY] = "any",
+    [FMT_OP_ROLLBACK] = "rollback", [FMT_OP_ALLREDUCE] = "allreduce", [FMT_OP_COPY] = "copy",
+    [FMT_OP_STAGE] = "stage",       [FIO_ANY] = "any",
 };
 
 static const struct {
@@ -212,7 +213,7 @@ int fmt_fault(enum fmt_op op, const char *path)
     if (op < 0 || op >= FMT_OP_COUNT)
         return 0;
     bool file_op = op != FMT_OP_REBUILD && op != FMT_OP_PROGRESS && op != FMT_OP_ROLLBACK && op != FMT_OP_ALLREDUCE &&
-                   op != FMT_OP_COPY;
+                   op != FMT_OP_COPY && op != FMT_OP_STAGE;
     if (file_op) {
         fio_power_check();
         note_activity(op, path);

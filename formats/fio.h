@@ -5,7 +5,7 @@
  *
  * Faults are injected ONLY when the environment asks for them:
  *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
- *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress|rollback|allreduce|copy
+ *     OP    open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap|any|rebuild|progress|rollback|allreduce|copy|stage
  *           (unlink: removing a file or an empty directory; mkdir: creating a directory;
  *            odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring,
  *            or the checkpoint reader submitting reads to it;
@@ -19,7 +19,9 @@
  *            this member, where an error kind makes its part fail, fmt_fault_fail;
  *            allreduce: each call of rk_allreduce, on entry, where only crash applies;
  *            copy: each copy of the host copy engine's batches (ckpt/copy.h), where an
- *            error kind fails that copy and the rest of its batch, and hang holds it)
+ *            error kind fails that copy and the rest of its batch, and hang holds it;
+ *            stage: each new staging region of the snapshot engine (ckpt/), where an
+ *            error kind makes its mapping fail)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -82,6 +84,7 @@ enum fmt_op {
     FMT_OP_ROLLBACK, /* "rollback": a member's part of a rollback from memory (fmt_fault_fail) */
     FMT_OP_ALLREDUCE, /* "allreduce": a call of rk_allreduce, on entry (fmt_fault_point: crash) */
     FMT_OP_COPY,   /* "copy": one copy of the host copy engine's batch (fmt_fault_fail) */
+    FMT_OP_STAGE,  /* "stage": mapping a snapshot's staging region (ckpt/, fmt_fault_fail) */
     FMT_OP_COUNT
 };
 

@@ -286,6 +286,91 @@ START_TEST(failed_snapshot_leaves_the_one_before)
 }
 END_TEST
 
+/* I16: a snapshot's copy given up on at its deadline (held by a fault) still writes the
+   newest generation's region: no generation is selected while it runs (the older one is not
+   made the held one under it), and once it ends, failing at the frozen tensor's copy, that
+   generation keeps no frozen bytes it never got: the next snapshot there copies the frozen
+   tensor again. (Before: the select swapped the generations under the copy, its failure
+   cleared the other generation's frozen marks, and the snapshot of step 3 held zeros for
+   the frozen tensor.) */
+START_TEST(select_waits_for_a_given_up_copy)
+{
+    char *dir = th_tmpdir("gens-sel"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 800, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double w[256], emb[256];
+    int64_t shape[1] = {256};
+    ckpt_tensor t[2] = {
+        {.name = "w", .ptr = w, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(w)},
+        {.name = "emb", .ptr = emb, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(emb), .frozen = true}};
+    emb[0] = emb[255] = 7;
+    w[0] = 1;
+    th_assert_rc(ckpt_snapshot_take(e, 1, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@0=hang,copy@1=eio", hold); /* step 2: w's copy held, then emb's fails */
+    w[0] = 2;
+    th_assert_rc(ckpt_snapshot_take(e, 2, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(50)), RK_E_TIMEOUT);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 1);
+    th_assert_rc(ckpt_snapshot_select(e, 1), RK_E_TIMEOUT);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    unlink(hold);
+    copy_ended(e);
+    copy_faults(NULL, NULL);
+    w[0] = 3;
+    th_assert_rc(ckpt_snapshot_take(e, 3, t, 2), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    const ckpt_snapshot *h = ckpt_snapshot_held(e);
+    ck_assert_int_eq(h->step, 3);
+    ck_assert(((const double *)h->own[0].data)[0] == 3);
+    ck_assert_msg(((const double *)h->own[1].data)[0] == 7 && ((const double *)h->own[1].data)[255] == 7,
+                  "the frozen tensor held at step 3: %g (want 7)", ((const double *)h->own[1].data)[0]);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 1);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* I16: the generations turn before a snapshot's staging is made; when that fails (here its
+   new, larger region cannot be mapped: RK_FAULT=stage), the region it would have filled
+   holds nothing, and the newest whole snapshot stays offered, as the older generation.
+   (Before: the generation turned to held the snapshot before the older one, step 1, and
+   ckpt_snapshot_held offered it, behind the older generation's step 2.) */
+START_TEST(failed_staging_keeps_the_newest_offered)
+{
+    char *dir = th_tmpdir("gens-stage");
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 5000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[2048];
+    int64_t shape[1] = {1024}, grown[1] = {2048};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = 1024 * 8};
+    for (int s = 1; s <= 2; s++) {
+        v[0] = s;
+        th_assert_rc(ckpt_snapshot_take(e, s, &t, 1), 0);
+        th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    }
+    copy_faults("stage@0=eio", NULL);
+    t.shape = grown;
+    t.nbytes = sizeof(v);
+    v[0] = 3;
+    th_assert_rc(ckpt_snapshot_take(e, 3, &t, 1), -EIO);
+    copy_faults(NULL, NULL);
+    int64_t held = ckpt_snapshot_held(e)->step, older = ckpt_snapshot_older(e)->step;
+    ck_assert_msg(held == -1 && older == 2, "held %lld, older %lld: want -1 and 2 (never one older than the older)",
+                  (long long)held, (long long)older);
+    th_assert_rc(ckpt_snapshot_select(e, 2), 0);
+    ck_assert(((const double *)ckpt_snapshot_held(e)->own[0].data)[0] == 2);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* RK_FROZEN: each generation copies a frozen tensor once and keeps it; the others are
    copied at every snapshot. A frozen tensor changed anyway (against its promise) shows it:
    the snapshots keep its first bytes, while the other tensor's follow every step. A copy
@@ -401,6 +486,8 @@ int main(void)
     tcase_add_test(tc, failed_snapshot_leaves_the_one_before);
     tcase_add_test(tc, snapshots_leave_the_written_generation_alone);
     tcase_add_test(tc, frozen_tensor_copied_once_a_generation);
+    tcase_add_test(tc, select_waits_for_a_given_up_copy);
+    tcase_add_test(tc, failed_staging_keeps_the_newest_offered);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
