@@ -45,6 +45,12 @@
  *       is never reported (the parent reports only an end), so hangs, lost hosts and
  *       partitions go through I2 exactly as before; whichever way comes first declares,
  *       the other then finds the rank out (I4) and does nothing.
+ *   I10 A fenced member's next deadline is always ahead of the last tick: detp_tick moves
+ *       it a period on and detp_next_deadline no longer counts the peers' silence (their
+ *       clocks stopped at the fencing), so det.c's thread sleeps a period a turn, draining
+ *       its socket, for as long as the detector lives (a deadline left in the past would
+ *       make it poll with no timeout: a core, at real-time priority, taken from the
+ *       node's other workers).
  *
  * STATES of a peer, as seen by an observer (function performing each transition)
  *
@@ -61,7 +67,8 @@
  *                                                 |  DEATH from its parent: detp_recv:declare
  *                                       LEAVE / left decl: apply_decl (LEFT, also out)
  *
- *   Self: MEMBER --(a declaration of self received: apply_decl)--> FENCED (final).
+ *   Self: MEMBER --(a declaration of self received: apply_decl)--> FENCED (final;
+ *   detp_tick then only moves the deadline a period on, I10).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -484,8 +491,10 @@ static void suspect(detp *p, int r, int64_t now)
 
 void detp_tick(detp *p, int64_t now)
 {
-    if (p->fenced)
+    if (p->fenced) { /* I10: nothing to time, but the deadline moves: the thread sleeps */
+        p->next_hb = now + p->p;
         return;
+    }
     int self = p->cfg.self;
     if (now - p->last_tick > 2 * p->p) { /* I8: we were not run; not the peers' fault */
         for (int r = 0; r < p->cfg.nslots; r++)
@@ -526,6 +535,8 @@ void detp_tick(detp *p, int64_t now)
 int64_t detp_next_deadline(const detp *p)
 {
     int64_t d = p->next_hb;
+    if (p->fenced)
+        return d; /* I10: its peers' silence clocks are no longer run */
     for (int r = 0; r < p->cfg.nslots; r++) {
         const struct peer *q = &p->peers[r];
         if (!q->observed || !is_member(p, r))

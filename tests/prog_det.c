@@ -5,9 +5,11 @@
  * (default 8000), then rk_finalize. With PROG_DET_DIR set it writes "<pid> <port>" to
  * PROG_DET_DIR/rank-<R> once the detector runs, so a test can signal it or send it
  * datagrams. Prints what it observes: "rank R fenced: ..." (then exits 0) when the others
- * declared it dead, "rank R recovered at step S" when rk_step_done returns RK_RECOVERED
+ * declared it dead (with PROG_DET_FENCED_SLEEP_MS, after sleeping that long without
+ * calling the library), "rank R recovered at step S" when rk_step_done returns RK_RECOVERED
  * (it goes on from there), and at the end "rank R epoch E members M".
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,17 @@ static void write_rank_file(const char *dir, int rank, int port)
     rename(tmp, path);
 }
 
+/* PROG_DET_FENCED_SLEEP_MS: once fenced, sleep that long without calling the library
+   (a program busy elsewhere), so a test can count the process's CPU meanwhile. */
+static void fenced_sleep(void)
+{
+    const char *e = getenv("PROG_DET_FENCED_SLEEP_MS");
+    long ms = e ? atol(e) : 0;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (ms > 0 && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 int main(void)
 {
     rk_ctx *ctx = prog_rk_init();
@@ -49,6 +62,7 @@ int main(void)
         if (rc == RK_E_FENCED) {
             printf("rank %d fenced: %s\n", rank, rk_strerror(rc));
             fflush(stdout);
+            fenced_sleep();
             break;
         }
         if (rc == RK_RECOVERED) { /* recovery rebuilt the job without the lost worker */

@@ -387,6 +387,32 @@ START_TEST(sim_paused_worker_fences_itself)
 }
 END_TEST
 
+/* I10: a fenced member's deadline is ahead of each tick (its thread sleeps a period),
+   at every turn after the fencing, and it still sends nothing. */
+START_TEST(sim_fenced_member_sleeps)
+{
+    struct sim *s = sim_new(5, 78);
+    sim_run(s, s->now + 1000 * MS);
+    s->paused[2] = true;
+    sim_run(s, s->now + 3000 * MS);
+    s->paused[2] = false;
+    sim_run(s, s->now + 500 * MS);
+    ck_assert(detp_fenced(s->node[2]));
+    detp *p = s->node[2];
+    detm m;
+    for (int turn = 0; turn < 20; turn++) {
+        int64_t now = s->now + turn * 37 * MS;
+        detp_tick(p, now);
+        int64_t next = detp_next_deadline(p);
+        ck_assert_msg(next > now, "turn %d: the fenced member's next deadline is %lld ms from now: its thread "
+                      "would poll with no timeout", turn, (long long)((next - now) / MS));
+        ck_assert_int_le(next - now, P);
+        ck_assert_int_eq(detp_pop_send(p, &m), 0);
+    }
+    sim_free(s);
+}
+END_TEST
+
 /* I4, I7: a partition: each side declares the other; messages from the other side are
    never acted on after the heal, and nobody rejoins. */
 START_TEST(sim_partition_no_rejoin)
@@ -787,6 +813,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, sim_late_heartbeat_refutes);
     tcase_add_test(tc, sim_timeout_adapts_to_jitter);
     tcase_add_test(tc, sim_paused_worker_fences_itself);
+    tcase_add_test(tc, sim_fenced_member_sleeps);
     tcase_add_test(tc, sim_partition_no_rejoin);
     tcase_add_test(tc, sim_leave_is_not_death);
     tcase_add_test(tc, sim_install_view_spares);

@@ -140,6 +140,28 @@ static int count_str(const char *s, const char *needle)
     return n;
 }
 
+/* The peer_dead line of `peer` in an event log, or NULL. */
+static const char *dead_line(const char *ev, int peer)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "\"event\": \"peer_dead\", \"peer\": %d,", peer);
+    return strstr(ev, want);
+}
+
+/* Rank 0's event log once it declares `peer` dead (bounded: 10 s); malloc'd. */
+static char *wait_dead(const struct job *j, int peer)
+{
+    char *ev = NULL;
+    for (int t = 0; t < 200; t++) {
+        free(ev);
+        ev = event_log(j, 0);
+        if (dead_line(ev, peer))
+            break;
+        usleep(50 * 1000);
+    }
+    return ev;
+}
+
 static const char *const recovery_opts[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", NULL};
 static const char secret[] = "5a0c4f1e2b7d9386a1c3e5f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b";
 
@@ -183,15 +205,7 @@ START_TEST(proc_sigstop_then_fenced)
     job_addrs(&j, pids, ports);
     usleep(1500 * 1000);
     ck_assert_int_eq(kill(pids[1], SIGSTOP), 0);
-    /* wait (bounded) until a survivor logged the death, then resume it */
-    char *ev = NULL;
-    for (int t = 0; t < 200; t++) {
-        free(ev);
-        ev = event_log(&j, 0);
-        if (strstr(ev, "\"event\": \"peer_dead\", \"peer\": 1"))
-            break;
-        usleep(50 * 1000);
-    }
+    char *ev = wait_dead(&j, 1); /* then resume it */
     ck_assert_int_eq(kill(pids[1], SIGCONT), 0);
     int status;
     char *out = finish_job(&j, &status);
@@ -219,13 +233,63 @@ START_TEST(proc_sigstop_then_fenced)
 }
 END_TEST
 
-/* The peer_dead line of `peer` in an event log, or NULL. */
-static const char *dead_line(const char *ev, int peer)
+/* utime + stime of a process, ns (/proc/PID/stat fields 14 and 15); -1 if unreadable. */
+static int64_t proc_cpu_ns(pid_t pid)
 {
-    char want[64];
-    snprintf(want, sizeof(want), "\"event\": \"peer_dead\", \"peer\": %d,", peer);
-    return strstr(ev, want);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    char *s = th_read_file(path, NULL);
+    const char *p = s ? strrchr(s, ')') : NULL; /* the name may hold spaces */
+    unsigned long long ut, st;
+    int64_t ns = -1;
+    if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
+        ns = (int64_t)(ut + st) * (1000000000LL / sysconf(_SC_CLK_TCK));
+    free(s);
+    return ns;
 }
+
+/* I10 on real processes: a worker stopped past its timeout, declared dead and continued
+   fences itself; then, sleeping without calling the library, its detector thread sleeps
+   too. Its process's CPU over 2 s of that sleep, read from outside, stays a small part
+   of the time (a generous ceiling: a count of CPU, not a speed). Before I10 its thread
+   polled with no timeout, at real-time priority where allowed: 2.8 s of CPU in 3 s. */
+START_TEST(proc_fenced_worker_sleeps)
+{
+    setenv("PROG_DET_FENCED_SLEEP_MS", "6000", 1);
+    struct job j = start_job(3, 10000, recovery_opts, secret);
+    unsetenv("PROG_DET_FENCED_SLEEP_MS");
+    int pids[3], ports[3];
+    job_addrs(&j, pids, ports);
+    usleep(1500 * 1000);
+    ck_assert_int_eq(kill(pids[1], SIGSTOP), 0);
+    char *ev = wait_dead(&j, 1), *out = NULL;
+    ck_assert_msg(dead_line(ev, 1) != NULL, "rank 1 never declared dead:\n%s", ev);
+    ck_assert_int_eq(kill(pids[1], SIGCONT), 0);
+    for (int t = 0; t < 200; t++) { /* the worker says it is fenced, then sleeps */
+        free(out);
+        out = th_read_file(j.out_path, NULL);
+        if (out && strstr(out, "rank 1 fenced: "))
+            break;
+        usleep(50 * 1000);
+    }
+    ck_assert_msg(out && strstr(out, "rank 1 fenced: "), "rank 1 did not fence itself:\n%s", out ? out : "");
+    int64_t c0 = proc_cpu_ns(pids[1]), t0 = rk__mono_ns();
+    usleep(2000 * 1000);
+    int64_t c1 = proc_cpu_ns(pids[1]), t1 = rk__mono_ns();
+    ck_assert_msg(c0 >= 0 && c1 >= 0, "rank 1 (pid %d) ended during its sleep", pids[1]);
+    double share = (double)(c1 - c0) / (double)(t1 - t0);
+    printf("proc_fenced_worker_sleeps: %.0f ms of CPU in %.0f ms asleep (%.1f%%)\n", (c1 - c0) / 1e6,
+           (t1 - t0) / 1e6, 100 * share);
+    ck_assert_msg(share < 0.25, "the fenced worker used %.0f ms of CPU in %.0f ms of sleep without calling the "
+                  "library: its detector thread does not sleep", (c1 - c0) / 1e6, (t1 - t0) / 1e6);
+    int status;
+    free(out);
+    out = finish_job(&j, &status);
+    free(ev);
+    free(out);
+    job_free(&j);
+}
+END_TEST
 
 /* I9, P2 under `rekindle run`: a SIGKILLed worker is declared dead by every survivor on
    its parent's report, in well under a heartbeat period; a worker stopped at the same
@@ -239,14 +303,7 @@ START_TEST(proc_run_kill_via_parent_stop_via_silence)
     usleep(1500 * 1000);
     ck_assert_int_eq(kill(pids[1], SIGSTOP), 0);
     ck_assert_int_eq(kill(pids[3], SIGKILL), 0);
-    char *ev = NULL;
-    for (int t = 0; t < 200; t++) {
-        free(ev);
-        ev = event_log(&j, 0);
-        if (dead_line(ev, 1))
-            break;
-        usleep(50 * 1000);
-    }
+    char *ev = wait_dead(&j, 1);
     ck_assert_int_eq(kill(pids[1], SIGCONT), 0);
     free(ev);
     int status;
@@ -505,6 +562,7 @@ static Suite *detector_proc_suite(void)
     tcase_add_loop_test(tc, proc_detector_thread_real_time, 0, 2);
     tcase_add_test(tc, proc_kill9_every_survivor_sees_peer_dead);
     tcase_add_test(tc, proc_sigstop_then_fenced);
+    tcase_add_test(tc, proc_fenced_worker_sleeps);
     tcase_add_test(tc, proc_run_kill_via_parent_stop_via_silence);
     tcase_add_test(tc, proc_forged_and_garbage_rejected);
     suite_add_tcase(s, tc);
