@@ -28,7 +28,10 @@
  *  I6  Retention never removes the checkpoint just committed (the newest of ckpt_list's
  *      order: its commit time is the latest) nor the newest one that verifies (the one just
  *      committed if it reopens intact: its data were checksummed as they were written, and
- *      are not read again; an older one by its data re-read against its checksums); a
+ *      are not read again; an older one by its data re-read against its checksums), nor
+ *      anything while a restore may read: a commit that began before ckpt_abandon (a
+ *      recovery's ckpt_set_membership, a ckpt_load) completes without its retention, left
+ *      to the next commit (with RK_KEEP=1 it removed the checkpoint being restored); a
  *      removed directory is first renamed to a '.'-name, so a half-removed checkpoint is
  *      never seen as committed. Re-committing a label exchanges the directories in one
  *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).
@@ -233,7 +236,14 @@ bool ckpt__abandoned(struct ckpt_job *j)
 bool ckpt__claim_commit(struct ckpt_job *j)
 {
     int open = JOB_OPEN;
-    return atomic_compare_exchange_strong(&j->fate, &open, JOB_COMMITTING) || open == JOB_COMMITTING;
+    return atomic_compare_exchange_strong(&j->fate, &open, JOB_COMMITTING) || open == JOB_COMMITTING ||
+           open == JOB_COMMIT_ONLY;
+}
+
+bool ckpt__claim_retention(struct ckpt_job *j)
+{
+    int committing = JOB_COMMITTING;
+    return atomic_compare_exchange_strong(&j->fate, &committing, JOB_RETAINING);
 }
 
 void ckpt__waiting(struct ckpt_job *j, int what)
@@ -993,6 +1003,8 @@ bool ckpt_abandon(ckpt_engine *e)
     pthread_mutex_lock(&e->mu);
     int fate = JOB_OPEN;
     bool done = e->state != CKPT_IDLE && atomic_compare_exchange_strong(&e->job.fate, &fate, JOB_ABANDONED);
+    if (!done && fate == JOB_COMMITTING) /* it commits, but removes nothing a restore may read now (I6) */
+        atomic_compare_exchange_strong(&e->job.fate, &fate, JOB_COMMIT_ONLY);
     int64_t step = e->job.step;
     if (done) { /* an event, not a failure for ckpt_wait (I7); a commit that began goes on (I10) */
         int cap = (int)(sizeof(e->dropped) / sizeof(e->dropped[0]));

@@ -189,7 +189,8 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* Abandons the checkpoint in flight, at once and without waiting for the writer: nothing
    of it is ever committed (it fails with RK_E_ABORTED when the writer next looks, or when
    the operation it is stuck in returns). Returns whether one was abandoned; false also
-   when its commit had already begun (then it completes, a consistent checkpoint). Used
+   when its commit had already begun (then it completes, a consistent checkpoint, but its
+   retention is left to the next commit: a restore may be about to read). Used
    when a member is lost (its shard will never come), on fencing, and at a membership
    change. The writer stays busy until it notices: a new checkpoint waits for it (I3). */
 bool ckpt_abandon(ckpt_engine *e);

@@ -15,8 +15,11 @@
 enum ckpt_state { CKPT_IDLE, CKPT_QUEUED, CKPT_RUNNING };
 
 /* What becomes of the job in flight: exactly one of the writer (to commit) and the
-   training thread (to abandon) moves it out of OPEN, by compare-and-swap (ckpt.c I10). */
-enum ckpt_fate { JOB_OPEN, JOB_COMMITTING, JOB_ABANDONED };
+   training thread (to abandon) moves it out of OPEN, by compare-and-swap (ckpt.c I10).
+   A job abandoned once its commit began goes on to COMMIT_ONLY instead: committed, but
+   its retention is left to the next commit, as a restore may now read what it would
+   remove; the writer moves COMMITTING to RETAINING by the same swap (ckpt.c I6). */
+enum ckpt_fate { JOB_OPEN, JOB_COMMITTING, JOB_ABANDONED, JOB_COMMIT_ONLY, JOB_RETAINING };
 
 /* One checkpoint in flight: what this rank writes, in staging memory. */
 struct ckpt_job {
@@ -188,6 +191,9 @@ void ckpt__seal(ckpt_engine *e, int64_t step);
 bool ckpt__abandoned(struct ckpt_job *j);
 /* The writer's claim to commit: false if the job was abandoned first (ckpt.c I10). */
 bool ckpt__claim_commit(struct ckpt_job *j);
+/* The writer's claim to the retention that follows its commit: false if the job was
+   abandoned after its commit began (a restore may read: ckpt.c I6). */
+bool ckpt__claim_retention(struct ckpt_job *j);
 /* Rank `rank` of the attempt with `nonce` will bring no shard of `step` (it skipped it):
    says so in the attempt's temporary directory so that rank 0 (or, from rank 0, the
    others) stops waiting at once. Written by a short-lived thread, so the training thread

@@ -244,7 +244,11 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
     fmt_step_name(final, sizeof(final), j->step);
     if ((rc = fmt_commit_dir(e->dir, tmpname, final)) != 0)
         goto out;
-    ckpt__retain(e->dir, e->keep, j->step);
+    if (ckpt__claim_retention(j))
+        ckpt__retain(e->dir, e->keep, j->step);
+    else
+        RK_LOG_INFO(RK_SUB_CKPT, "step %" PRId64 " committed; its retention is left to the next commit (a restore may "
+                    "read the checkpoints it would remove)", j->step);
 out:
     for (int r = 1; r < j->m.world; r++)
         fmt_manifest_free(&shards[r]);

@@ -145,6 +145,7 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     snprintf(path, sizeof(path), "%s/%s", e->dir, name);
     fmt_ckpt *c = NULL;
     long *k = NULL;
+    ckpt_abandon(e); /* before the first read: a commit under way now removes nothing (I6) */
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());

@@ -528,6 +528,57 @@ START_TEST(retention_rereads_nothing_committed)
 }
 END_TEST
 
+/* I6: a restore reads a checkpoint while this engine's commit of a later one is under way
+   (it began before ckpt_load abandoned the job, so it completes): that commit's retention
+   is left to the next commit, so with RK_KEEP=1 the checkpoint being restored is not
+   removed under the restore. The next commit's retention removes both older ones.
+   (Before: the commit of 4 removed 2 while 2 was being restored.) */
+START_TEST(retention_spares_a_checkpoint_being_restored)
+{
+    char *dir = th_tmpdir("restoring"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s.hold", dir);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 1, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[4096];
+    int64_t shape[1] = {4096};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    v[0] = 2;
+    th_assert_rc(ckpt_start(e, 2, &t, 1), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ck_assert_int_eq(th_write_file(hold, "", 0), 0);
+    setenv("RK_FAULT", "rename@0=hang", 1); /* the commit's rename of 4, held */
+    setenv("RK_FAULT_PATH", "/" S4, 1);
+    setenv("RK_FAULT_HOLD", hold, 1);
+    th_assert_rc(fmt_fault_reset(), 0);
+    v[0] = 4;
+    th_assert_rc(ckpt_start(e, 4, &t, 1), 0);
+    for (int i = 0; i < 2000 && fmt_fault_count(FMT_OP_RENAME) == 0; i++) /* its commit began */
+        rk__sleep_ns(5 * 1000000LL);
+    ck_assert_int_eq(fmt_fault_count(FMT_OP_RENAME), 1);
+    v[0] = -1;
+    th_assert_rc(ckpt_load(e, 2, &t, 1), 0);
+    unlink(hold);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    unsetenv("RK_FAULT");
+    unsetenv("RK_FAULT_PATH");
+    unsetenv("RK_FAULT_HOLD");
+    th_assert_rc(fmt_fault_reset(), 0);
+    ck_assert_msg(th_exists(dir, S4), "4 was not committed");
+    ck_assert_msg(th_exists(dir, S2), "the retention of 4's commit removed 2, the checkpoint being restored");
+    th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
+    ck_assert(v[0] == 2);
+    v[0] = 6;
+    th_assert_rc(ckpt_start(e, 6, &t, 1), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ck_assert_msg(th_exists(dir, S6) && !th_exists(dir, S4) && !th_exists(dir, S2), "the next retention kept more "
+                  "than RK_KEEP=1");
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* I13: timelines. Checkpoints 2, 4, 6 of one run (seed 7); a later run (seed 8) commits 3:
    4 and 6 are an abandoned timeline. rk_resume restores 3, the newest commit; with 3 and 2
    damaged it still tries the abandoned 6 before a fresh start. Retention (keep 2) keeps
@@ -741,6 +792,7 @@ int main(void)
     tcase_add_test(tc, unlistable_directory_is_an_error);
     tcase_add_test(tc, retention_keeps_newest_verifying);
     tcase_add_test(tc, retention_rereads_nothing_committed);
+    tcase_add_test(tc, retention_spares_a_checkpoint_being_restored);
     tcase_add_test(tc, timeline_order);
     tcase_add_test(tc, recommit_never_loses_label);
     tcase_add_test(tc, hung_copy_costs_its_bound_once);
