@@ -10,9 +10,14 @@
  *  I1  Nothing named step-<12 digits> exists before every shard of it is fsync'd, its
  *      checksums are recorded in fsync'd manifests, index.h5 is fsync'd, and the rename
  *      from the '.tmp-step-…' directory is followed by an fsync of the parent.
- *  I2  Staging memory is one region, allocated at the first checkpoint and reused; its
- *      size is the registered bytes (each tensor rounded up to 4 KiB, see I8); it grows
- *      only if the registry grows. At most one checkpoint is in flight.
+ *  I2  Staging memory is one region a generation (I16: two, g and old, and a third, park,
+ *      made the first time a disk write lasts longer than a step), each mapped at its first
+ *      snapshot and reused; its size is the registered bytes plus the header (each tensor
+ *      rounded up to 4 KiB, see I8, I14); it grows only if the registry grows. Beside each
+ *      generation, the partner copy's region (I14). A region replaced while an abandoned
+ *      writer may read it is retired until the writer is idle (I10), and ckpt_hold_open's
+ *      old one stays mapped until the rebuild is sealed or cancelled. At most one
+ *      checkpoint is in flight, and one copy into staging (I15).
  *  I3  A checkpoint due while the previous is still in flight waits for it up to
  *      timeout_ms / 4 (logged, event ckpt_delayed), then is skipped (logged, event
  *      ckpt_skipped, RK_E_BUSY): never a queue, and never long enough for the other

@@ -100,7 +100,9 @@ int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_
    copy's failure (the checkpoint failed: reported by ckpt_wait, nothing held), or
    RK_E_TIMEOUT (still copying at the deadline: that snapshot will never be held nor
    written, as the buffers may now change under it). Every call below that reads or
-   changes staging waits for the whole copy first, bounded by timeout_ms. */
+   changes staging waits for the whole copy first, bounded by timeout_ms / 4. A copy given
+   up on is waited for no more, here or there (each only looks, and goes on at once: event
+   copy_timeout once a copy); no new copy starts before it ended. */
 int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns);
 /* Until no checkpoint is in flight, or deadline_ns (CLOCK_MONOTONIC); returns the first
    failure since the last call (and forgets it), 0 if every checkpoint since was committed,
@@ -170,7 +172,8 @@ const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
    kept whole while the newest is copied (step -1 when none). Valid as ckpt_snapshot_held's. */
 const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e);
 /* The snapshot of `step` becomes the held one: the newest, or the older generation (then
-   the newer one is no longer offered). RK_E_NOCKPT if neither holds it. */
+   the newer one is no longer offered). RK_E_NOCKPT if neither holds it, RK_E_TIMEOUT
+   while a copy into the newest generation still runs (nothing selected). */
 int ckpt_snapshot_select(ckpt_engine *e, int64_t step);
 /* Whether s has the layout of t[0..n): as many tensors, of the same sizes (tensors are
    registered in order, never removed). False when none is held. A snapshot taken before
