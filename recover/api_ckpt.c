@@ -61,6 +61,12 @@ int rec_ckpt_open(rk_ctx *ctx)
             rk__set_last_error("rk_init: another rank cannot use the checkpoint directory (%s)", rk_strerror(worst));
         return worst;
     }
+    /* A job launched again knows its newest checkpoint from the start (its reports' committed
+       step): a loss before rk_resume (the program's first collectives, rekindle.elastic's
+       first sync) then rolls back from it, where it found nothing to roll back to before. */
+    int64_t newest = -1;
+    if (ckpt_newest_below(ctx->opt.ckpt_dir, INT64_MAX, &newest) == 0 && newest >= 0)
+        ckpt_note_committed(ctx->ckpt, newest);
     return 0;
 }
 

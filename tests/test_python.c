@@ -139,6 +139,16 @@ START_TEST(elastic_state_rolls_back)
 }
 END_TEST
 
+/* rekindle.elastic: a worker lost during the run() function's first sync (a job launched
+   again, tests/py/elastic_first_sync.py written from docs/PYTHON.md alone): the survivors
+   roll back to the checkpoint, sync and resume again at the new size, run the reset
+   callbacks once, and finish; Recovered never leaves run(). */
+START_TEST(elastic_loss_in_first_sync)
+{
+    job("first_sync", NULL, "job_check first_sync: ok");
+}
+END_TEST
+
 /* A job launched again resumes from disk; rekindle.load equals the model's state_dict. */
 START_TEST(relaunch_resumes_from_disk)
 {
@@ -171,6 +181,7 @@ int main(void)
     tcase_add_test(tc, relaunch_resumes_from_disk);
     tcase_add_test(tc, horovod_style_killed_then_grown_back);
     tcase_add_test(tc, elastic_state_rolls_back);
+    tcase_add_test(tc, elastic_loss_in_first_sync);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

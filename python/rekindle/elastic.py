@@ -89,7 +89,11 @@ def run(func):
     there is one (a relaunched job goes on from it). When a worker is lost, the survivors'
     next collective call raises rekindle.Recovered with every registered tensor (the
     state's scalars too) already rolled back to the last commit they all hold: the reset
-    callbacks run, then func is called again with the same state. A spare worker (rekindle
+    callbacks run, then func is called again with the same state. A loss during the first
+    call's sync is retried alike (the survivors sync and resume again at the new size,
+    then the reset callbacks run) where the job has a checkpoint on disk to roll back to
+    (one launched again); a job's very first launch has none yet: rekindle.Error
+    (RK_E_NOCKPT) ends it. A spare worker (rekindle
     run --spares) that a loss brings in runs the reset callbacks once before its first
     call: its rank and world are known only then.
 
@@ -99,10 +103,12 @@ def run(func):
     loss of a worker, so the retries are bounded by the number of workers launched."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        state._start()
         reset = False
         while True:
             try:
+                # A loss during the first call's sync is a recovery like any other: the
+                # start (sync, resume) is made again at the new size, then the reset.
+                state._start()
                 if reset:
                     state._on_reset()
                 return func(state, *args, **kwargs)

@@ -37,6 +37,12 @@ judged as the C trainer is: run by tests/test_python.c.
         tests/py/elastic_check.py (rekindle.elastic's TorchState and run(): rollback of
         the scalars, reset callbacks, sync) on 3 workers, one of which SIGKILLs itself:
         the job must end normally with both survivors' "ok".
+    job_check.py BUILD WORK first_sync
+        tests/py/elastic_first_sync.py (written from docs/PYTHON.md alone) on 3 workers to
+        epoch 10 (checkpoints every 5 commits), then launched again to epoch 20 with one
+        worker SIGKILLed just before the run() function's first call: the two others find
+        the loss in its first sync(), roll back to the checkpoint of epoch 10 and must go on
+        (exit 0), each once reset (size 2), from epoch 10 to 20, with the same state.
     job_check.py BUILD WORK relaunch
         2 workers to step 60, then the job launched again to step 90: it resumes from disk
         (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
@@ -318,6 +324,22 @@ def elastic():
     print("job_check elastic: ok: both survivors' checks passed")
 
 
+def first_sync():
+    script = os.path.join(SRC, "tests", "py", "elastic_first_sync.py")
+    ckpt = os.path.join(WORK, "job")
+    rc, out = finish(Job(3, 10, ckpt, prog=lambda epochs: [sys.executable, script, str(epochs)], every=5))
+    if rc != 0:
+        fail("the first launch ended with exit %d" % rc, out)
+    rc, out = finish(Job(3, 20, ckpt, prog=lambda epochs: [sys.executable, script, str(epochs), "kill"], every=5))
+    ends = re.findall(r"^first_sync rank (\d+): epochs (\d+)\.\.(\d+) resets \[(.*)\] state (\w+) on (\d+) ranks", out,
+                      re.M)
+    want = [(r, "10", "20", "2", "same", "2") for r in ("0", "1")]
+    if rc != 0 or sorted(ends) != want:
+        fail("exit %d, ends %s: want 0 and %s (a loss in the first sync goes on from the checkpoint)" % (
+            rc, ends, want), out)
+    print("job_check first_sync: ok: the two survivors of a loss in the first sync went on from epoch 10, reset once")
+
+
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-{"relaunch": relaunch, "elastic": elastic}.get(MODE, kill)()
+{"relaunch": relaunch, "elastic": elastic, "first_sync": first_sync}.get(MODE, kill)()
