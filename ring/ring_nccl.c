@@ -25,8 +25,8 @@
  *    ring rank 0 to the MPI ring's members (ring_share_blob) with a bounded wait.
  *  - A communicator nothing of ours runs on any more (the parent of a shrink, a revoked or
  *    intact one replaced by a fresh one) is freed by ncclCommAbort on a thread of its own
- *    (retire): recovery does not wait its ~0.5 s; ring_nccl_destroy joins those threads,
- *    bounded.
+ *    (retire): recovery does not wait its ~0.5 s; each later retire joins those that
+ *    ended (collect_reapers), ring_nccl_destroy the rest, bounded.
  * Run on a GPU (an H200, docs/GPU.md); without one tests/test_ring_nccl.c skips.
  */
 #include <cuda_runtime.h>
@@ -108,12 +108,26 @@ static void *reap_main(void *arg)
     return NULL;
 }
 
+/* Joins the retiring threads that ended (pthread_tryjoin_np: never waits) and keeps the
+   others, so that the threads of earlier rebuilds do not pile up until the ring's end: at
+   each rebuild, before it retires its own (the previous rebuild's abort, ~0.5 s, has
+   ended unless rebuilds come faster). ring_nccl_destroy joins the rest, bounded. */
+static void collect_reapers(ring_nccl *g)
+{
+    int kept = 0;
+    for (int i = 0; i < g->nreapers; i++)
+        if (pthread_tryjoin_np(g->reapers[i], NULL) != 0)
+            g->reapers[kept++] = g->reapers[i];
+    g->nreapers = kept;
+}
+
 /* Frees a communicator nothing runs on any more (no call of ours in flight on it: the
    parent of a shrink, a revoked or intact one replaced by a fresh one). NCCL's user guide
    leaves the parent of an abortive shrink to the caller's ncclCommAbort; its ~0.5 s runs
    on a thread of its own (synchronously if no thread can be made). */
 static void retire(ring_nccl *g, ncclComm_t comm)
 {
+    collect_reapers(g);
     struct reap *x = malloc(sizeof(*x));
     pthread_t *v = realloc(g->reapers, (size_t)(g->nreapers + 1) * sizeof(*v));
     if (v)

@@ -3,7 +3,8 @@
  * CUDA GPU: without one the suite is skipped (exit 77, reported SKIP). With one, a ring
  * of one process on device 0: exact sum/avg/max of f32 device buffers, bad arguments, and
  * a call cancelled by the membership source (the communicator is then revoked or aborted,
- * and rebuilt fresh, the revoked one freed on a thread of its own); then mpirun jobs of 2-4 ranks sharing device 0 (tests/prog_ring_nccl.c, each
+ * and rebuilt fresh, the revoked one freed on a thread of its own, those threads joined at
+ * the next rebuild); then mpirun jobs of 2-4 ranks sharing device 0 (tests/prog_ring_nccl.c, each
  * bounded by JOB_S): sum, avg, max and min of f32, f16 and bf16 bit for bit against a host
  * reference on 4 ranks; a member killed between calls on 3 ranks (shrink) and inside a
  * call on 4 (the survivors' call returns within its bound, the communicator revoked, or
@@ -16,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "../ring/ring.h"
 #include "harness.h"
@@ -81,6 +84,41 @@ START_TEST(cancelled_then_rebuilt)
 END_TEST
 
 /* ---- jobs of several ranks on device 0 (tests/prog_ring_nccl.c) ---------------------- */
+
+/* The process's address space (VmSize of /proc/self/status), bytes; -1 if unreadable. */
+static long long vm_size(void)
+{
+    char *s = th_read_file("/proc/self/status", NULL), *p = s ? strstr(s, "VmSize:") : NULL;
+    long long kb = -1;
+    if (p && sscanf(p + 7, "%lld", &kb) != 1)
+        kb = -1;
+    free(s);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+/* Each rebuild of an intact communicator retires it on a thread of its own (ncclCommAbort,
+   ~0.5 s); the next rebuild joins the ones that ended, so their stacks do not pile up
+   until the ring is destroyed: after 16 rebuilds 0.8 s apart the address space grew by
+   less than 8 threads' stacks (each unjoined one keeps its stack: 16 of them before). */
+START_TEST(retired_threads_joined_at_next_rebuild)
+{
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_STACK, &rl), 0);
+    long long stack = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur < (1u << 20) ? 2 << 20 : (long long)rl.rlim_cur;
+    th_assert_rc(ring_nccl_rebuild(g_nccl, g_ring, false, NULL), 0); /* NCCL's own first growth */
+    usleep(800 * 1000);
+    long long before = vm_size();
+    for (int i = 0; i < 16; i++) {
+        th_assert_rc(ring_nccl_rebuild(g_nccl, g_ring, false, NULL), 0);
+        usleep(800 * 1000);
+    }
+    long long grew = vm_size() - before;
+    printf("retired_threads_joined_at_next_rebuild: 16 rebuilds grew the address space by %lld MiB (a thread's "
+           "stack: %lld MiB)\n", grew >> 20, stack >> 20);
+    ck_assert_msg(before > 0 && grew < 8 * stack, "16 rebuilds grew the address space by %lld MiB: the retiring "
+                  "threads are not joined", grew >> 20);
+}
+END_TEST
 
 /* Every job's bound (th_run kills its process group then), well inside the case's timeout:
    a hung job never outlives its case, nor keeps the GPU. */
@@ -188,6 +226,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, exact_world_of_one);
     tcase_add_test(tc, cancelled_then_rebuilt);
+    tcase_add_test(tc, retired_threads_joined_at_next_rebuild);
     suite_add_tcase(s, tc);
     TCase *tj = tcase_create("jobs");
     tcase_set_timeout(tj, JOB_S + 30);
