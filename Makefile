@@ -36,6 +36,7 @@ USE_CUDA ?= auto
 CUDA_HOME ?= /usr/local/cuda
 NCCL_HOME ?= $(CUDA_HOME)
 VERSION  := $(shell sed -n 's/^\#define REKINDLE_VERSION_STRING "\(.*\)"/\1/p' include/rekindle.h)
+ABI      := $(shell sed -n 's/^\#define REKINDLE_ABI_VERSION \([0-9]*\)$$/\1/p' include/rekindle.h)
 
 CC       := mpicc
 PKGS     := hdf5 liburing libxxhash libsodium
@@ -153,8 +154,8 @@ $(LIB_A): $(LIB_OBJ)
 
 $(LIB_SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(Q)$(CC) -shared -Wl,-soname,librekindle.so.0 $(LDFLAGS) -o $@ $^ $(ALL_LDLIBS)
-	$(Q)ln -sf librekindle.so $(dir $@)librekindle.so.0
+	$(Q)$(CC) -shared -Wl,-soname,librekindle.so.$(ABI) $(LDFLAGS) -o $@ $^ $(ALL_LDLIBS)
+	$(Q)ln -sf librekindle.so $(dir $@)librekindle.so.$(ABI)
 
 $(CLI): $(CLI_OBJ) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -269,8 +270,8 @@ install: all
 	           $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 0644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 0755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/librekindle.so.$(VERSION)
-	ln -sf librekindle.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/librekindle.so.0
-	ln -sf librekindle.so.0 $(DESTDIR)$(PREFIX)/lib/librekindle.so
+	ln -sf librekindle.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/librekindle.so.$(ABI)
+	ln -sf librekindle.so.$(ABI) $(DESTDIR)$(PREFIX)/lib/librekindle.so
 	install -m 0644 include/rekindle.h $(DESTDIR)$(PREFIX)/include/
 	install -m 0755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	sed 's|^prefix=.*|prefix=$(PREFIX)|' $(BUILD)/rekindle.pc > $(DESTDIR)$(PREFIX)/lib/pkgconfig/rekindle.pc

@@ -14,7 +14,7 @@ set -u
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(dirname "$here")
-lib="$build/lib/librekindle.so.0"
+lib="$build/lib/librekindle.so.1"
 sizes=${RK_BENCH_DCP_CUDA_SIZES:-1G 4G}
 budget=${RK_BENCH_BUDGET_S:-90}
 start=$SECONDS

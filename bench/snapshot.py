@@ -47,7 +47,7 @@ def run(a, hidden, layers, every, steps, mem=False):
     if a.torch:
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env.update({"PYTHONPATH": os.path.join(src, "python"),
-                    "REKINDLE_LIB": os.path.join(os.path.abspath(a.build), "lib", "librekindle.so.0")})
+                    "REKINDLE_LIB": os.path.join(os.path.abspath(a.build), "lib", "librekindle.so.1")})
         prog = ["/usr/bin/python3", os.path.join(src, "examples", "torch_train.py"), "--steps", str(steps),
                 "--hidden", str(hidden), "--batch", str(a.batch)]
     else:

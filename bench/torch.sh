@@ -12,7 +12,7 @@ py=/usr/bin/python3
 work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-torch.XXXXXX") || { echo "torch: cannot make a work directory under ${RK_BENCH_TMP:-/var/tmp}" >&2; exit 2; }
 trap 'rm -rf "$work"' EXIT
 export RK_JOB_SECRET=${RK_JOB_SECRET:-$(printf '%064d' 1)}
-export REKINDLE_LIB=$build/lib/librekindle.so.0
+export REKINDLE_LIB=$build/lib/librekindle.so.1
 "$py" "$here/torch_bench.py" "$work" --gib "${RK_BENCH_TORCH_GIB:-1}" --steps 200 \
   --reps "${RK_BENCH_TORCH_REPS:-5}" 2>&1 | grep -v '^\[rekindle' || exit 1
 echo "DDP step (forward + backward + gradient averaging), median of the slowest rank:"

@@ -39,6 +39,19 @@ extern "C" {
 #define REKINDLE_VERSION_PATCH 0
 #define REKINDLE_VERSION_STRING "0.1.0"
 
+/* The ABI rule. The shared library's soname is librekindle.so.<REKINDLE_ABI_VERSION>: a
+   program linked against one ABI version never loads a library of another. Any change
+   that breaks a program built against the previous header bumps it: a public struct's size
+   or layout (rk_options: a field added, moved or resized outside its reserved space), a
+   function's signature or meaning, an enum value, or a removal. rk_options ends with
+   reserved space: a later field takes its room from there (its size and every earlier
+   offset unchanged, zero meaning its default, as rk_options_init leaves it), which needs no
+   bump. ABI 0 was the soname of rk_options without cuda_stream and snapshot_every, 16
+   bytes shorter: a program built against it overran its stack in the library's
+   rk_options_init. tests/test_cli.c checks the built soname against this number, and the
+   size of rk_options for it. */
+#define REKINDLE_ABI_VERSION 1
+
 typedef struct rk_ctx rk_ctx;
 typedef enum { RK_F32, RK_F64, RK_F16, RK_BF16, RK_I32, RK_I64, RK_U8 } rk_dtype;
 typedef enum { RK_SUM, RK_AVG, RK_MAX, RK_MIN } rk_op;
@@ -113,6 +126,7 @@ typedef struct rk_options {
                              (1: every step), from which a recovery resumes; 0: only the
                              checkpoints' own. A checkpoint is a snapshot also written to
                              disk (docs/DESIGN.md, "Snapshots at every step")             */
+    void *reserved_[8];   /* room for later fields without a new ABI (above); zero      */
 } rk_options;
 
 /* Defaults, then RK_* environment variables. Never fails: a variable it cannot parse is

@@ -62,7 +62,7 @@ void th_py_setup(const char *code, const char *why)
     snprintf(th_python, sizeof(th_python), "%s",
              py ? py : access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
     snprintf(pypath, sizeof(pypath), "PYTHONPATH=%s/python", src_dir());
-    snprintf(libpath, sizeof(libpath), "REKINDLE_LIB=%s/lib/librekindle.so.0", build ? build : "build");
+    snprintf(libpath, sizeof(libpath), "REKINDLE_LIB=%s/lib/librekindle.so.1", build ? build : "build");
     char cmd[4400], *out = NULL;
     snprintf(cmd, sizeof(cmd), "%s -c '%s' 2>&1", th_python, code);
     if (th_sh(cmd, 120, &out) != 0) {

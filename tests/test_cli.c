@@ -2,7 +2,7 @@
  * tests/test_cli.c - the `rekindle` entry point (exit codes of contract section 4:
  * 0 ok, 1 bad thing found, 2 usage/environment) and the installed library: `make install`
  * then a small program built with `pkg-config --cflags --libs rekindle` compiles, links, runs;
- * the build's CUDA + NCCL detection against fake toolkits.
+ * the build's CUDA + NCCL detection against fake toolkits; the soname of the ABI rule.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,7 +90,7 @@ START_TEST(install_and_pkg_config)
     ck_assert_int_eq(sh_ok(cmd, &out), 0);
     free(out);
     /* The same program linked against the build tree starts: the loader finds the
-       library under its soname (librekindle.so.0) in build/lib. */
+       library under its soname (librekindle.so.1) in build/lib. */
     snprintf(cmd, sizeof(cmd), "cd %s && cc %s -I%s/include hello.c -o hello-build -L%s/lib -Wl,-rpath,%s/lib -lrekindle && "
                                "./hello-build", dir, sanitized ? "-fsanitize=address,undefined" : "", src, build, build);
     ck_assert_int_eq(sh_ok(cmd, &out), 0);
@@ -150,6 +150,26 @@ START_TEST(build_detects_nccl_version_and_shrink)
 }
 END_TEST
 
+/* The ABI rule (rekindle.h): the built library's soname is
+   librekindle.so.<REKINDLE_ABI_VERSION>, and rk_options has that ABI's size (LP64). A field
+   added outside the reserved space changes the size: bump REKINDLE_ABI_VERSION and record
+   the new size here. */
+START_TEST(soname_is_the_headers_abi)
+{
+    static const size_t options_size[] = {[0] = 272, [1] = 336};
+    ck_assert_int_lt(REKINDLE_ABI_VERSION, (int)(sizeof(options_size) / sizeof(options_size[0])));
+    ck_assert_msg(sizeof(void *) != 8 || sizeof(rk_options) == options_size[REKINDLE_ABI_VERSION],
+                  "rk_options is %zu bytes, ABI %d's are %zu: a change of size needs a new ABI version",
+                  sizeof(rk_options), REKINDLE_ABI_VERSION, options_size[REKINDLE_ABI_VERSION]);
+    char cmd[4096], want[64], *out = NULL;
+    snprintf(cmd, sizeof(cmd), "readelf -d %s/lib/librekindle.so", getenv("RK_TEST_BUILD"));
+    ck_assert_int_eq(th_sh(cmd, 30, &out), 0);
+    snprintf(want, sizeof(want), "Library soname: [librekindle.so.%d]", REKINDLE_ABI_VERSION);
+    ck_assert_msg(out && strstr(out, want), "want '%s' in:\n%s", want, out ? out : "");
+    free(out);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -157,6 +177,7 @@ static Suite *cli_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, help_and_version);
     tcase_add_test(tc, usage_errors_exit_2);
+    tcase_add_test(tc, soname_is_the_headers_abi);
     suite_add_tcase(s, tc);
     tc = tcase_create("install");
     tcase_set_timeout(tc, 300);

@@ -134,7 +134,7 @@ def step_lines(job, pred=lambda l: True):
 def rk_env(ckpt, events=None, every=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
     env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or args.every), "RK_TIMEOUT_MS": "5000",
-                "REKINDLE_LIB": os.path.join(BUILD, "lib", "librekindle.so.0"),
+                "REKINDLE_LIB": os.path.join(BUILD, "lib", "librekindle.so.1"),
                 "PYTHONPATH": os.path.join(SRC, "python")})
     if events:
         env["RK_EVENT_LOG"] = events

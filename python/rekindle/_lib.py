@@ -40,7 +40,8 @@ class Recovered(Exception):
 
 
 class _Options(ctypes.Structure):
-    # include/rekindle.h, struct rk_options, field for field.
+    # include/rekindle.h, struct rk_options, field for field (of REKINDLE_ABI_VERSION 1, the
+    # soname loaded below).
     _fields_ = [
         ("ckpt_dir", ctypes.c_char_p),
         ("ckpt_every", ctypes.c_int),
@@ -55,6 +56,7 @@ class _Options(ctypes.Structure):
         ("env_error", ctypes.c_char * 192),
         ("cuda_stream", ctypes.c_void_p),  # rk_options_init writes it: the struct must be whole
         ("snapshot_every", ctypes.c_int),
+        ("reserved_", ctypes.c_void_p * 8),
     ]
 
 
@@ -78,9 +80,9 @@ def _candidates():
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
-        os.path.join(here, "..", "..", "build", "lib", "librekindle.so.0"),  # the build tree
-        os.path.join(here, "..", "..", "..", "librekindle.so.0"),  # PREFIX/lib/python3/dist-packages
-        "librekindle.so.0",  # the dynamic loader's search path
+        os.path.join(here, "..", "..", "build", "lib", "librekindle.so.1"),  # the build tree
+        os.path.join(here, "..", "..", "..", "librekindle.so.1"),  # PREFIX/lib/python3/dist-packages
+        "librekindle.so.1",  # the dynamic loader's search path
     ]
 
 
