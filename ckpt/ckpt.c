@@ -629,7 +629,7 @@ int ckpt__stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     if (busy && e->retired)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
-    int f = fmt_fault_fail("stage");
+    int f = rk__fault_fail("stage");
     void *p = f ? NULL : rk__map(need);
     if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, f ? f : -errno, "checkpoint staging of %zu bytes: %s", need,

@@ -14,7 +14,7 @@
  *
  * One batch at a time per engine (one snapshot's copy in flight: ckpt.c I15). A batch stops at
  * its first failure: what it copied before stays copied, the rest is not (a copy failing
- * halfway); the fault point "copy" (RK_FAULT=copy@N=eio|hang, formats/fio.h) fails or
+ * halfway); the fault point "copy" (RK_FAULT=copy@N=eio|hang, common/common.h) fails or
  * holds the host engine's Nth copy, so tests reach that case without a device.
  */
 #ifndef RK_CKPT_COPY_H

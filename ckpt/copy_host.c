@@ -83,7 +83,7 @@ static void *host_worker(void *arg)
         int rc = 0;
         char why[sizeof(h->why)] = "";
         for (size_t i = 0; i < n && !rc; i++) {
-            if ((rc = fmt_fault_fail("copy")) != 0) {
+            if ((rc = rk__fault_fail("copy")) != 0) {
                 snprintf(why, sizeof(why), "copy %zu of %zu (%zu bytes) failed: %s", i + 1, n, h->ops[i].n,
                          rk_strerror(rc));
                 break;

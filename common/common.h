@@ -180,6 +180,94 @@ void rk__options_free(rk_options *o);
    within [lo, hi]. Returns 0 or RK_E_OPTION with a reason in why (if why != NULL). */
 int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why);
 
+/* ---- fault injection (common/fault.c) -------------------------------------------------
+ * Faults are injected ONLY when the environment asks for them:
+ *   RK_FAULT=OP@N=KIND[,OP@N=KIND...]
+ *     OP    a file operation (formats/fio.h wraps each one):
+ *             open|write|read|sync|truncate|rename|syncdir|unlink|mkdir|odirect|uring|list|swap
+ *             (unlink: removing a file or an empty directory; mkdir: creating a directory;
+ *              odirect: opening a descriptor with O_DIRECT; uring: setting up io_uring, or
+ *              the checkpoint reader submitting reads to it; list: reading a directory's
+ *              entries; swap: exchanging two directories' names in one step)
+ *           any: every file operation, N counted over all of them;
+ *           or a point of another part, reached through rk__fault_point (only crash
+ *           applies) or rk__fault_fail (an error kind makes it fail):
+ *             rebuild    the ring's rebuild, between its handshake and its end (point);
+ *             progress   each test of a ring transfer, inside its MPI call, where hang
+ *                        stands for an MPI call that never returns (point);
+ *             rollback   a member's part of a rebuild of sharded state from memory (fail);
+ *             allreduce  each call of rk_allreduce, on entry (point);
+ *             copy       each copy of the host copy engine's batches (ckpt/copy.h): an
+ *                        error kind fails that copy and the rest of its batch, hang
+ *                        holds it (fail);
+ *             stage      each new staging region of the snapshot engine (ckpt/): an error
+ *                        kind makes its mapping fail (fail)
+ *     N     the 0-based index of that operation in this process, or * for every one
+ *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
+ *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
+ *                             faulted (operations without a path, the points, never are).
+ *   RK_FAULT_HOLD=FILE        hang lasts while FILE exists.
+ *   RK_FAULT_POWER=DIR        the power-loss model of file operations (formats/fio.h).
+ * A bad RK_FAULT is logged once (RK_LOG_ERROR) and injects nothing; it never crashes.
+ * The environment is read at first use; rk__fault_reset() reads it again.
+ * The kinds: -EIO, -ENOSPC, ...: the operation does nothing and fails with that code;
+ * RK_FAULT_SHORT: a write (read) transfers the first half of the bytes, the rest fails
+ * with -EIO; RK_FAULT_CRASH: the process kills itself with SIGKILL before the operation;
+ * RK_FAULT_HANG: the operation does not complete, as on a disk that stopped answering,
+ * until the process ends or, with RK_FAULT_HOLD=FILE, until FILE no longer exists (then it
+ * goes ahead); RK_FAULT_POWER: a file operation's machine loses power (formats/fio.h), at
+ * a point the same as crash. */
+enum rk__fault_op {
+    RK_FAULT_OP_OPEN,
+    RK_FAULT_OP_WRITE,
+    RK_FAULT_OP_READ,
+    RK_FAULT_OP_SYNC,
+    RK_FAULT_OP_TRUNCATE,
+    RK_FAULT_OP_RENAME,
+    RK_FAULT_OP_SYNCDIR,
+    RK_FAULT_OP_UNLINK,
+    RK_FAULT_OP_DIRECT,    /* "odirect": open with O_DIRECT (EINVAL: the file system refuses it) */
+    RK_FAULT_OP_URING,     /* "uring": io_uring setup (EPERM: refused, e.g. by seccomp), or a
+                              submission of the checkpoint reader's reads */
+    RK_FAULT_OP_REBUILD,   /* "rebuild": the ring's rebuild (point); not counted by "any" */
+    RK_FAULT_OP_LIST,      /* "list": opening and reading a directory (EACCES, an unmounted share) */
+    RK_FAULT_OP_SWAP,      /* "swap": renameat2 RENAME_EXCHANGE of two directories */
+    RK_FAULT_OP_PROGRESS,  /* "progress": a test of a ring transfer, inside the MPI call (point) */
+    RK_FAULT_OP_MKDIR,     /* "mkdir": creating a directory */
+    RK_FAULT_OP_ROLLBACK,  /* "rollback": a member's part of a rollback from memory (fail) */
+    RK_FAULT_OP_ALLREDUCE, /* "allreduce": a call of rk_allreduce, on entry (point: crash) */
+    RK_FAULT_OP_COPY,      /* "copy": one copy of the host copy engine's batch (fail) */
+    RK_FAULT_OP_STAGE,     /* "stage": mapping a snapshot's staging region (fail) */
+    RK_FAULT_OP_COUNT
+};
+#define RK_FAULT_SHORT (-100000) /* a short write/read (half the length) */
+#define RK_FAULT_CRASH (-100001) /* the caller must raise(SIGKILL) on itself now */
+#define RK_FAULT_HANG (-100002)  /* the operation never returns (a disk that stopped) */
+#define RK_FAULT_POWER (-100003) /* the machine loses power now (RK_FAULT_POWER) */
+
+/* 0: go ahead; otherwise the fault to inject for this operation: -EIO, -ENOSPC, ...,
+   RK_FAULT_SHORT, _CRASH or _POWER (a hang is served here: it returns once released).
+   Counts operations per process (thread-safe). path: for RK_FAULT_PATH (may be NULL). */
+int rk__fault(enum rk__fault_op op, const char *path);
+/* Re-reads RK_FAULT / RK_FAULT_PATH and zeroes the counters. Returns 0, or RK_E_OPTION
+   if RK_FAULT could not be parsed (then no fault is injected; logged once). */
+int rk__fault_reset(void);
+/* How many operations of that kind were counted since start or the last reset. */
+uint64_t rk__fault_count(enum rk__fault_op op);
+/* "write", "sync", ...; NULL out of range. */
+const char *rk__fault_op_name(enum rk__fault_op op);
+/* Whether op is a file operation (counted by "any"), not a point of another part. */
+bool rk__fault_is_file_op(enum rk__fault_op op);
+/* An injected fault for an operation that cannot be short: CRASH and POWER kill the
+   process, HANG never gets here, SHORT becomes -EIO, anything else is returned as is. */
+int rk__fault_apply(int fault);
+/* The point `op` ("rebuild", "progress", "allreduce"): the process is killed there if a
+   crash is asked for; other kinds are ignored. Nothing to do when RK_FAULT is unset. */
+void rk__fault_point(const char *op);
+/* The point `op` ("rollback", "copy", "stage"): 0, or the error asked for there (crash and
+   powerloss kill the process; hang holds the caller, then 0). */
+int rk__fault_fail(const char *op);
+
 /* ---- sizes of dtypes (common/err.c keeps the tables of names) -------------------------- */
 size_t rk__dtype_size(rk_dtype t);   /* 0 for an unknown dtype */
 const char *rk__dtype_name(rk_dtype t); /* "f32", "bf16", ...; NULL if unknown */

@@ -9,7 +9,7 @@
  *   D <ino> <n>               a directory was fsync'd: its n entries then follow, one per line
  *   e <type> <ino> <name>       (type: d directory, f regular file)
  *   G <ino>                   this inode is being removed (the number may be reused)
- *   X                         the power went (FMT_FAULT_POWER); later records never happened
+ *   X                         the power went (RK_FAULT_POWER); later records never happened
  * DIR/lost exists once the power went: every process that reaches its next file operation
  * SIGKILLs itself there, so nothing after the cut is done by anyone.
  *

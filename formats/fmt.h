@@ -272,7 +272,7 @@ bool fmt_per_rank_name(char *buf, size_t cap, int rank, const char *name);
 typedef struct fmt_io_activity {
     pthread_mutex_t mu; /* held only to copy the record, never across I/O */
     bool init;
-    int op;             /* enum fmt_op of the last operation started */
+    int op;             /* enum rk__fault_op of the last operation started */
     int64_t since_ns;   /* when it started (CLOCK_MONOTONIC) */
     uint64_t count;     /* operations recorded */
     char path[512];
@@ -284,17 +284,17 @@ void fmt_io_activity_fini(fmt_io_activity *a);
 /* "fsync of PATH, started N ms ago" into buf; false if nothing was recorded yet. */
 bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
 
-/* A fault point of RK_FAULT (formats/fio.h has the syntax) outside the file operations,
-   named by its op: "rebuild", the ring's rebuild between its handshake and its end
-   (ring/ring_mpi.c); "progress", each test of a ring transfer, inside its MPI call
-   (ring/ring.c). Counted like the file operations; the crash kind SIGKILLs the process, as
-   one that dies at that instant, and hang keeps the thread there, as an MPI call that
-   never returns; other kinds do nothing. */
-void fmt_fault_point(const char *op);
-/* A fault point of RK_FAULT that can fail, outside the file operations: "rollback", a
-   member's part of a rollback from memory (recover/rebuild.c). Returns the injected -errno
-   (short: -EIO), 0 if none; crash kills the process, hang holds it as for a file operation. */
-int fmt_fault_fail(const char *op);
+/* The fault points of RK_FAULT outside the file operations moved to common/ (fault.c,
+   rk__fault_point and rk__fault_fail, common.h has the syntax); these two names stay only
+   until ring/ and recover/ call those. */
+static inline void fmt_fault_point(const char *op)
+{
+    rk__fault_point(op);
+}
+static inline int fmt_fault_fail(const char *op)
+{
+    return rk__fault_fail(op);
+}
 
 /* XXH3-64 of a buffer (fmt_types.c). */
 uint64_t fmt_xxh3(const void *p, size_t n);

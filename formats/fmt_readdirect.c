@@ -94,7 +94,7 @@ static int direct_get(fmt_ckpt *c, fmt_direct **out)
         }
         for (int i = 0; i < d->nfds; i++)
             d->fds[i] = -1;
-        int rc = fmt_fault(FMT_OP_URING, c->dir);
+        int rc = fmt_fault(RK_FAULT_OP_URING, c->dir);
         rc = rc ? fmt_fault_apply(rc) : io_uring_queue_init(DIRECT_DEPTH, &d->ring, 0);
         if (rc)
             return give_up(d, c->dir, "io_uring unavailable", rc);
@@ -154,7 +154,7 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
     rc = 0;
     while (got < npieces && rc == 0) {
         while (sub < npieces && sub - got < DIRECT_DEPTH) {
-            int f = fmt_fault(FMT_OP_READ, path);
+            int f = fmt_fault(RK_FAULT_OP_READ, path);
             if (f) {
                 rc = fmt_fault_apply(f);
                 break;
@@ -169,7 +169,7 @@ int fmt__read_direct(fmt_ckpt *c, const fmt_tensor *t, const char *path, void *b
             sub++;
         }
         if (sub > sent) {
-            int s = fmt_fault(FMT_OP_URING, path);
+            int s = fmt_fault(RK_FAULT_OP_URING, path);
             s = s ? fmt_fault_apply(s) : io_uring_submit(&d->ring);
             if (s > 0)
                 sent += (uint64_t)s;

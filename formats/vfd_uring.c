@@ -344,12 +344,12 @@ static int queue_range(vfd *f, bool rd, bool direct, uint64_t off, size_t len, c
         if (i < 0)
             return set_error(f, -EIO, "io_uring", off + pos);
         struct vfd_slot *s = &f->slots[i];
-        int fault = fmt_fault(rd ? FMT_OP_READ : FMT_OP_WRITE, f->path);
-        if (fault && fault != FMT_FAULT_SHORT)
+        int fault = fmt_fault(rd ? RK_FAULT_OP_READ : RK_FAULT_OP_WRITE, f->path);
+        if (fault && fault != RK_FAULT_SHORT)
             return set_error(f, fmt_fault_apply(fault), rd ? "read" : "write", off + pos);
         bool own = zero_copy && (!direct || (uintptr_t)(buf + pos) % VFD_PAGE == 0);
         *s = (struct vfd_slot){.stage = s->stage, .is_read = rd, .direct = direct, .off = (off_t)(off + pos),
-                               .len = n, .short_fault = fault == FMT_FAULT_SHORT};
+                               .len = n, .short_fault = fault == RK_FAULT_SHORT};
         if (own) {
             s->ptr = buf + pos;
             if (!rd)
@@ -434,7 +434,7 @@ static int sync_file(vfd *f)
         return rc;
     if (!f->ring_ok) {
         rc = fmt_io_fsync(f->fd, f->path);
-    } else if ((rc = fmt_fault(FMT_OP_SYNC, f->path)) != 0) {
+    } else if ((rc = fmt_fault(RK_FAULT_OP_SYNC, f->path)) != 0) {
         rc = fmt_fault_apply(rc);
     } else {
         struct io_uring_sqe *sqe = io_uring_get_sqe(&f->ring);
@@ -487,7 +487,7 @@ static int choose_path(vfd *f, int oflags)
     f->vp = VP_BUFFERED;
     if (f->o.mode == FMT_IO_BUFFERED)
         return 0;
-    int rc = fmt_fault(FMT_OP_URING, f->path);
+    int rc = fmt_fault(RK_FAULT_OP_URING, f->path);
     rc = rc ? fmt_fault_apply(rc) : io_uring_queue_init((unsigned)f->o.queue_depth, &f->ring, 0);
     if (rc < 0) {
         if (f->o.mode == FMT_IO_URING)

@@ -7,7 +7,7 @@
  *                                      rk_wait; prints "rank R wrote" (exit 0) or the error
  *   prog_ckpt continue STEPS SEED      rk_resume, then as write from the step it resumed at
  *                                      up to STEPS; also prints "rank R ops OP=N ..." (the
- *                                      file operations counted by RK_FAULT, formats/fio.h)
+ *                                      file operations counted by RK_FAULT, common/common.h)
  *   prog_ckpt resume EXPECT SEED [big] rk_resume; checks next_step == EXPECT and every byte;
  *                                      prints "rank R resumed S" (exit 0); EXPECT -1: none
  *   prog_ckpt perrank STEPS SEED       one per-rank tensor: STEPS steps of rk_allreduce, the
@@ -27,7 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../formats/fio.h"
 #include "common.h"
 #include "prog_common.h"
 #include "rekindle.h"
@@ -184,8 +183,8 @@ int main(int argc, char **argv)
     rc = rk_finalize(&ctx);
     if (cont) { /* rk_finalize's file operations count too */
         printf("rank %d ops", me);
-        for (int op = 0; op < FMT_OP_COUNT; op++)
-            printf(" %s=%" PRIu64, fmt_op_name((enum fmt_op)op), fmt_fault_count((enum fmt_op)op));
+        for (int op = 0; op < RK_FAULT_OP_COUNT; op++)
+            printf(" %s=%" PRIu64, rk__fault_op_name((enum rk__fault_op)op), rk__fault_count((enum rk__fault_op)op));
         printf("\n");
     }
     for (size_t t = 0; t < n; t++)

@@ -27,8 +27,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "prog_common.h"
-#include "../formats/fio.h"
 
 static long alloc_outstanding;
 static int isend_refused;
@@ -87,7 +87,7 @@ int main(int argc, char **argv)
                 raise(SIGKILL);
             if (wedge) {
                 setenv("RK_FAULT", "progress@0=hang", 1);
-                if (fmt_fault_reset() != 0) {
+                if (rk__fault_reset() != 0) {
                     printf("rank %d error: RK_FAULT=progress@0=hang refused\n", me);
                     return 2;
                 }

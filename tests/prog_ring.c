@@ -52,8 +52,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "prog_common.h"
-#include "../formats/fio.h"
 #include "../ring/ring.h"
 #include "rekindle.h"
 
@@ -486,7 +486,7 @@ static int mode_rebuild_kill(int victim)
     struct oracle o = {.pids = pids, .n = g_world, .members = members, .nmembers = g_world};
     if (g_rank == victim) {
         setenv("RK_FAULT", "rebuild@0=crash", 1);
-        if (fmt_fault_reset() != 0)
+        if (rk__fault_reset() != 0)
             FAIL("RK_FAULT=rebuild@0=crash refused: %s", rk_last_error());
     }
     ring_cancel c = {.deadline_ns = rk__deadline_ns(20000), .changed = oracle_changed, .arg = &o};

@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
-#include "../formats/fio.h"
 #include "../formats/fmt.h"
 #include "common.h"
 #include "harness.h"
@@ -550,12 +549,12 @@ START_TEST(retention_spares_a_checkpoint_being_restored)
     setenv("RK_FAULT", "rename@0=hang", 1); /* the commit's rename of 4, held */
     setenv("RK_FAULT_PATH", "/" S4, 1);
     setenv("RK_FAULT_HOLD", hold, 1);
-    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(rk__fault_reset(), 0);
     v[0] = 4;
     th_assert_rc(ckpt_start(e, 4, &t, 1), 0);
-    for (int i = 0; i < 2000 && fmt_fault_count(FMT_OP_RENAME) == 0; i++) /* its commit began */
+    for (int i = 0; i < 2000 && rk__fault_count(RK_FAULT_OP_RENAME) == 0; i++) /* its commit began */
         rk__sleep_ns(5 * 1000000LL);
-    ck_assert_int_eq(fmt_fault_count(FMT_OP_RENAME), 1);
+    ck_assert_int_eq(rk__fault_count(RK_FAULT_OP_RENAME), 1);
     v[0] = -1;
     th_assert_rc(ckpt_load(e, 2, &t, 1), 0);
     unlink(hold);
@@ -563,7 +562,7 @@ START_TEST(retention_spares_a_checkpoint_being_restored)
     unsetenv("RK_FAULT");
     unsetenv("RK_FAULT_PATH");
     unsetenv("RK_FAULT_HOLD");
-    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(rk__fault_reset(), 0);
     ck_assert_msg(th_exists(dir, S4), "4 was not committed");
     ck_assert_msg(th_exists(dir, S2), "the retention of 4's commit removed 2, the checkpoint being restored");
     th_assert_rc(ckpt_restore_held(e, &t, 1), 0);

@@ -17,7 +17,6 @@
 
 #include "../ckpt/ckpt.h"
 #include "../ckpt/copy.h"
-#include "../formats/fio.h"
 #include "common.h"
 #include "harness.h"
 
@@ -78,7 +77,7 @@ static void copy_faults(const char *rules, const char *hold)
         setenv("RK_FAULT_HOLD", hold, 1);
     else
         unsetenv("RK_FAULT_HOLD");
-    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(rk__fault_reset(), 0);
 }
 
 /* Until the copy given up on (released meanwhile) has ended: a wait for it only looks once

@@ -51,8 +51,8 @@
 static char *prog, *cli;
 
 /* The operations swept: every one that changes the disk or makes it durable. */
-static const enum fmt_op swept[] = {FMT_OP_OPEN,   FMT_OP_WRITE,  FMT_OP_SYNC,  FMT_OP_TRUNCATE, FMT_OP_RENAME,
-                                    FMT_OP_SYNCDIR, FMT_OP_UNLINK, FMT_OP_SWAP, FMT_OP_MKDIR};
+static const enum rk__fault_op swept[] = {RK_FAULT_OP_OPEN,   RK_FAULT_OP_WRITE,  RK_FAULT_OP_SYNC,  RK_FAULT_OP_TRUNCATE, RK_FAULT_OP_RENAME,
+                                    RK_FAULT_OP_SYNCDIR, RK_FAULT_OP_UNLINK, RK_FAULT_OP_SWAP, RK_FAULT_OP_MKDIR};
 
 static struct {
     int cases, checks, violations;
@@ -142,7 +142,7 @@ static void one_case(const char *base, int rank, int op, uint64_t n, bool power)
 {
     char what[256], cut[64] = "", cmd[9000], *out = NULL;
     if (op >= 0) {
-        snprintf(cut, sizeof(cut), "%s@%llu=%s", fmt_op_name((enum fmt_op)op), (unsigned long long)n,
+        snprintf(cut, sizeof(cut), "%s@%llu=%s", rk__fault_op_name((enum rk__fault_op)op), (unsigned long long)n,
                  power ? "powerloss" : "eio");
         snprintf(what, sizeof(what), "rank %d %s", rank, cut);
     } else {
@@ -200,7 +200,7 @@ static void one_case(const char *base, int rank, int op, uint64_t n, bool power)
 }
 
 /* "rank R ops open=N write=N ..." lines of a clean run into counts[R][op]. */
-static int parse_counts(const char *out, uint64_t counts[NP][FMT_OP_COUNT])
+static int parse_counts(const char *out, uint64_t counts[NP][RK_FAULT_OP_COUNT])
 {
     int ranks = 0;
     for (const char *p = strstr(out, "rank "); p; p = strstr(p + 1, "rank ")) {
@@ -208,9 +208,9 @@ static int parse_counts(const char *out, uint64_t counts[NP][FMT_OP_COUNT])
         if (sscanf(p, "rank %d ops%n", &r, &used) != 1 || used == 0 || r < 0 || r >= NP)
             continue;
         ranks++;
-        for (int op = 0; op < FMT_OP_COUNT; op++) {
+        for (int op = 0; op < RK_FAULT_OP_COUNT; op++) {
             char key[32];
-            snprintf(key, sizeof(key), " %s=", fmt_op_name((enum fmt_op)op));
+            snprintf(key, sizeof(key), " %s=", rk__fault_op_name((enum rk__fault_op)op));
             const char *k = strstr(p, key);
             const char *eol = strchr(p, '\n');
             if (k && (!eol || k < eol))
@@ -322,7 +322,7 @@ START_TEST(every_io_step_of_a_checkpoint)
     free(out);
 
     /* The clean run: how many operations of each kind each rank does. */
-    uint64_t counts[NP][FMT_OP_COUNT];
+    uint64_t counts[NP][RK_FAULT_OP_COUNT];
     memset(counts, 0, sizeof(counts));
     char *dir = th_tmpdir("crash-count"), cmd[9000];
     snprintf(cmd, sizeof(cmd), "cp -a '%s'/. '%s'/", base, dir);

@@ -1,7 +1,7 @@
 /*
  * tests/test_hang.c - bounds on a disk that stops answering, and attempts that never mix
  * (ckpt/ckpt.c invariants I3, I9, I10). The disk is made to stop with RK_FAULT's `hang`
- * kind (formats/fio.h): the writer thread's file operation does not return until the
+ * kind (common/common.h): the writer thread's file operation does not return until the
  * process ends, or until RK_FAULT_HOLD's file is removed. Each case runs in its own
  * process (Check's fork mode), so a writer left hanging ends with it. Where two engines
  * share one process the stuck operation is the manifest's fsync, outside HDF5: a writer
@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
-#include "../formats/fio.h"
 #include "../formats/fmt.h"
 #include "common.h"
 #include "harness.h"
@@ -49,7 +48,7 @@ static void set_fault(const char *spec, const char *path, const char *hold)
         setenv("RK_FAULT_PATH", path, 1);
     if (hold)
         setenv("RK_FAULT_HOLD", hold, 1);
-    ck_assert_int_eq(fmt_fault_reset(), 0);
+    ck_assert_int_eq(rk__fault_reset(), 0);
 }
 
 /* Whether any directory directly under dir holds a file named name. */

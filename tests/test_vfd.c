@@ -30,7 +30,7 @@ static void clear_env(void)
     unsetenv("RK_IO");
     unsetenv("RK_LOG");
     rk__log_reload();
-    fmt_fault_reset();
+    rk__fault_reset();
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
@@ -249,14 +249,14 @@ START_TEST(fio_wrappers_and_counts)
     th_assert_rc(fmt_io_pread_all(fd, back, sizeof back, 20, p), -EIO); /* EOF */
     th_assert_rc(fmt_io_fsync(fd, p), 0);
     th_assert_rc(fmt_io_ftruncate(fd, 4, p), 0);
-    ck_assert_uint_eq(fmt_fault_count(FMT_OP_WRITE), 1);
-    ck_assert_uint_eq(fmt_fault_count(FMT_OP_READ), 2);
-    ck_assert_uint_eq(fmt_fault_count(FMT_OP_SYNC), 1);
-    ck_assert_uint_eq(fmt_fault_count(FMT_OP_OPEN), 1);
+    ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_WRITE), 1);
+    ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_READ), 2);
+    ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_SYNC), 1);
+    ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_OPEN), 1);
 
     /* Injected: second write ENOSPC, every sync EIO, first read short. */
     setenv("RK_FAULT", "write@1=enospc,sync@*=eio,read@0=short", 1);
-    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(rk__fault_reset(), 0);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), -ENOSPC);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
@@ -270,11 +270,11 @@ START_TEST(fio_wrappers_and_counts)
     /* A short write moves half and fails; RK_FAULT_PATH limits faults (and counts). */
     setenv("RK_FAULT", "write@*=short", 1);
     setenv("RK_FAULT_PATH", "/nomatch/", 1);
-    th_assert_rc(fmt_fault_reset(), 0);
+    th_assert_rc(rk__fault_reset(), 0);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), 0);
-    ck_assert_uint_eq(fmt_fault_count(FMT_OP_WRITE), 0);
+    ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_WRITE), 0);
     unsetenv("RK_FAULT_PATH");
-    fmt_fault_reset();
+    rk__fault_reset();
     th_assert_rc(ftruncate(fd, 0), 0);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, sizeof buf, 0, p), -EIO);
     struct stat sb;
@@ -283,7 +283,7 @@ START_TEST(fio_wrappers_and_counts)
 
     /* "any" counts over every kind. */
     setenv("RK_FAULT", "any@2=eio", 1);
-    fmt_fault_reset();
+    rk__fault_reset();
     th_assert_rc(fmt_io_fsync(fd, p), 0);
     th_assert_rc(fmt_io_pwrite_all(fd, buf, 1, 0, p), 0);
     th_assert_rc(fmt_io_unlink("/nonexistent-rk"), -EIO);
@@ -304,13 +304,13 @@ START_TEST(fio_bad_spec_ignored_with_log)
     setenv("RK_FAULT", bad_specs[_i], 1);
     capture c;
     cap_begin(&c);
-    int rc = fmt_fault_reset();
+    int rc = rk__fault_reset();
     char *log = cap_end(&c);
     th_assert_rc(rc, RK_E_OPTION);
     ck_assert_msg(strstr(log, "RK_FAULT") != NULL, "no log line naming RK_FAULT: '%s'", log);
     free(log);
     for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(fmt_fault(FMT_OP_WRITE, "/x"), 0);
+        ck_assert_int_eq(fmt_fault(RK_FAULT_OP_WRITE, "/x"), 0);
     clear_env();
 }
 END_TEST
@@ -325,7 +325,7 @@ START_TEST(fio_crash_before_rename)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         setenv("RK_FAULT", "rename@0=crash", 1);
-        fmt_fault_reset();
+        rk__fault_reset();
         fmt_io_rename(a, b);
         _exit(0);
     }
@@ -482,7 +482,7 @@ START_TEST(fallback_recorded_and_logged)
     const char *path = sc.path;
     if (fb_cfg[_i].fault)
         setenv("RK_FAULT", fb_cfg[_i].fault, 1);
-    fmt_fault_reset();
+    rk__fault_reset();
     fmt_vfd_stats st;
     fmt_vfd_opts o = {.stats = &st};
     hid_t fapl = fmt_vfd_fapl(&o);
@@ -534,7 +534,7 @@ static int faulty_write(const char *path, const char *spec, int qd, bool zero_co
     setenv("RK_FAULT_PATH", path, 1);
     setenv("RK_LOG", "error", 1);
     rk__log_reload();
-    fmt_fault_reset();
+    rk__fault_reset();
     fmt_vfd_opts o = {.queue_depth = qd, .zero_copy = zero_copy, .piece = 256 << 10, .stats = st};
     hid_t fapl = fmt_vfd_fapl(&o);
     layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
@@ -547,13 +547,13 @@ static int faulty_write(const char *path, const char *spec, int qd, bool zero_co
 }
 
 static const struct {
-    enum fmt_op op;
+    enum rk__fault_op op;
     const char *kind;
     int qd;
     bool zc;
 } ft_cfg[] = {
-    {FMT_OP_WRITE, "eio", 4, false}, {FMT_OP_WRITE, "enospc", 1, true}, {FMT_OP_WRITE, "short", 4, true},
-    {FMT_OP_SYNC, "eio", 4, false},  {FMT_OP_TRUNCATE, "enospc", 4, false},
+    {RK_FAULT_OP_WRITE, "eio", 4, false}, {RK_FAULT_OP_WRITE, "enospc", 1, true}, {RK_FAULT_OP_WRITE, "short", 4, true},
+    {RK_FAULT_OP_SYNC, "eio", 4, false},  {RK_FAULT_OP_TRUNCATE, "enospc", 4, false},
 };
 
 /* Invariant 5: an error at any index of the operation fails H5Dwrite or H5Fclose and is
@@ -564,14 +564,14 @@ START_TEST(fault_at_every_index_fails)
     const char *path = sc.path;
     fmt_vfd_stats st;
     ck_assert_int_eq(faulty_write(path, NULL, ft_cfg[_i].qd, ft_cfg[_i].zc, &st), 0);
-    uint64_t count = fmt_fault_count(ft_cfg[_i].op);
+    uint64_t count = rk__fault_count(ft_cfg[_i].op);
     ck_assert_uint_gt(count, 0);
-    fprintf(stderr, "%s: %llu operations\n", fmt_op_name(ft_cfg[_i].op), (unsigned long long)count);
+    fprintf(stderr, "%s: %llu operations\n", rk__fault_op_name(ft_cfg[_i].op), (unsigned long long)count);
     layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
     check_file(path, H5P_DEFAULT, &l);
     for (uint64_t k = 0; k < count; k++) {
         char spec[64];
-        snprintf(spec, sizeof spec, "%s@%llu=%s", fmt_op_name(ft_cfg[_i].op), (unsigned long long)k,
+        snprintf(spec, sizeof spec, "%s@%llu=%s", rk__fault_op_name(ft_cfg[_i].op), (unsigned long long)k,
                  ft_cfg[_i].kind);
         int rc = faulty_write(path, spec, ft_cfg[_i].qd, ft_cfg[_i].zc, &st);
         ck_assert_msg(rc < 0, "%s: the write succeeded (of %llu ops)", spec, (unsigned long long)count);
@@ -603,7 +603,7 @@ START_TEST(plain_h5fclose_fails)
         if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0 || H5Dclose(d) < 0)
             _exit(3);
         setenv("RK_FAULT", "sync@*=eio", 1);
-        fmt_fault_reset();
+        rk__fault_reset();
         herr_t rc = f >= 0 ? H5Fclose(f) : 0;
         _exit(f < 0 ? 2 : rc < 0 ? 0 : 1);
     }
@@ -634,7 +634,7 @@ START_TEST(plain_h5fclose_after_failed_write)
         hid_t d = H5Dcreate2(f, "x", H5T_NATIVE_UINT8, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         void *buf = calloc(1, dim);
         setenv("RK_FAULT", "write@1=eio", 1);
-        fmt_fault_reset();
+        rk__fault_reset();
         int bad = 0;
         bad |= H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0;
         bad |= (H5Fflush(f, H5F_SCOPE_LOCAL) >= 0) << 1;
@@ -852,7 +852,7 @@ START_TEST(refused_submission_waits_for_none)
     written w;
     write_ckpt(&w);
     setenv("RK_FAULT", refused[_i].fault, 1);
-    ck_assert_int_eq(fmt_fault_reset(), 0);
+    ck_assert_int_eq(rk__fault_reset(), 0);
     fmt_ckpt *c = NULL;
     ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
     long i = fmt_ckpt_find(c, "big");
@@ -864,7 +864,7 @@ START_TEST(refused_submission_waits_for_none)
     int64_t t0 = rk__mono_ns();
     int rc = fmt_ckpt_read(c, (size_t)i, buf);
     double ms = rk__ms_since(t0);
-    uint64_t submits = fmt_fault_count(FMT_OP_URING);
+    uint64_t submits = rk__fault_count(RK_FAULT_OP_URING);
     char *log = cap_end(&cap);
     th_assert_rc(rc, 0);
     ck_assert_msg(ms < 10000, "the read took %.0f ms", ms);
@@ -876,7 +876,7 @@ START_TEST(refused_submission_waits_for_none)
     th_assert_rc(fmt_ckpt_read(c, (size_t)i, buf), 0);
     ck_assert(memcmp(buf, w.big, BIG) == 0);
     if (refused[_i].fallback)
-        ck_assert_uint_eq(fmt_fault_count(FMT_OP_URING), submits); /* the ring is gone */
+        ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_URING), submits); /* the ring is gone */
     free(buf);
     fmt_ckpt_close(&c);
     written_free(&w);
