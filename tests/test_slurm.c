@@ -6,7 +6,9 @@
  * drives each case and judges it by the final hash against a replay: the job runs to its
  * end; one node fails (its slurmd and every process on it SIGKILLed) and the survivors
  * finish in place while Slurm marks it DOWN; every node fails and Slurm's --requeue runs
- * the job again, which resumes from the newest checkpoint committed before the loss.
+ * the job again, which resumes from the newest checkpoint committed before the loss; the
+ * node that runs the job script fails alone, and the script's batch-host watchers requeue
+ * the job that Slurm (with --no-kill) would leave RUNNING without its script.
  *
  * Skipped (exit 77, with the reason) where network namespaces cannot be made or Slurm or
  * munge is not installed (scripts/install-deps installs them). The cluster is taken down
@@ -152,6 +154,21 @@ START_TEST(allocation_lost_requeued_resumes)
 }
 END_TEST
 
+/* The job's BatchHost (the node of the script and mpirun) fails alone. Slurm, with
+   --no-kill, only removes it from the job once it marks it DOWN and kills the script's
+   step there: the job would stay RUNNING with nothing in it (mpirun's daemons on the other
+   nodes end with it) and hold its allocation. The script's watchers on the other nodes see
+   the batch host gone from the job and requeue it; the node comes back, the script runs
+   again (Restarts 1, exactly one requeue), every worker resumes from disk at the newest
+   commit, and the job COMPLETES with the hash of a replay from it on 6 workers. */
+START_TEST(batch_node_lost_requeues)
+{
+    char *out = slurm_case("batch_loss", 600, "");
+    ck_assert_msg(strstr(out, "world 6") && strstr(out, "requeued_to_resumed_ms"), "%s", out);
+    free(out);
+}
+END_TEST
+
 static Suite *slurm_suite(void)
 {
     Suite *s = suite_create("slurm");
@@ -160,6 +177,7 @@ static Suite *slurm_suite(void)
     tcase_add_test(tc, job_completes);
     tcase_add_test(tc, node_lost_survivors_go_on);
     tcase_add_test(tc, allocation_lost_requeued_resumes);
+    tcase_add_test(tc, batch_node_lost_requeues);
     suite_add_tcase(s, tc);
     return s;
 }
