@@ -3,7 +3,9 @@
  * on the training thread, persist on a background thread, atomic multi-rank commit
  * through the shared checkpoint directory, retention, and verified restore.
  * The one header of ckpt/ that other folders include; names start with ckpt_.
- * ckpt/ckpt.c's header holds the design (invariants, state diagram).
+ * The design is in the headers of the files that own it: ckpt/ckpt.c (the job slot),
+ * ckpt/snapshot.h (the snapshots held in memory, their generations), ckpt/writer.c (the
+ * writer, the commit, retention), ckpt/ckpt_dir.c (the directory's order).
  *
  * Threads: every ckpt_* function is called from the training thread; the engine's own
  * thread never calls MPI (agreement between ranks, where needed, is the caller's, in
@@ -31,7 +33,7 @@ typedef struct ckpt_config {
     /* Asked every 20 ms by whoever waits for the writer (ckpt_start, ckpt_wait,
        ckpt_destroy): true once a member of the membership is lost or this worker is
        fenced. The job in flight can then never commit (its commit waits for every
-       member, I9), so it is abandoned at once instead of waited out. Called on the
+       member, ckpt.c J4), so it is abandoned at once instead of waited out. Called on the
        waiting thread, never with the engine's lock held. May be NULL. */
     bool (*member_lost)(void *arg);
     void *member_lost_arg;
@@ -66,7 +68,7 @@ int ckpt_create(ckpt_engine **e, const ckpt_config *cfg);
 /* Waits for the checkpoint in flight until deadline_ns (CLOCK_MONOTONIC), stops the
    thread, frees the staging memory; *e = NULL. Returns the first failure not yet reported.
    A writer still busy at the deadline (a disk that stopped answering) is abandoned and
-   left the engine's memory, which is never freed (ckpt.c I10): RK_E_TIMEOUT naming the
+   left the engine's memory, which is never freed (ckpt.c J5): RK_E_TIMEOUT naming the
    operation and path it is stuck in, before any other failure. Never waits past the
    deadline. */
 int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
@@ -92,7 +94,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* A snapshot of t[0..n) held in memory as `step`, not written to disk (RK_SNAPSHOT_EVERY):
    the copy into staging as for ckpt_start (not waited for here; ckpt_copied), into the
    older generation's region, so that the newest whole snapshot stays held until this one
-   is (ckpt.c I16). Never waits for the writer. A failure (logged, event snapshot_failed)
+   is (snapshot.h S6). Never waits for the writer. A failure (logged, event snapshot_failed)
    leaves the snapshot held before. */
 int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Until the copy of the last ckpt_start into staging is done (host_only: its host tensors'
@@ -118,9 +120,9 @@ void ckpt_note_committed(ckpt_engine *e, int64_t step);
 int64_t ckpt_last_committed(ckpt_engine *e);
 
 /* ---- the held snapshot and membership changes (recovery) ------------------------------
- * Staging holds a complete copy of every tensor of the last snapshot (ckpt.c I8), and the
+ * Staging holds a complete copy of every tensor of the last snapshot (snapshot.h S2), and the
  * engine keeps beside it the partner copy: the left ring neighbour's sharded and per-rank
- * pieces of its snapshot (ckpt.c I14). Both are one object, ckpt_snapshot. */
+ * pieces of its snapshot (snapshot.h S4). Both are one object, ckpt_snapshot. */
 
 /* One tensor's bytes in a snapshot. */
 typedef struct ckpt_piece {
@@ -168,7 +170,7 @@ void ckpt_hold_cancel(ckpt_engine *e);
 void ckpt_hold_seal(ckpt_engine *e, int64_t step);
 /* The held snapshot (never NULL; step -1 when none). */
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
-/* The generation before it (ckpt.c I16): the snapshot held until the newest was taken,
+/* The generation before it (snapshot.h S6): the snapshot held until the newest was taken,
    kept whole while the newest is copied (step -1 when none). Valid as ckpt_snapshot_held's. */
 const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e);
 /* The snapshot of `step` becomes the held one: the newest, or the older generation (then
@@ -195,7 +197,7 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
    when its commit had already begun (then it completes, a consistent checkpoint, but its
    retention is left to the next commit: a restore may be about to read). Used
    when a member is lost (its shard will never come), on fencing, and at a membership
-   change. The writer stays busy until it notices: a new checkpoint waits for it (I3). */
+   change. The writer stays busy until it notices: a new checkpoint waits for it (ckpt.c J2). */
 bool ckpt_abandon(ckpt_engine *e);
 /* The writer removes what dead attempts left in the directory (ckpt_clean_dir, sparing
    its own attempt) before it writes its next checkpoint, so that the training thread

@@ -14,6 +14,13 @@
  * Within the current timeline commit time and label agree. Without commit times (an index
  * written before the attribute, or one that cannot be read) a checkpoint counts as the
  * oldest, and such checkpoints are ordered by label.
+ *
+ * Invariants (tests/test_ckpt.c names them; retention's own are writer.c W4):
+ *  D1  A checkpoint directory that cannot be listed is an error wherever it is read
+ *      (restore, retention, the CLI), never "no checkpoint".
+ *  D2  Every reader of the directory takes one order (ckpt_list): the current timeline
+ *      by commit time, then abandoned ones; the held snapshot is offered to a rollback
+ *      only when its layout matches the registry (ckpt_snapshot_matches).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -108,7 +115,7 @@ int64_t ckpt__commit_ns(const char *dir)
 }
 
 /* Removes committed checkpoint `name` of dir: renamed to a '.trash-' name first, so a
-   half-removed checkpoint is never seen as committed (I6). */
+   half-removed checkpoint is never seen as committed (writer.c W4). */
 static int remove_step(const char *dir, const char *name)
 {
     char path[PATH_CAP + 64], trash[PATH_CAP + 64];
@@ -220,7 +227,7 @@ static int clean_one(void *arg, const char *name)
 /* Removes '.trash-…' directories and the temporary directories of attempts labelled below
    `below`, except the attempt with nonce `keep`. Each goes to a '.trash-' name first by
    one rename: a stale writer that has not committed yet then finds its directory gone
-   and can never commit it (ckpt.c I9), and a half-removed directory is never seen. */
+   and can never commit it (ckpt.c J4), and a half-removed directory is never seen. */
 static int clean(const char *dir, int64_t below, uint64_t keep)
 {
     struct clean_arg c = {.dir = dir, .below = below, .keep = keep};

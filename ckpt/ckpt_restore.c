@@ -1,7 +1,7 @@
 /*
  * ckpt/ckpt_restore.c - reading a committed checkpoint back, and verifying one. A restore
- * reads into the engine's staging memory (the held snapshot, ckpt.c I8), never into the
- * registered buffers: the caller copies it out (ckpt_restore_held) only once the whole
+ * reads into the engine's staging memory (the held snapshot, snapshot.h S2, S3), never
+ * into the registered buffers: the caller copies it out (ckpt_restore_held) only once the whole
  * checkpoint verified on every rank, so a checkpoint that fails at its k-th tensor leaves
  * the caller's buffers as they were. The match of the tensor set is checked before
  * anything is read; every tensor's checksum is checked as it is read.
@@ -145,7 +145,7 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     snprintf(path, sizeof(path), "%s/%s", e->dir, name);
     fmt_ckpt *c = NULL;
     long *k = NULL;
-    ckpt_abandon(e); /* before the first read: a commit under way now removes nothing (I6) */
+    ckpt_abandon(e); /* before the first read: a commit under way now removes nothing (writer.c W4) */
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
         return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
@@ -164,9 +164,9 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         (rc = ckpt__hold_space(e, t, n)) != 0)
         goto out;
     for (size_t i = 0; i < n; i++) {
-        char *dst = e->g.staging + e->g.held_off[i];
+        char *dst = ckpt__tensor_at(e, i);
         if (k[i] < 0) {
-            e->g.held_have[i] = false;
+            ckpt__tensor_missing(e, i);
             continue;
         }
         rc = t[i].flags & RK_SHARDED ? fmt_ckpt_read_rows(c, (size_t)k[i], t[i].row0, t[i].shape[0], dst)

@@ -12,7 +12,7 @@
  * never a blocking synchronize). So the one pipeline in ckpt.c is the same for both, and
  * CI runs it through the host engine on machines without a GPU.
  *
- * One batch at a time per engine (one snapshot's copy in flight: ckpt.c I15). A batch stops at
+ * One batch at a time per engine (one snapshot's copy in flight: snapshot.h S5). A batch stops at
  * its first failure: what it copied before stays copied, the rest is not (a copy failing
  * halfway); the fault point "copy" (RK_FAULT=copy@N=eio|hang, common/common.h) fails or
  * holds the host engine's Nth copy, so tests reach that case without a device.
@@ -57,7 +57,7 @@ int ckpt_copy_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns);
 bool ckpt_copy_done(ckpt_copy *c, uint64_t gen);
 /* Staging [p, p + n) will be copied to and from often: the CUDA engine pins it
    (cudaHostRegister), keeping at most three regions pinned (the generations of the held
-   snapshot, ckpt.c I16: g, old, and park, the one a disk write longer than a step keeps
+   snapshot, snapshot.h S6: g, old, and park, the one a disk write longer than a step keeps
    aside; a fourth unpins the one pinned first); the host engine does nothing. A failure
    is logged (the copies still work, unpinned and slower). */
 void ckpt_copy_pin(ckpt_copy *c, void *p, size_t n);

@@ -25,7 +25,7 @@
 #include "ckpt.h"
 #include "copy_internal.h"
 
-enum { NPIN = 3 }; /* regions kept pinned: the generations of ckpt.c I16 (g, old, park) */
+enum { NPIN = 3 }; /* regions kept pinned: the generations of snapshot.h S6 (g, old, park) */
 
 struct cuda_copy {
     ckpt_copy base;
@@ -38,7 +38,7 @@ struct cuda_copy {
     int rc;              /* how it ended, once it did */
     char why[256];
     void *pinned[NPIN];  /* the regions cudaHostRegister'd, the one pinned first first (NULL:
-                            none): the generations of the held snapshot (ckpt.c I16) */
+                            none): the generations of the held snapshot (snapshot.h S6) */
     bool pin_warned;
 };
 

@@ -14,7 +14,7 @@
  *             GEN_STEPS steps, each one cudaMemcpy per tensor (the patterns made
  *             beforehand) and the memset, so the disk writes (BIG bytes each) outlast the
  *             snapshot-only steps between checkpoints and the held snapshot takes a third
- *             staging region (ckpt.c I16), pinned like the others (at most 3:
+ *             staging region (ckpt/snapshot.h S6), pinned like the others (at most 3:
  *             ckpt/copy_cuda.c); rk_wait; every checkpoint left in the directory holds its
  *             step's bytes, the newest the last step's: "ok generations K checkpoints".
  *   restore   one process: the tensors filled with 0xa5, rk_resume: next step 2, the

@@ -1,8 +1,10 @@
 /*
  * tests/test_ckpt.c - the checkpoint engine through the public API, with real processes
- * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant of ckpt/ckpt.c
- * it checks (I1..I13). The held snapshot, the copy engines and the two generations
- * (I14-I16) are tests/test_ckpt_snap.c. A crash at each I/O operation of a checkpoint (I1, I6, I7) is
+ * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant it checks: the
+ * job slot's (ckpt/ckpt.c J1-J5), the writer's (ckpt/writer.c W1-W5), the directory's
+ * (ckpt/ckpt_dir.c D1-D2) or the snapshots' (ckpt/snapshot.h S1-S7). The held snapshot,
+ * the copy engines and the generations are mostly tests/test_ckpt_snap.c's. A crash at
+ * each I/O operation of a checkpoint (W1, W4, J3) is
  * tests/test_crash.c's sweep, over 2 ranks and three models of what the disk kept.
  */
 #include <errno.h>
@@ -79,7 +81,7 @@ static int run_prog(int np, const char *dir, const char *mode, const char *arg, 
         free(o_);                                                                          \
     } while (0)
 
-/* I1, I2: every dtype, odd sizes (1 element, 4097, 16 MiB + 12), nested names, zero size;
+/* W1, S1: every dtype, odd sizes (1 element, 4097, 16 MiB + 12), nested names, zero size;
    buffers scribbled right after rk_step_done; retention keeps 2; no '.'-directory left. */
 START_TEST(roundtrip_single_rank)
 {
@@ -115,7 +117,7 @@ START_TEST(events_committed)
 }
 END_TEST
 
-/* I4: 2 ranks write (each tensor once), resume on 3 and on 1. */
+/* W2: 2 ranks write (each tensor once), resume on 3 and on 1. */
 START_TEST(two_ranks_resume_three_and_one)
 {
     char *dir = th_tmpdir("mpi");
@@ -142,7 +144,7 @@ static void flip_byte(const char *path, off_t off)
     close(fd);
 }
 
-/* I6/I7 on the reading side: a bit flip, a truncated shard, a foreign index: each
+/* W4/J3 on the reading side: a bit flip, a truncated shard, a foreign index: each
    newest checkpoint is skipped and the previous one restored. */
 START_TEST(corruption_falls_back)
 {
@@ -343,7 +345,7 @@ END_TEST
 /* The other rank is lost while this one's checkpoint still waits for it (its shard, or
    its commit): the next checkpoint does not wait out a quarter of the timeout (30 s here)
    and get skipped. The job waited for is abandoned as soon as the member_lost check says
-   so, and the next one starts (ckpt.c I3). */
+   so, and the next one starts (J2). */
 static atomic_bool other_rank_lost;
 static bool other_rank_is_lost(void *arg)
 {
@@ -444,7 +446,7 @@ static long tensor_offset(const char *dir, const char *stepname, const char *nam
     return off;
 }
 
-/* I11: the only checkpoint fails its checksum at a tensor read after others (k > 0):
+/* S3: the only checkpoint fails its checksum at a tensor read after others (k > 0):
    rk_resume reports it and the caller's buffers are bitwise as before, never half
    restored (the restore reads into staging, and copies out only once all of it verified). */
 START_TEST(corrupt_only_checkpoint_leaves_buffers)
@@ -461,7 +463,7 @@ START_TEST(corrupt_only_checkpoint_leaves_buffers)
 }
 END_TEST
 
-/* I12: a checkpoint directory that cannot be listed (a fault in the "list" operation, as
+/* D1: a checkpoint directory that cannot be listed (a fault in the "list" operation, as
    EACCES or an unmounted share would) is an error of rk_resume, never a fresh start. */
 START_TEST(unlistable_directory_is_an_error)
 {
@@ -476,7 +478,7 @@ START_TEST(unlistable_directory_is_an_error)
 }
 END_TEST
 
-/* I6: retention keeps the newest checkpoint that verifies. With RK_KEEP=1, checkpoint 4's
+/* W4: retention keeps the newest checkpoint that verifies. With RK_KEEP=1, checkpoint 4's
    shard is damaged outside its tensors' data between the shard's write and its commit
    (the writer held at the commit's rename): 4 does not reopen intact (the commit record's
    checksum of that file), so it does not count as verified; 2, whose data verify, stays,
@@ -504,7 +506,7 @@ START_TEST(retention_keeps_newest_verifying)
 }
 END_TEST
 
-/* I6: the retention that follows a commit reads none of the data just committed (a second
+/* W4: the retention that follows a commit reads none of the data just committed (a second
    pass over every byte halved persist: docs/BENCHMARKS.md). Large tensors are read back
    with O_DIRECT; here any O_DIRECT open of committed step 4's shard kills the process. It
    lives, and retention (RK_KEEP=1) removes 2, 4 having reopened intact; 4 then restores. */
@@ -527,7 +529,7 @@ START_TEST(retention_rereads_nothing_committed)
 }
 END_TEST
 
-/* I6: a restore reads a checkpoint while this engine's commit of a later one is under way
+/* W4: a restore reads a checkpoint while this engine's commit of a later one is under way
    (it began before ckpt_load abandoned the job, so it completes): that commit's retention
    is left to the next commit, so with RK_KEEP=1 the checkpoint being restored is not
    removed under the restore. The next commit's retention removes both older ones.
@@ -578,7 +580,7 @@ START_TEST(retention_spares_a_checkpoint_being_restored)
 }
 END_TEST
 
-/* I13: timelines. Checkpoints 2, 4, 6 of one run (seed 7); a later run (seed 8) commits 3:
+/* D2: timelines. Checkpoints 2, 4, 6 of one run (seed 7); a later run (seed 8) commits 3:
    4 and 6 are an abandoned timeline. rk_resume restores 3, the newest commit; with 3 and 2
    damaged it still tries the abandoned 6 before a fresh start. Retention (keep 2) keeps
    3 and 2, the current timeline, not 6 and 3. */
@@ -617,7 +619,7 @@ START_TEST(timeline_order)
 }
 END_TEST
 
-/* I1/I6: re-committing a label (4, first committed by an earlier run) never leaves a moment
+/* W1/W4: re-committing a label (4, first committed by an earlier run) never leaves a moment
    without step-…4: a crash injected at each operation on step-…4 in turn, from the
    commit's exchange on, always leaves a whole step-…4 behind. */
 START_TEST(recommit_never_loses_label)
@@ -652,7 +654,7 @@ START_TEST(recommit_never_loses_label)
 }
 END_TEST
 
-/* I7: ENOSPC and EIO injected into checkpoint 4's files: rk_wait reports it, checkpoint 2
+/* J3: ENOSPC and EIO injected into checkpoint 4's files: rk_wait reports it, checkpoint 2
    stays intact and restorable, nothing named step-…4 exists. */
 START_TEST(faults_fail_cleanly)
 {
@@ -671,7 +673,7 @@ START_TEST(faults_fail_cleanly)
 }
 END_TEST
 
-/* I7: a checkpoint that failed on its own is no failure of the run once a later one
+/* J3: a checkpoint that failed on its own is no failure of the run once a later one
    commits: ENOSPC and EIO in checkpoint 2's files, checkpoint 4 commits, rk_wait says 0. (Before: rk_wait and rk_finalize failed at the end of
    a job whose state was safe on disk.) */
 START_TEST(failure_superseded_by_a_later_commit)
@@ -732,7 +734,7 @@ START_TEST(h5py_reads_index)
 }
 END_TEST
 
-/* I15: a snapshot's copy that hangs (RK_FAULT=copy@2=hang: the copy of the checkpoint of
+/* S5: a snapshot's copy that hangs (RK_FAULT=copy@2=hang: the copy of the checkpoint of
    step 3, one per-rank tensor, so every step also sends a partner copy) is waited for up to
    its bound once, then given up on; every later wait for it (the partner copy's look at the
    held snapshot, the next snapshot's turn, rk_allreduce's and rk_step_done's waits before

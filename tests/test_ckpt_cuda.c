@@ -54,7 +54,7 @@ END_TEST
 
 /* A snapshot at every step, a checkpoint every 4th, the steps (a few ms) far shorter than
    the disk writes (64 MiB each): a snapshot-only step finds the writer still reading the
-   older region, and the held snapshot takes a third staging region (ckpt.c I16), pinned
+   older region, and the held snapshot takes a third staging region (ckpt/snapshot.h S6), pinned
    too (seen in the debug log: RK_LOG=debug); every checkpoint left holds its step's bytes.
    (A checkpoint due waits for the one before, so with one at every step no third region
    is needed: seen on CPUs.) */

@@ -3,7 +3,7 @@
  * (ckpt/ckpt.h) in one process: the held snapshot and a rebuild that fails after opening
  * it, the host copy engine (ckpt/copy.h: batches, waits with a deadline, a copy failing
  * halfway), a snapshot copied before the caller's update, and the two generations of
- * ckpt/ckpt.c I16 (a failed snapshot leaves the one before; a region the writer reads is
+ * ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region the writer reads is
  * put aside; a frozen tensor copied once a generation). The public API's side is
  * tests/test_ckpt.c.
  */
@@ -81,7 +81,7 @@ static void copy_faults(const char *rules, const char *hold)
 }
 
 /* Until the copy given up on (released meanwhile) has ended: a wait for it only looks once
-   it was given up on (ckpt.c I15), so the test looks again, 10 s at most. */
+   it was given up on (ckpt/snapshot.h S5), so the test looks again, 10 s at most. */
 static void copy_ended(ckpt_engine *e)
 {
     for (int i = 0; i < 2000 && ckpt_copied(e, false, rk__deadline_ns(5)) != 0; i++)
@@ -143,7 +143,7 @@ static void *unlink_later(void *path)
 /* The snapshot's copy runs on the host engine while the caller goes on (ckpt_start returns
    with the copy held by a fault), sees the writes made before ckpt_start, and ckpt_copied
    waits for it: an update right after the wait never reaches the checkpoint, in memory or
-   on disk, and the writer wrote only once the copy was done (ckpt.c I15). Without the
+   on disk, and the writer wrote only once the copy was done (S5, ckpt/writer.c W5). Without the
    wait, the update (300 ms before the copy is released) would be what got copied. */
 START_TEST(snapshot_copied_before_the_update)
 {
@@ -227,7 +227,7 @@ START_TEST(copy_failing_halfway_fails_the_checkpoint)
 }
 END_TEST
 
-/* Two generations (ckpt.c I16): a snapshot whose copy fails, or is given up on at its
+/* Two generations (S6): a snapshot whose copy fails, or is given up on at its
    deadline, leaves the one before it whole, and ckpt_snapshot_select makes that one the
    held snapshot again; restoring it gives that step's bytes. */
 START_TEST(failed_snapshot_leaves_the_one_before)
@@ -285,7 +285,7 @@ START_TEST(failed_snapshot_leaves_the_one_before)
 }
 END_TEST
 
-/* I16: a snapshot's copy given up on at its deadline (held by a fault) still writes the
+/* S6, S7: a snapshot's copy given up on at its deadline (held by a fault) still writes the
    newest generation's region: no generation is selected while it runs (the older one is not
    made the held one under it), and once it ends, failing at the frozen tensor's copy, that
    generation keeps no frozen bytes it never got: the next snapshot there copies the frozen
@@ -334,7 +334,7 @@ START_TEST(select_waits_for_a_given_up_copy)
 }
 END_TEST
 
-/* I16: the generations turn before a snapshot's staging is made; when that fails (here its
+/* S6: the generations turn before a snapshot's staging is made; when that fails (here its
    new, larger region cannot be mapped: RK_FAULT=stage), the region it would have filled
    holds nothing, and the newest whole snapshot stays offered, as the older generation.
    (Before: the generation turned to held the snapshot before the older one, step 1, and
@@ -422,7 +422,7 @@ END_TEST
 /* Snapshots at every step while a checkpoint's write lasts longer than a step (its fsync
    held): they never write the region the writer reads, so the checkpoint commits the
    bytes of its own step; that region is put aside (park) and the two generations go on,
-   so the older one is always the step before the newest (ckpt.c I16). (Before: the older
+   so the older one is always the step before the newest (S6, ckpt/writer.c W5). (Before: the older
    generation stayed the step being written and the newest was overwritten in place, so a
    loss during a copy rolled back to the written step, several steps back: seed-3300
    campaign, run 140.) */

@@ -1,6 +1,6 @@
 /*
  * tests/test_crash.c - crash consistency at every I/O step of a two-rank checkpoint
- * (ckpt/ckpt.c I1, I6, I7; the crash model of docs/DESIGN.md).
+ * (ckpt/writer.c W1, W4, ckpt/ckpt.c J3; the crash model of docs/DESIGN.md).
  *
  * A job (tests/prog_ckpt continue, 2 ranks under mpirun, RK_KEEP=1) resumes from the
  * committed checkpoint 2 and takes checkpoint 4, whose commit removes 2 by retention. A

@@ -1,6 +1,6 @@
 /*
  * tests/test_hang.c - bounds on a disk that stops answering, and attempts that never mix
- * (ckpt/ckpt.c invariants I3, I9, I10). The disk is made to stop with RK_FAULT's `hang`
+ * (ckpt/ckpt.c invariants J2, J4, J5). The disk is made to stop with RK_FAULT's `hang`
  * kind (common/common.h): the writer thread's file operation does not return until the
  * process ends, or until RK_FAULT_HOLD's file is removed. Each case runs in its own
  * process (Check's fork mode), so a writer left hanging ends with it. Where two engines
@@ -82,7 +82,7 @@ static ckpt_engine *stuck_in_manifest_sync(const char *dir, uint64_t nonce, cons
     return e;
 }
 
-/* I10: rk_wait's engine wait and the engine's destruction return by their deadline while
+/* J5: rk_wait's engine wait and the engine's destruction return by their deadline while
    the writer is stuck in fsync forever, name the stuck operation and path, and nothing of
    that checkpoint is ever committed. (Before: both waited on a condition variable with no
    deadline, for ever.) */
@@ -98,7 +98,7 @@ START_TEST(wait_and_destroy_bounded_on_hung_disk)
     ck_assert_msg(ms < 3000, "ckpt_wait took %.0f ms past a 300 ms deadline", ms);
     ck_assert_msg(strstr(rk_last_error(), "sync of ") && strstr(rk_last_error(), ".tmp-step-000000000001-"),
                   "the error does not name the stuck operation and path: %s", rk_last_error());
-    /* A checkpoint due meanwhile waits timeout/4 at most, then is skipped (I3). */
+    /* A checkpoint due meanwhile waits timeout/4 at most, then is skipped (J2). */
     t0 = rk__mono_ns();
     rc = ckpt_start(e, 2, &t, 1);
     ms = ms_since(t0);
@@ -115,7 +115,7 @@ START_TEST(wait_and_destroy_bounded_on_hung_disk)
 }
 END_TEST
 
-/* I10: a writer left behind is reported as RK_E_TIMEOUT by ckpt_destroy even when its job
+/* J5: a writer left behind is reported as RK_E_TIMEOUT by ckpt_destroy even when its job
    was abandoned first (an abandonment is no failure of its own), so rk_finalize's caller
    knows to leave with _exit. (Before: RK_E_ABORTED, and the program's exit handlers ran
    beside the writer.) */
@@ -136,7 +136,7 @@ START_TEST(destroy_reports_writer_left_after_abandon)
 }
 END_TEST
 
-/* I10: an abandoned checkpoint is never committed, even once its disk answers again; its
+/* J5: an abandoned checkpoint is never committed, even once its disk answers again; its
    failure is reported once; a checkpoint whose commit had begun is not abandoned. */
 START_TEST(abandoned_never_commits)
 {
@@ -177,7 +177,7 @@ START_TEST(abandoned_never_commits)
 }
 END_TEST
 
-/* I9: a stale writer (rank 1 of a membership whose rank 0 is gone) and the attempt that
+/* J4: a stale writer (rank 1 of a membership whose rank 0 is gone) and the attempt that
    commits the same step never share a file: the committed directory holds none of the
    stale writer's. (Before: both wrote in '.tmp-step-<S>', and the commit took the stale
    shard along.) */

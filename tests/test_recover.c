@@ -243,7 +243,7 @@ START_TEST(decide_I5_partners)
 }
 END_TEST
 
-/* Two generations (ckpt.c I16): a survivor whose newest snapshot was not partnered (the
+/* Two generations (ckpt/snapshot.h S6): a survivor whose newest snapshot was not partnered (the
    member lost while it was being sent) offers the one before; with partner copies the
    decision is the newest step every survivor holds, of either generation; with replicated
    state the newest any survivor holds, and every holder of it counts, older or not. */

@@ -314,7 +314,7 @@ END_TEST
    `resumed` says memory) at most one step back (a snapshot at every step: steps_lost
    <= 1), and end with the hash of a fault-free replay on 3 workers from the state of the
    step they resumed at. A kill that lands inside the partner copy of the newest snapshot
-   leaves it without one: the generation before it is resumed then (ckpt.c I16). */
+   leaves it without one: the generation before it is resumed then (ckpt/snapshot.h S6). */
 START_TEST(zero_killed_worker_rebuilds_from_memory)
 {
     char *w = th_tmpdir("train-zero"), *out = NULL;
@@ -408,8 +408,9 @@ static long long max_hwm(const char *out, long long *params)
 
 /* `--zero --mem` on 4 workers: a rank's peak resident set over the runtime's (the same job at
    --hidden 1) stays under 30 bytes per parameter: parameters and gradients (8), its slices
-   of m and v (8/4), the library's two generations of the snapshot (2 x (4 + 8/4), ckpt.c
-   I16) and of the partner copy (2 x 8/4), about 27 with the rest of the library's buffers.
+   of m and v (8/4), the library's two generations of the snapshot (2 x (4 + 8/4),
+   ckpt/snapshot.h S6) and of the partner copy (2 x 8/4), about 27 with the rest of the
+   library's buffers.
    Full-size m and v (8 bytes per parameter of which only the slice is used, and
    snapshotted twice) put it above 33. */
 START_TEST(zero_moments_are_slices)

@@ -1,15 +1,46 @@
 /*
- * ckpt/ckpt_persist.c - what the engine's background thread does with one checkpoint:
- * checksums, this rank's shard and manifest in the attempt's '.tmp-step-<S>-<nonce>/', then
+ * ckpt/writer.c - the engine's writer: the background thread that turns the job in flight
+ * (ckpt.c) into a committed checkpoint, and the job's result. For one job: wait for the
+ * copy it writes from (snapshot.h S5), then checksums, this rank's shard and manifest in
+ * the attempt's '.tmp-step-<S>-<nonce>/', then
  *   rank 0:  wait (bounded) for every rank's manifest, write index.h5 (with the commit
- *            time, ckpt_dir.c), commit by rename (or exchange with an abandoned
- *            timeline's directory of the same label), retention (ckpt_dir.c);
+ *            time, ckpt_dir.c), claim the commit, commit by rename (or exchange with an
+ *            abandoned timeline's directory of the same label), hand over to retention
+ *            (ckpt_dir.c);
  *   others:  wait (bounded) to learn of the commit: step-…/shard-<rank>.ok carrying this
  *            job's nonce, or rank 0's FAILED note in the temporary directory; a rank
  *            whose own shard fails leaves FAILED-<rank>, so rank 0 stops waiting for it.
- * Rank 0 creates the temporary directory; the others wait for it (bounded), never create it.
- * No MPI here (ckpt.c invariant I5): the shared directory is the rendezvous. An abandoned
- * job (ckpt.c I10) stops at the next check and never commits.
+ * Rank 0 creates the temporary directory; the others wait for it (bounded), never create
+ * it. Then the result: the events, the failure kept for ckpt_wait (ckpt.c J3), the pin
+ * released and the slot IDLE again.
+ *
+ * Invariants (tests/test_ckpt.c, tests/test_crash.c and tests/test_hang.c name them):
+ *  W1  Nothing named step-<12 digits> exists before every shard of it is fsync'd, its
+ *      checksums are recorded in fsync'd manifests, index.h5 is fsync'd, and the rename
+ *      from the '.tmp-step-…' directory is followed by an fsync of the parent.
+ *  W2  Every replicated tensor is written by exactly one rank (fmt_assign: ckpt.c's plan),
+ *      every sharded tensor's slice and every per-rank tensor by the rank that holds it, so
+ *      the shards of one checkpoint are disjoint and together hold every tensor.
+ *  W3  The writer never calls MPI (the shared directory is the rendezvous); every wait it
+ *      does has a deadline (timeout_ms for the copy and for other ranks' shards on rank 0,
+ *      twice that plus a second for learning of the commit elsewhere).
+ *  W4  Retention never removes the checkpoint just committed (the newest of ckpt_list's
+ *      order: its commit time is the latest) nor the newest one that verifies (the one just
+ *      committed if it reopens intact: its data were checksummed as they were written, and
+ *      are not read again; an older one by its data re-read against its checksums), nor
+ *      anything while a restore may read: a commit that began before ckpt_abandon (a
+ *      recovery's ckpt_set_membership, a ckpt_load) completes without its retention, left
+ *      to the next commit (with RK_KEEP=1 it removed the checkpoint being restored); a
+ *      removed directory is first renamed to a '.'-name, so a half-removed checkpoint is
+ *      never seen as committed. Re-committing a label exchanges the directories in one
+ *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).
+ *  W5  The writer pins the region it reads (the job's, pinned for it by ckpt_start before
+ *      the job is handed over, released when the job ends): a pinned region is never
+ *      unmapped (a replaced one is retired until unpinned, ckpt_destroy leaves a stuck
+ *      writer's to it) and never written while its job may commit (the turn puts it aside,
+ *      snapshot.h S6; ckpt_load and ckpt_hold abandon the job before they write it, and an
+ *      abandoned job is never committed, ckpt.c J5). The writer reads staging only once the
+ *      copy into it is done.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -21,6 +52,97 @@
 #include <unistd.h>
 
 #include "ckpt_internal.h"
+
+
+bool ckpt__abandoned(struct ckpt_job *j)
+{
+    return atomic_load(&j->fate) == JOB_ABANDONED;
+}
+
+bool ckpt__claim_commit(struct ckpt_job *j)
+{
+    int open = JOB_OPEN;
+    return atomic_compare_exchange_strong(&j->fate, &open, JOB_COMMITTING) || open == JOB_COMMITTING ||
+           open == JOB_COMMIT_ONLY;
+}
+
+bool ckpt__claim_retention(struct ckpt_job *j)
+{
+    int committing = JOB_COMMITTING;
+    return atomic_compare_exchange_strong(&j->fate, &committing, JOB_RETAINING);
+}
+
+void ckpt__waiting(struct ckpt_job *j, int what)
+{
+    atomic_store(&j->waiting_since_ns, rk__mono_ns());
+    atomic_store(&j->waiting, what);
+}
+
+bool ckpt__describe_wait(struct ckpt_job *j, char *buf, size_t cap)
+{
+    int what = atomic_load(&j->waiting);
+    double ms = rk__ms_since(atomic_load(&j->waiting_since_ns));
+    if (what == CKPT_WAIT_NONE)
+        return false;
+    if (what == CKPT_WAIT_DIR)
+        snprintf(buf, cap, "waits for rank 0 to create the attempt's directory, since %.0f ms", ms);
+    else if (what == CKPT_WAIT_COMMIT)
+        snprintf(buf, cap, "has written its shard and waits for the commit by rank 0, since %.0f ms", ms);
+    else
+        snprintf(buf, cap, "waits for rank %d's shard, since %.0f ms", what, ms);
+    return true;
+}
+
+static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
+{
+    if (rc == 0) {
+        RK_EVENT(e->ev, "ckpt_committed", RK_EV_I("step", j->step), RK_EV_I("bytes", j->bytes_all),
+                 RK_EV_D("stall_ms", j->stall_ms), RK_EV_D("persist_ms", rk__ms_since(j->dispatch_ns)),
+                 RK_EV_S("io_path", j->m.io_path));
+        return;
+    }
+    bool abandoned = ckpt__abandoned(j);
+    if (abandoned) /* by a change of membership: the recovery's event, not a failure (ckpt.c J3) */
+        RK_LOG_INFO(RK_SUB_CKPT, "checkpoint of step %" PRId64 " not committed: %s", j->step, rk_last_error());
+    else
+        RK_LOG_ERR(RK_SUB_CKPT, "checkpoint of step %" PRId64 " failed: %s (%s)", j->step, rk_last_error(),
+                   rk_strerror(rc));
+    RK_EVENT(e->ev, "ckpt_failed", RK_EV_I("step", j->step), RK_EV_S("reason", rk_last_error()),
+             RK_EV_S("error", rk_strerror(rc)), RK_EV_B("abandoned", abandoned));
+}
+
+/* Until the copy the job writes from is done (snapshot.h S5). The training thread tells
+   how it ended once it settled it (ckpt__copy_outcome): when a later batch replaced it on
+   the copy engine (the next snapshot's), or when it gave the copy up at its deadline (the
+   job then fails here, and nothing of staging is read). Looked at in slices, as is an
+   abandon meanwhile. */
+static int job_copied(ckpt_engine *e, struct ckpt_job *j, int64_t deadline)
+{
+    int rc;
+    for (;;) {
+        int64_t slice = rk__deadline_ns(LOST_POLL_MS), until = slice < deadline ? slice : deadline;
+        rc = j->copy_host ? ckpt_copy_wait(e->s.host_copy, j->copy_host, until) : 0;
+        if (!rc && j->copy_dev)
+            rc = ckpt_copy_wait(e->s.dev_copy, j->copy_dev, until);
+        if (rc != RK_E_TIMEOUT || until == deadline || atomic_load(&j->copy_settled))
+            break;
+        if (ckpt__abandoned(j))
+            return rk__fail(RK_SUB_CKPT, RK_LOG_INFO, RK_E_ABORTED, "abandoned while its copy still ran");
+    }
+    if ((rc == RK_E_ABORTED || rc == RK_E_TIMEOUT) && atomic_load(&j->copy_settled)) {
+        rc = atomic_load(&j->copy_rc);
+        if (rc)
+            rk__set_last_error("it failed or did not finish in time (%s)", rk_strerror(rc));
+    }
+    return rc;
+}
+
+void ckpt__copy_outcome(ckpt_engine *e, int rc)
+{
+    atomic_store(&e->job.copy_rc, rc);
+    atomic_store(&e->job.copy_settled, true);
+}
+
 
 #define PATH_CAP 4096
 #define SUB_CAP (PATH_CAP + 128) /* a path below a PATH_CAP directory */
@@ -35,7 +157,7 @@ static void backoff(int64_t *ns)
 /* A failure note in the temporary directory: `name` is FAILED (rank 0: this attempt will
    not be committed) or FAILED-<rank> (that rank's shard will not come). The first word is
    the attempt's nonce, so a note left by another attempt at the same step is ignored. */
-static void note_failure(const char *tmpdir, const char *name, uint64_t nonce, const char *why)
+static void write_note(const char *tmpdir, const char *name, uint64_t nonce, const char *why)
 {
     char path[SUB_CAP];
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -73,7 +195,7 @@ static bool attempt_gone(const char *tmpdir)
 
 static int removed(struct ckpt_job *j, const char *tmpdir)
 {
-    int open = JOB_OPEN; /* abandoned by another member: so it is here too (ckpt.c I7) */
+    int open = JOB_OPEN; /* abandoned by another member: so it is here too (ckpt.c J3) */
     atomic_compare_exchange_strong(&j->fate, &open, JOB_ABANDONED);
     return rk__fail(RK_SUB_CKPT, RK_LOG_WARN, RK_E_ABORTED,
                     "step %" PRId64 ": %s was removed before a commit (another member abandoned the attempt)",
@@ -116,7 +238,7 @@ static void *skip_note_thread(void *arg)
     struct skip_note *n = arg;
     bool there = n->deadline ? dir_appears(n->tmpdir, n->deadline, NULL) : mkdir(n->tmpdir, 0755) == 0 || errno == EEXIST;
     if (there)
-        note_failure(n->tmpdir, n->name, n->nonce, n->why);
+        write_note(n->tmpdir, n->name, n->nonce, n->why);
     atomic_store(&note_busy, false);
     free(n);
     return NULL;
@@ -306,10 +428,12 @@ static int await_dir(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
                     j->step, tmpdir, e->timeout_ms);
 }
 
-int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
+/* The work for one job (the file's header): 0 once committed (or, on a rank other than
+   0, known committed), or the failure, its reason in this thread's rk_last_error(). */
+static int persist(ckpt_engine *e, struct ckpt_job *j)
 {
     char tmpdir[PATH_CAP], path[SUB_CAP];
-    const char *tmpname = j->tmpname; /* this attempt's own (I9) */
+    const char *tmpname = j->tmpname; /* this attempt's own (ckpt.c J4) */
     snprintf(tmpdir, sizeof(tmpdir), "%s/%s", e->dir, tmpname);
     int rc = j->m.rank == 0 ? fmt_io_mkdir(tmpdir) : await_dir(e, j, tmpdir);
     if (j->m.rank != 0 && rc)
@@ -332,12 +456,55 @@ int ckpt__persist(ckpt_engine *e, struct ckpt_job *j)
             return await_commit(e, j, tmpdir);
         char note[32];
         snprintf(note, sizeof(note), "FAILED-%d", j->m.rank);
-        note_failure(tmpdir, note, j->m.nonce, rk_last_error()); /* rank 0 need not wait for us */
+        write_note(tmpdir, note, j->m.nonce, rk_last_error()); /* rank 0 need not wait for us */
         return rc;
     }
     if (!rc)
         rc = commit(e, j, tmpdir, tmpname);
     if (rc)
-        note_failure(tmpdir, "FAILED", j->m.nonce, rk_last_error());
+        write_note(tmpdir, "FAILED", j->m.nonce, rk_last_error());
     return rc;
+}
+
+void *ckpt__writer_main(void *arg)
+{
+    ckpt_engine *e = arg;
+    fmt_io_watch(&e->act);
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (e->state != CKPT_QUEUED && !e->stop)
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->state != CKPT_QUEUED)
+            break;
+        e->state = CKPT_RUNNING;
+        bool clean = e->clean_pending;
+        e->clean_pending = false;
+        pthread_mutex_unlock(&e->mu);
+        if (clean)
+            ckpt__clean_for(e, &e->job);
+        /* snapshot.h S5: nothing of staging is read before the copy into it is done. */
+        int rc = job_copied(e, &e->job, rk__deadline_ns(e->timeout_ms));
+        if (rc) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", rk_last_error());
+            rk__set_last_error("the copy into staging failed: %s", why);
+        } else
+            rc = persist(e, &e->job);
+        emit_result(e, &e->job, rc); /* e->ev is the engine's own reference (ckpt.c J5) */
+        pthread_mutex_lock(&e->mu);
+        e->job.rc = rc;
+        e->job.done_ns = rk__mono_ns();
+        if (rc == 0 && e->job.step > e->last_committed)
+            e->last_committed = e->job.step;
+        if (rc == 0 && e->first_err && e->job.step >= e->first_err_step)
+            e->first_err = 0; /* superseded: a later state is committed (ckpt.c J3) */
+        if (rc != 0 && !ckpt__abandoned(&e->job))
+            ckpt__note_failure(e, e->job.step, rc);
+        ckpt__unpin(e); /* W5: staging is not read any more */
+        e->state = CKPT_IDLE;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    fmt_io_watch(NULL);
+    return NULL;
 }

@@ -1,0 +1,213 @@
+/*
+ * ckpt/snapshot.h - the snapshots the engine holds in memory: their generations, the copy
+ * into them, the partner copy beside them. Private to ckpt/ (snapshot.c implements it;
+ * ckpt.c, writer.c and ckpt_restore.c call it; ckpt.h has the public side).
+ *
+ * Purpose: at every step (RK_SNAPSHOT_EVERY) and at every checkpoint, a complete copy of
+ * the registered tensors is taken into memory of the engine's own while training goes
+ * on, so that after a loss any survivor can give the state of that step back (recovery
+ * from memory), and the writer has a copy to write from.
+ *
+ * Words (one name for one idea in ckpt/):
+ *   snapshot    the bytes of every registered tensor at one step, in memory;
+ *   staging     a region of memory (mmap'd) that a snapshot is copied into;
+ *   generation  one staging region with the layout and step of the snapshot in it and
+ *               the partner copy received beside it (struct ckpt_gen): g, old, park;
+ *   held        a snapshot is held once its copy settled whole (held_step >= 0); ckpt_hold
+ *               and its family (public names) make a snapshot held by other means;
+ *   copy        a batch on the copy engines (ckpt/copy.h) from the tensors into staging
+ *               (a snapshot) or back (a restore);
+ *   settle      wait for the copy under way, bounded, and hold its snapshot if it is whole;
+ *   turn        the generations before a new snapshot: it goes into old's region (S6);
+ *   pin         the one region the writer reads (its job's), never written nor unmapped
+ *               while pinned (writer.c W5).
+ *
+ * Invariants (tests/test_ckpt_snap.c and tests/test_ckpt.c name the one each test checks):
+ *  S1  Staging is a region a generation (two, g and old, and a third, park, made the first
+ *      time a disk write lasts longer than a step), each mapped at its first snapshot and
+ *      reused; its size is the registered bytes plus the header (each tensor rounded up to
+ *      4 KiB, S4); it grows only if the registry grows. Beside each generation, the
+ *      partner copy's region (S4). A region replaced while it is pinned is retired until
+ *      it is not (writer.c W5); ckpt_hold_open's old one stays mapped until the rebuild is
+ *      sealed or cancelled. One copy into staging is under way at a time (S5).
+ *  S2  A held snapshot is complete: every registered tensor (one copy of the registered
+ *      bytes), of which this rank writes only its share: after a failure any survivor can
+ *      give the whole replicated state of that step back. Sharded and per-rank tensors are
+ *      this rank's only; S4 keeps a second copy of them on the right neighbour. The held
+ *      step is -1 while a copy into the generation is under way.
+ *  S3  A restore reads into staging (ckpt_load), never into the registered buffers; they
+ *      are written (ckpt_restore_held) only once the whole checkpoint verified on every
+ *      rank, so a failed restore leaves them as they were.
+ *  S4  Staging begins with a header (step, and every tensor's bytes and first row) followed
+ *      by this rank's sharded and per-rank pieces, contiguous, then the replicated tensors:
+ *      the header and pieces are the snapshot's out region, which the caller sends its
+ *      right ring neighbour (ring_shift, recover/) and which that neighbour keeps as its
+ *      partner copy (ckpt_snapshot_inbox / _accept), in its own region, never written. A
+ *      snapshot is "partnered" only while the left's copy is of the same step and both
+ *      were taken in the engine's current membership: then a lost rank's pieces are in its
+ *      right neighbour's memory.
+ *  S5  The copy into staging runs on the copy engines (host tensors on the host engine's
+ *      thread, device tensors on the CUDA engine's stream, after the caller's queued work),
+ *      not on the training thread: the held step stays -1 until the copy is settled whole
+ *      (both batches done, none failed, none given up on); the writer waits for both batches
+ *      before it reads staging; nothing else reads, remaps or unmaps staging while a batch
+ *      may still write it (each such call settles first, bounded by timeout_ms / 4, and is
+ *      refused, or leaves the region mapped, if the copy still runs). A copy still running
+ *      at that bound is given up on, once: whatever it copies is never held nor written
+ *      (event copy_timeout; a checkpoint's fails at the writer, a snapshot's is event
+ *      snapshot_failed), and every later settle only looks, without waiting, until it ends;
+ *      no new copy starts before then. When the caller may change its buffers again is the
+ *      caller's: ckpt_copied (recover/: host tensors before rk_step_done returns, device
+ *      tensors before the next rk_allreduce or rk_step_done returns).
+ *  S6  Two generations: g, the newest snapshot (with its partner copy), and old, the one
+ *      before it. A new snapshot (ckpt_snapshot_take at every step, or ckpt_start's) is
+ *      copied into old's region after the two swap (the turn): while it is copied and sent
+ *      to the partner, the one before stays whole with its own partner copy, so a loss in
+ *      that window rolls back one step further, never to a torn one (ckpt_snapshot_select
+ *      makes the older one the held one again, never while a copy into g still runs: until
+ *      it settles, g is the region it writes). From the turn on, g holds nothing (-1): a
+ *      snapshot that fails before its copy leaves old the newest whole one, never g an
+ *      older one. A pinned region is never written: if the writer reads old (a disk write
+ *      longer than a step), old is put aside (park) and a third region takes its place
+ *      before the swap, so the newest whole snapshot stays held as ever.
+ *  S7  An RK_FROZEN tensor is copied once into each generation and kept there (frozen_ok)
+ *      while its place in the layout stays; a copy of that generation that fails or is
+ *      given up on clears the marks, so the next snapshot there copies it again.
+ *
+ * States of the generations (held step of g / old) and the function for each transition:
+ *
+ *     g: s,  old: s-1 --ckpt__snapshot_begin (the turn, ckpt__turn)--> g: -1 (copying s+1),
+ *                                                                      old: s
+ *     g: -1 (copying), old: s --ckpt__settle: whole--> g: s+1, old: s
+ *                              --ckpt__settle: failed--> g: -1, old: s (frozen marks cleared)
+ *                              --ckpt__settle at its bound: give_up--> given up (g: -1, old:
+ *                                s; later settles only look; the turn waits for its end)
+ *     g: -1, old: s --ckpt__snapshot_begin (nothing whole in g: no turn)--> g: -1 (copying)
+ *     g: -1 or t, old: s --ckpt_snapshot_select(s)--> g: s, old: the other (not offered)
+ *     old pinned --the turn--> park: old's region (nothing offered), old: park's region
+ *     any --ckpt__hold_space (ckpt_load) / ckpt__hold_open--> g: -1 (filled by other means)
+ *         --ckpt__seal / ckpt_hold_seal--> g: the step read or rebuilt; ckpt_hold_cancel:
+ *         g as before the open
+ *     any --ckpt__snapshots_end (ckpt_destroy)--> regions unmapped (those a copy may still
+ *         write, or the writer read, left mapped)
+ * What holds in each: a generation with held_step >= 0 is whole and its header names that
+ * step (S2, S4); one with -1 offers nothing; g and old never share a region; a pinned
+ * region is g, old or park and is never the target of a copy.
+ */
+#ifndef RK_CKPT_SNAPSHOT_H
+#define RK_CKPT_SNAPSHOT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "copy.h"
+
+/* One generation: a staging region, the layout and step of the snapshot in it, and the
+   partner copy received beside it (S2, S4, S6). */
+struct ckpt_gen {
+    char *staging;       /* mmap'd once, reused; grows only if the registry grows */
+    size_t staging_cap;
+    int64_t held_step;   /* -1: none complete (also while a copy is under way) */
+    size_t held_n;
+    size_t *held_off;    /* offset of each tensor in staging, registry order */
+    uint64_t *held_len;
+    bool *held_have;     /* the held snapshot has tensor i (not: per-rank state of a rank
+                            the checkpoint it was read from did not have) */
+    size_t held_cap;
+    size_t held_hdr;     /* bytes of the header at the start of staging (S4) */
+    size_t held_out;     /* the header and this rank's sharded and per-rank pieces */
+    int64_t *held_row0;  /* each tensor's first global row (sharded) */
+    bool *frozen_ok;     /* S7: an RK_FROZEN tensor's bytes are there from an earlier copy */
+    uint64_t held_epoch; /* the membership the held snapshot was taken in */
+    int held_rank, held_world;
+    /* The partner copy (S4): the left neighbour's out region, mmap'd, grows. */
+    char *partner;
+    size_t partner_cap, partner_len;
+    int64_t left_step;
+    uint64_t left_epoch;
+    ckpt_piece *own_p, *left_p; /* held_cap each: the snapshot's pieces */
+};
+
+/* The snapshot side's state in the engine (training thread only, but `pinned`). */
+struct ckpt_snapshots {
+    struct ckpt_gen g, old, park; /* S6: g the newest, old the one before, park put aside */
+    _Atomic(const char *) pinned; /* the region the writer reads (writer.c W5; NULL: none) */
+    char *retired;       /* a region replaced while pinned: unmapped once it is not */
+    size_t retired_cap;
+    char *prev;          /* the old snapshot's staging while ckpt_hold_open's new one fills */
+    size_t prev_cap;
+    struct {             /* what ckpt_hold_open replaced, for ckpt_hold_cancel */
+        bool open;       /* opened, neither sealed nor cancelled */
+        bool retired;    /* the old region went to retired (pinned), not prev */
+        int64_t step;
+        size_t n, hdr, out;
+        void *save;      /* one block: off, len, row0 (n each), then have (n) */
+    } was;
+    ckpt_snapshot snap, snap_old; /* views of g and old (ckpt_snapshot_held, _older) */
+    /* The copy engines (ckpt/copy.h): host tensors' and device tensors' (the CUDA engine,
+       made at the first device tensor, ordered after cuda_stream). */
+    ckpt_copy *host_copy, *dev_copy;
+    void *cuda_stream;
+    ckpt_copy_op *ops;   /* a batch being built */
+    size_t ops_cap;
+    struct {             /* the copy into staging under way (S5) */
+        bool pending;    /* started, not yet settled */
+        bool host_done;  /* its host batch settled */
+        bool torn;       /* given up on at a deadline: never held (the buffers moved on) */
+        bool job;        /* the copy the job in flight writes from (not a snapshot only) */
+        int64_t step;    /* the step it becomes once settled whole */
+        uint64_t host_gen, dev_gen;
+        int rc;          /* the first failure of its batches */
+    } cp;
+};
+
+#define ALIGN_UP(x) (((x) + 4095u) & ~(size_t)4095u)
+#define HDR_MAGIC 0x524b534e41503031ull /* "RKSNAP01" */
+
+/* The snapshot header at the start of staging (S4): magic, step, n, then each tensor's
+   bytes (0: not a piece of the out region) and first row, as uint64. */
+static inline size_t ckpt__hdr_bytes(size_t n)
+{
+    return ALIGN_UP((3 + 2 * n) * sizeof(uint64_t));
+}
+
+/* realloc of *p to n elements of elem bytes; false (and *p as it was) without memory. */
+bool ckpt__grow(void **p, size_t n, size_t elem);
+
+/* The snapshot side of a new engine (the host copy engine started); 0 or its failure. */
+int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream);
+/* The end of it, at ckpt_destroy: a copy still running at deadline_ns keeps its engine and
+   staging mapped (RK_E_TIMEOUT), else everything is released. */
+int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns);
+/* A new snapshot of t[0..n) labelled `step`: the copy before settled (bounded, S5), the
+   turn (S6), staging for the layout, the copy started (not waited for). for_job: the
+   checkpoint's own copy (the writer waits for it; *host_gen, *dev_gen: its batches), and
+   its region pinned for the writer (writer.c W5).
+   0 or the failure (nothing started; the held snapshot as before the call, S6). */
+int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bool for_job,
+                         uint64_t *host_gen, uint64_t *dev_gen);
+/* Where tensor i of the snapshot being copied lies in staging (its layout is g's). */
+char *ckpt__tensor_at(ckpt_engine *e, size_t i);
+/* The writer reads no region any more (writer.c W5: at the end of its job; the pin was
+   taken for it by ckpt__snapshot_begin, for_job). */
+void ckpt__unpin(ckpt_engine *e);
+/* Tensor i lacks in the snapshot being read into staging (ckpt_load: per-rank state of a
+   rank the checkpoint did not have). */
+void ckpt__tensor_missing(ckpt_engine *e, size_t i);
+/* Waits for the copy under way until deadline_ns, or only looks once it was given up on
+   (S5); holds its snapshot if it is whole. 0, its failure, or RK_E_TIMEOUT. */
+int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
+/* Staging for t[0..n) with the held snapshot's layout, nothing held (-1): where ckpt_load
+   reads a checkpoint. */
+int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);
+/* The held snapshot laid out by ckpt__hold_space is complete: its header says `step`, it
+   is of the current membership, held_step = step (S2, S4). */
+void ckpt__seal(ckpt_engine *e, int64_t step);
+/* ckpt_hold and ckpt_hold_open without the abandon of the job in flight (ckpt.c's). */
+int ckpt__hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+int ckpt__hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where);
+
+#endif
