@@ -265,6 +265,17 @@ long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
 /* "ranks/<r>/<name>" into buf; false if it does not fit. */
 bool fmt_per_rank_name(char *buf, size_t cap, int rank, const char *name);
 
+/* ---- a checkpoint as one file (fmt_flat.c) --------------------------------------------- */
+/* Writes checkpoint c as one self-contained HDF5 file at `path` (`rekindle restore`):
+   every tensor at its name with its data (no links) and its xxh3_64 attribute, and c's
+   root attributes. Each tensor is read and checked with fmt_ckpt_read; each(arg, bytes)
+   after each one (may be NULL: progress). Durable: written as path + ".part", fsync'd,
+   renamed, its directory fsync'd; on failure neither file is left. Returns 0, or the
+   error with rk_last_error() saying what and where: *bad set when a tensor could not be
+   read whole (RK_E_CORRUPT, ...: the checkpoint's fault), else the file's (RK_E_HDF5,
+   -errno). */
+int fmt_write_flat(fmt_ckpt *c, const char *path, void (*each)(void *arg, uint64_t bytes), void *arg, bool *bad);
+
 /* ---- what a thread is doing in the file system (fio.c) --------------------------------
  * A thread that registers a record with fmt_io_watch has each file operation it starts
  * (through the fault-injectable wrappers, which every checkpoint write uses) recorded

@@ -291,32 +291,9 @@ int cmd_inspect(int argc, char **argv)
 
 /* ---- restore ------------------------------------------------------------------------- */
 
-static int write_one(hid_t f, hid_t lcpl, const fmt_tensor *t, const void *buf)
+static void restored(void *pr, uint64_t bytes)
 {
-    hsize_t dims[FMT_MAX_DIMS];
-    for (int d = 0; d < t->ndim; d++)
-        dims[d] = (hsize_t)t->shape[d];
-    hid_t sp = t->ndim ? H5Screate_simple(t->ndim, dims, NULL) : H5Screate(H5S_SCALAR);
-    hid_t ty = fmt_h5_type(t->dtype), ds = -1, as = H5Screate(H5S_SCALAR), at = -1;
-    int rc = -1;
-    /* a sharded tensor's pieces were checked per block: its whole checksum is computed here */
-    uint64_t h = t->kind == FMT_SHARDED ? fmt_xxh3(buf, t->nbytes) : t->xxh3;
-    if (sp >= 0 && ty >= 0 && as >= 0 && (ds = H5Dcreate2(f, t->name, ty, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
-        (t->nbytes == 0 || H5Dwrite(ds, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0) &&
-        (at = H5Acreate2(ds, "xxh3_64", H5T_STD_U64LE, as, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
-        H5Awrite(at, H5T_NATIVE_UINT64, &h) >= 0)
-        rc = 0;
-    if (at >= 0)
-        H5Aclose(at);
-    if (ds >= 0)
-        H5Dclose(ds);
-    if (as >= 0)
-        H5Sclose(as);
-    if (ty >= 0)
-        H5Tclose(ty);
-    if (sp >= 0)
-        H5Sclose(sp);
-    return rc;
+    tool_progress_add(pr, bytes);
 }
 
 int cmd_restore(int argc, char **argv)
@@ -327,66 +304,20 @@ int cmd_restore(int argc, char **argv)
     int64_t s = pick_step("restore", &a);
     if (s < 0)
         return TOOL_USAGE;
-    char p[4200], part[4200];
+    char p[4200];
     step_path(p, sizeof(p), a.dir, s);
     fmt_ckpt *c = NULL;
     int rc = fmt_ckpt_open(p, &c);
     if (rc)
         return tool_error(TOOL_BAD, "restore: %s: %s", p, rk_last_error());
-    snprintf(part, sizeof(part), "%s.part", a.out);
-    fmt_h5_quiet();
-    int status = TOOL_OK;
-    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-    H5Pset_create_intermediate_group(lcpl, 1);
-    hid_t f = H5Fcreate(part, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (f < 0) {
-        status = tool_error(TOOL_USAGE, "restore: cannot create %s", part);
-        goto out;
-    }
-    if (fmt_h5_root_attrs(f, c->step, c->world, c->io_path, c->commit_ns) < 0) {
-        status = tool_error(TOOL_USAGE, "restore: %s: cannot write attributes", part);
-        goto out_file;
-    }
     tool_progress pr;
     tool_progress_start(&pr, "restore", total_bytes(c));
-    for (size_t i = 0; i < c->n; i++) {
-        void *buf = malloc(c->t[i].nbytes ? c->t[i].nbytes : 1);
-        if (!buf) {
-            status = tool_error(TOOL_USAGE, "restore: out of memory for tensor '%s'", c->t[i].name);
-            break;
-        }
-        if ((rc = fmt_ckpt_read(c, i, buf)) != 0) {
-            status = tool_error(TOOL_BAD, "restore: %s", rk_last_error());
-        } else if (write_one(f, lcpl, &c->t[i], buf) < 0) {
-            status = tool_error(TOOL_USAGE, "restore: %s: cannot write tensor '%s'", part, c->t[i].name);
-        }
-        free(buf);
-        if (status)
-            break;
-        tool_progress_add(&pr, c->t[i].nbytes);
-    }
+    bool bad = false;
+    rc = fmt_write_flat(c, a.out, restored, &pr, &bad);
     tool_progress_done(&pr);
-out_file:
-    if (H5Fclose(f) < 0 && !status)
-        status = tool_error(TOOL_USAGE, "restore: %s: close failed", part);
-    if (!status && (fmt_fsync_path(part, false) != 0 || rename(part, a.out) != 0))
-        status = tool_error(TOOL_USAGE, "restore: cannot make %s durable: %s", a.out, strerror(errno));
-    if (!status) { /* the rename too: a power cut must not leave only the .part */
-        char parent[PATH_MAX];
-        snprintf(parent, sizeof(parent), "%s", a.out);
-        int frc = fmt_fsync_path(dirname(parent), true);
-        if (frc != 0) {
-            status = tool_error(TOOL_USAGE, "restore: cannot make the new name %s durable (fsync of its directory): %s",
-                                a.out, strerror(-frc));
-            unlink(a.out);
-        }
-    }
-    if (status)
-        unlink(part);
-    else
+    int status = rc ? tool_error(bad ? TOOL_BAD : TOOL_USAGE, "restore: %s", rk_last_error()) : TOOL_OK;
+    if (!rc)
         printf("restored step %" PRId64 " (%zu tensors) into %s\n", c->step, c->n, a.out);
-out:
-    H5Pclose(lcpl);
     fmt_ckpt_close(&c);
     return status;
 }
