@@ -19,8 +19,16 @@
  *             mpirun never sees it end) and, continued (mpirun's SIGCONT before its
  *             SIGTERM), still never ends (SIGINT and SIGTERM ignored: a lost host does not
  *             come back to record anything); the others exit 3 after 300 ms
+ *   stale1    silent1, but first the mtime of rank 1's beat file is set an hour ahead (a
+ *             host whose clock runs ahead): its content no longer changes
+ *   pastbeat0 rank 0 stops its wrapper and for 8 s rewrites the wrapper's beat file itself
+ *             with a new counter every 200 ms, each time setting its mtime back to 2000
+ *             (a host whose clock runs behind), then continues the wrapper, writes
+ *             DIR/done-0 and exits 0; the others exit 3 at once
+ *   fail1     rank 1 exits 3 at once; the others exit 0 after 2 s
  */
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -48,7 +56,7 @@ static int put(const char *dir, const char *name, const char *rank, const char *
 int main(int argc, char **argv)
 {
     if (argc != 3) {
-        fprintf(stderr, "usage: prog_run env|kill1|fail|hang|slow0|spares|silent1 DIR\n");
+        fprintf(stderr, "usage: prog_run env|kill1|fail|hang|slow0|spares|silent1|stale1|pastbeat0|fail1 DIR\n");
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
@@ -95,7 +103,10 @@ int main(int argc, char **argv)
         const char *size = getenv("OMPI_COMM_WORLD_SIZE"), *spares = getenv("RK_SPARES");
         return atoi(rank) >= atoi(size ? size : "0") - atoi(spares ? spares : "0") ? 0 : 3;
     }
-    if (strcmp(mode, "silent1") == 0) {
+    const char *records = getenv("RK_RUN_RECORDS");
+    char beat[4096];
+    snprintf(beat, sizeof(beat), "%s/alive-%s", records ? records : ".", rank);
+    if (strcmp(mode, "silent1") == 0 || strcmp(mode, "stale1") == 0) {
         if (strcmp(rank, "1") == 0) {
             snprintf(line, sizeof(line), "%ld %ld\n", (long)getpid(), (long)getppid());
             if (put(dir, "pid-", rank, line, O_TRUNC) != 0)
@@ -103,6 +114,9 @@ int main(int argc, char **argv)
             signal(SIGINT, SIG_IGN);
             signal(SIGTERM, SIG_IGN);
             kill(getppid(), SIGSTOP);
+            struct timespec ahead[2] = {{time(NULL) + 3600, 0}, {time(NULL) + 3600, 0}};
+            if (strcmp(mode, "stale1") == 0 && utimensat(AT_FDCWD, beat, ahead, 0) != 0)
+                perror(beat);
             raise(SIGSTOP);
             for (;;)
                 pause();
@@ -110,6 +124,34 @@ int main(int argc, char **argv)
         struct timespec ts = {0, 300 * 1000 * 1000};
         nanosleep(&ts, NULL);
         return 3;
+    }
+    if (strcmp(mode, "pastbeat0") == 0) {
+        if (strcmp(rank, "0") != 0)
+            return 3;
+        pid_t wrapper = getppid();
+        kill(wrapper, SIGSTOP);
+        struct timespec past[2] = {{946684800, 0}, {946684800, 0}}, tick = {0, 200 * 1000 * 1000};
+        for (int i = 0; i < 40; i++) {
+            int fd = open(beat, O_WRONLY);
+            if (fd >= 0) {
+                int len = snprintf(line, sizeof(line), "host stand-in\nbeat %d\n", 1000000 + i);
+                if (pwrite(fd, line, (size_t)len, 0) != len)
+                    perror(beat);
+                close(fd);
+            }
+            if (utimensat(AT_FDCWD, beat, past, 0) != 0)
+                perror(beat);
+            nanosleep(&tick, NULL);
+        }
+        kill(wrapper, SIGCONT);
+        return put(dir, "done-", rank, "done\n", O_TRUNC) == 0 ? 0 : 2;
+    }
+    if (strcmp(mode, "fail1") == 0) {
+        if (strcmp(rank, "1") == 0)
+            return 3;
+        struct timespec ts = {2, 0};
+        nanosleep(&ts, NULL);
+        return 0;
     }
     if (strcmp(mode, "hang") == 0) {
         signal(SIGINT, SIG_IGN);

@@ -6,7 +6,9 @@
  * --hosts 3). One job loses a whole host (every process of it SIGKILLed at once), one has
  * a host cut off by iptables for a few seconds: the majority goes on in place, the cut-off
  * workers stop and commit nothing. An elastic job (rekindle run --host-discovery-script)
- * loses a host and grows back to its size when the host is listed again.
+ * loses a host and grows back to its size when the host is listed again. A job whose
+ * every worker is on hosts that freeze while mpirun's host lives on is ended by the
+ * launcher from the workers' silent beats.
  *
  * The suite is skipped (exit 77, with the reason) where network namespaces cannot be made
  * (not root, no CAP_SYS_ADMIN) or iptables is missing. chaos/run removes its hosts
@@ -102,6 +104,45 @@ START_TEST(host_lost_and_back)
 }
 END_TEST
 
+/* Every worker on two hosts (mpirun on this one, outside them), each host frozen whole
+   (every process SIGSTOPped: no record, no beat, and mpirun, its connections to the
+   frozen daemons still open, never ends): the launcher, which has read their beats,
+   stops mpirun once none has shown a sign of life for its bound (tools/cmd_run.c) and
+   says why, with a failed job's status. (Before: with no record at all, it waited for
+   mpirun for ever.) */
+START_TEST(all_workers_silent_launcher_ends)
+{
+    need_hosts();
+    const char *build = getenv("RK_TEST_BUILD");
+    char *w = th_tmpdir("hosts-silent"), cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "H='env RK_HOSTS_PREFIX=rkv RK_HOSTS_NET=10.86.0 %s/scripts/hosts'; B=%s; W=%s\n"
+             "$H up 2 $W/hosts 1 >/dev/null || { echo 'hosts up failed'; exit 90; }\n"
+             "eval \"$($H env)\"\n"
+             "RK_RUN_DIR=$W/run $B/bin/rekindle run -n 2 --hostfile $W/hosts -- $B/tests/prog_run hang $W "
+             ">$W/launcher.log 2>&1 &\n"
+             "L=$!\n"
+             "for i in $(seq 600); do [ -s $W/pid-0 ] && [ -s $W/pid-1 ] && break; sleep 0.1; done\n"
+             "sleep 1\n" /* the launcher has read a beat of each */
+             "for h in rkv1 rkv2; do for p in $(ip netns pids $h); do kill -STOP $p; done; done\n"
+             "wait $L; echo \"exit=$?\"\n"
+             "cat $W/launcher.log\n",
+             src_dir(), build ? build : "build", w);
+    int rc = th_sh(cmd, 90, &out);
+    char down[1024], *dout = NULL;
+    snprintf(down, sizeof(down), "RK_HOSTS_PREFIX=rkv RK_HOSTS_NET=10.86.0 %s/scripts/hosts down", src_dir());
+    th_sh(down, 60, &dout);
+    free(dout);
+    ck_assert_msg(rc == 0 && out && !strstr(out, "exit=0\n") && strstr(out, "exit="),
+                  "the launcher did not end (th_sh %d):\n%s", rc, out ? out : "");
+    ck_assert_msg(strstr(out, "no worker has recorded its end and none has shown a sign of life for 5000 ms"),
+                  "the stop is not explained:\n%s", out);
+    free(out);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 static Suite *hosts_suite(void)
 {
     Suite *s = suite_create("hosts");
@@ -111,6 +152,10 @@ static Suite *hosts_suite(void)
     tcase_add_test(tc, partition_majority_goes_on);
     tcase_add_test(tc, host_lost_and_back);
     suite_add_tcase(s, tc);
+    TCase *silent = tcase_create("silent");
+    tcase_set_timeout(silent, 150);
+    tcase_add_test(silent, all_workers_silent_launcher_ends);
+    suite_add_tcase(s, silent);
     return s;
 }
 

@@ -7,7 +7,8 @@
  * How it works (docs/LAUNCHER.md has the user's view):
  *   1. The environment: RK_JOB_SECRET (32 random bytes as 64 lowercase hex digits, unless
  *      one is set already), RK_SPARES=S, RK_RUN_DIR (a private directory for the run's
- *      records), RK_RUN_ATTEMPT (0 for the first launch, 1 for the first relaunch...).
+ *      records: tools/records.c, which refuses one that is not the job user's alone),
+ *      RK_RUN_ATTEMPT (0 for the first launch, 1 for the first relaunch...).
  *      Every RK_* variable is forwarded to the workers with `mpirun -x NAME` (by name:
  *      the secret never appears on a command line).
  *   2. mpirun runs N+S copies of `rekindle run --rk-worker DIR -- PROGRAM ARGS`: a small
@@ -34,7 +35,6 @@
  *      or RUN_GRACE_MS without an end, escalates to SIGKILL of the whole session); the
  *      exit status is then 128+signal and there is no relaunch.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -52,9 +52,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../ckpt/ckpt.h"
 #include "../detector/det.h"
-#include "../formats/fmt.h"
 #include "run.h"
 #include "run_elastic.h"
 #include "tools.h"
@@ -69,7 +67,6 @@ enum {
                              wrappers' beat) before they count as lost */
     STOP_POLL_MS = 20,    /* how often the wrapper looks for DIR/stop (a stop to grow) */
     SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
-    SECRET_BYTES = 32,
     MAX_WORKERS = 1 << 16,
 };
 
@@ -106,13 +103,16 @@ static void run_usage(FILE *f)
             "Growth relaunches count no restart. Not with --hostfile or --spares.\n\n"
             "The workers get every RK_* variable of this environment, a job secret\n"
             "RK_JOB_SECRET (generated unless set: 64 hex digits), RK_RUN_DIR and\n"
-            "RK_RUN_ATTEMPT. The job completed if at least one worker exited 0 (a spare\n"
-            "only if it was brought into the job); lost workers are reported on stderr.\n"
+            "RK_RUN_ATTEMPT. RK_RUN_DIR, the run's records (default: a new directory under\n"
+            "$TMPDIR), is refused unless it is a directory of this user closed to group and\n"
+            "other writes (a missing one is made 0700). The job completed if at least one\n"
+            "worker exited 0 (a spare only if it was brought into the job); lost workers are\n"
+            "reported on stderr.\n"
             "Workers still at work after another completed are waited for.\n"
             "SIGINT/SIGTERM stop every worker.\n\n"
             "exit status: 0 the job completed; the job's status (the lowest failing rank's\n"
             "exit code, or 128+signal) if it died with no restarts left; 128+signal if\n"
-            "stopped by a signal; 2 usage or environment error.\n");
+            "stopped by a signal; 2 usage or environment error (a refused RK_RUN_DIR too).\n");
 }
 
 static int parse_seconds(const char *opt, const char *s, double lo, double hi, double *out)
@@ -218,21 +218,6 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
 
 /* ---- the worker wrapper (rekindle run --rk-worker DIR -- PROGRAM ARGS) ------------------ */
 
-static int write_record(const char *dir, const char *rank, const char *text)
-{
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
-    snprintf(path, sizeof(path), "%s/rank-%s", dir, rank);
-    snprintf(tmp, sizeof(tmp), "%s/.rank-%s", dir, rank);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return -errno;
-    int ok = fputs(text, f) >= 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0)
-        return -EIO;
-    return 0;
-}
-
 /* The channel for reporting the child's death (detector/det_parent.c): a pipe, and the
    job's key from RK_JOB_SECRET, as the child's detector will derive it. NULL (and pfd
    -1) when RK_PARENT_REPORT=0 or there is no secret: the others then learn of a death
@@ -262,20 +247,35 @@ static int worker_main(const char *dir, char **prog)
     const char *rank = getenv("OMPI_COMM_WORLD_RANK");
     if (!rank)
         rank = getenv("PMIX_RANK");
-    if (!rank)
+    if (!rank || !*rank || strspn(rank, "0123456789") != strlen(rank) || strlen(rank) > 9)
         return tool_error(TOOL_USAGE, "run --rk-worker: no OMPI_COMM_WORLD_RANK (not started by mpirun?)");
+    /* The records directory is checked before anything is written there (records.c, R1);
+       one that does not exist on this host (not shared) leaves the worker unrecorded, as a
+       lost one, but one that exists and is not safe stops it here. */
+    struct records rec;
+    char why[PATH_MAX + 160];
+    int orc = rec_open_worker(dir, &rec, why, sizeof(why));
+    if (orc != 0 && orc != -ENOENT)
+        return tool_error(TOOL_USAGE, "run: rank %s: the records directory %s", rank, why);
+    if (orc == -ENOENT)
+        fprintf(stderr, "rekindle: run: rank %s: %s: its end will not be recorded (set RK_RUN_DIR to a directory "
+                        "every host shares)\n", rank, why);
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
     int sfd = signalfd(-1, &all, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sfd < 0)
+    if (sfd < 0) {
+        rec_close(&rec);
         return tool_error(TOOL_USAGE, "run: rank %s: signalfd: %s", rank, strerror(errno));
+    }
     int pfd[2];
     det_parent *pp = report_channel(rank, pfd);
     pid_t wrapper = getpid();
     pid_t child = fork();
-    if (child < 0)
+    if (child < 0) {
+        rec_close(&rec);
         return tool_error(TOOL_USAGE, "run: rank %s: fork: %s", rank, strerror(errno));
+    }
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper lost: its program goes too */
         if (getppid() != wrapper)
@@ -302,30 +302,18 @@ static int worker_main(const char *dir, char **prog)
        mpirun's own forwarding of the launcher's SIGTERM took 1-2 s, steps all lost. */
     int status = 0;
     bool pipe_open = pp != NULL, stopping = false;
-    char alive[PATH_MAX], stop[PATH_MAX];
-    snprintf(alive, sizeof(alive), "%s/alive-%s", dir, rank);
-    snprintf(stop, sizeof(stop), "%s/" RUN_STOP_FILE, dir);
+    char host[256], addrs[512]; /* for a launcher that learns of a host gone from the beat */
+    rec_this_host(host, sizeof(host), addrs, sizeof(addrs));
+    uint64_t beats = 0;
     for (int64_t beat_at = 0;;) {
         if (rk__mono_ns() >= beat_at) {
-            int afd = open(alive, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-            if (afd >= 0) {
-                if (beat_at == 0) { /* its host, for a launcher that learns of a host gone from the beat */
-                    char line[300], h[256] = "?";
-                    gethostname(h, sizeof(h) - 1);
-                    int len = snprintf(line, sizeof(line), "host %s\n", h);
-                    if (write(afd, line, (size_t)len) != len) {
-                        /* a beat without its host: the launcher names none */
-                    }
-                }
-                futimens(afd, NULL);
-                close(afd);
-            }
+            rec_beat(&rec, rank, beats++, host, addrs); /* not written: the launcher sees silence */
             beat_at = rk__deadline_ns(BEAT_MS);
         }
         struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
         int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
         poll(pf, 2, ms > STOP_POLL_MS ? STOP_POLL_MS : ms > 0 ? ms : 0);
-        if (!stopping && access(stop, F_OK) == 0) {
+        if (!stopping && rec_exists(&rec, RUN_STOP_FILE)) {
             kill(child, SIGTERM);
             stopping = true;
         }
@@ -347,13 +335,13 @@ static int worker_main(const char *dir, char **prog)
     if (pfd[0] >= 0)
         close(pfd[0]);
     close(sfd);
-    char text[384], host[256] = "?";
-    gethostname(host, sizeof(host) - 1);
+    char text[384];
     snprintf(text, sizeof(text), "%s %d host %s pid %ld\n", WIFSIGNALED(status) ? "signal" : "exit",
              WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), host, (long)child);
-    int rc = write_record(dir, rank, text);
+    int rc = rec_write_end(&rec, rank, text);
     if (rc != 0)
         fprintf(stderr, "rekindle: run: rank %s: cannot record its end in %s: %s\n", rank, dir, strerror(-rc));
+    rec_close(&rec);
     if (WIFSIGNALED(status)) {
         /* End the same way, so that mpirun sees what happened (no core of the wrapper). */
         struct rlimit no_core = {0, 0};
@@ -390,26 +378,19 @@ static char *find_in_path(const char *name)
     return NULL;
 }
 
-static bool is_secret(const char *s)
-{
-    size_t n = 0;
-    for (; s[n]; n++)
-        if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f')))
-            return false;
-    return n == 2 * SECRET_BYTES;
-}
-
 /* RK_JOB_SECRET: kept if set (and well formed), otherwise 32 random bytes in hex. */
 static int job_secret(void)
 {
     const char *have = getenv("RK_JOB_SECRET");
     if (have) {
-        if (!is_secret(have))
-            return tool_error(TOOL_USAGE, "run: RK_JOB_SECRET is set but is not %d lowercase hex digits",
-                              2 * SECRET_BYTES);
+        uint8_t key[DET_KEY_BYTES]; /* the detector's own parser: what it takes, the launcher takes */
+        int bad = det_key_from_secret(have, key);
+        explicit_bzero(key, sizeof(key));
+        if (bad)
+            return tool_error(TOOL_USAGE, "run: RK_JOB_SECRET is set but is not %d hex digits", 2 * DET_KEY_BYTES);
         return 0;
     }
-    unsigned char raw[SECRET_BYTES];
+    unsigned char raw[DET_KEY_BYTES];
     for (size_t got = 0; got < sizeof(raw);) {
         ssize_t r = getrandom(raw + got, sizeof(raw) - got, 0);
         if (r < 0 && errno == EINTR)
@@ -418,7 +399,7 @@ static int job_secret(void)
             return tool_error(TOOL_USAGE, "run: getrandom for RK_JOB_SECRET: %s", strerror(errno));
         got += (size_t)r;
     }
-    char hex[2 * SECRET_BYTES + 1];
+    char hex[2 * DET_KEY_BYTES + 1];
     for (size_t i = 0; i < sizeof(raw); i++)
         snprintf(hex + 2 * i, 3, "%02x", raw[i]);
     setenv("RK_JOB_SECRET", hex, 1);
@@ -485,68 +466,37 @@ static void free_argv(char **v)
     free(v);
 }
 
-/* SIGKILLs every process of session `sid` but ourselves; reaps what comes back to us.
-   Returns how many were still there (0: the session is empty, zombies aside). */
-static int session_kill(pid_t sid)
+/* Reaps what ended among our children: mpirun, and orphans of its session that came
+   back to us (a subreaper). mpirun's status goes to *status once (*reaped): whichever
+   call reaps it, its end is never lost (the loop would wait for it for ever). */
+static void reap(pid_t mpirun, int *status, bool *reaped)
 {
-    int found = 0;
-    DIR *d = opendir("/proc");
-    if (!d)
-        return 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (*end || pid <= 0 || pid == getpid())
-            continue;
-        char path[64], buf[512];
-        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-            continue;
-        buf[n] = '\0';
-        /* pid (comm) state ppid pgrp session ... ; comm may hold spaces: after the last ')' */
-        char *p = strrchr(buf, ')');
-        char state = 0;
-        long ppid, pgrp, session;
-        if (!p || sscanf(p + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &session) != 4)
-            continue;
-        if (session != sid || state == 'Z')
-            continue;
-        found++;
-        kill((pid_t)pid, SIGKILL);
-    }
-    closedir(d);
-    while (waitpid(-1, NULL, WNOHANG) > 0) /* orphans reparented to us (subreaper) */
-        ;
+    int ws = 0;
+    for (pid_t w; (w = waitpid(-1, &ws, WNOHANG)) > 0;)
+        if (w == mpirun && !*reaped) {
+            *status = ws;
+            *reaped = true;
+        }
+}
+
+/* SIGKILLs every process of session `sid` (mpirun's; mpirun is its leader) but ourselves,
+   and reaps. Returns how many were still there (0: the session is empty, zombies aside). */
+static int session_kill(pid_t sid, int *status, bool *reaped)
+{
+    int found = run_procs_signal(sid, true, SIGKILL);
+    reap(sid, status, reaped);
     return found;
 }
 
 static void session_sweep(pid_t sid)
 {
     int64_t deadline = rk__deadline_ns(SWEEP_MS);
-    while (session_kill(sid) > 0 && !rk__deadline_passed(deadline)) {
+    int status = 0;
+    bool reaped = true; /* mpirun was: whatever is left is an orphan */
+    while (session_kill(sid, &status, &reaped) > 0 && !rk__deadline_passed(deadline)) {
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-}
-
-/* A worker's record: kind "exit"/"signal" and its host; false while it has none. */
-bool run_read_record(const char *dir, int r, char kind[16], int *code, char host[64])
-{
-    char path[PATH_MAX];
-    kind[0] = host[0] = '\0';
-    if (snprintf(path, sizeof(path), "%s/rank-%d", dir, r) >= (int)sizeof(path))
-        return false;
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    int got = fscanf(f, "%15s %d host %63s", kind, code, host);
-    fclose(f);
-    return got >= 2;
 }
 
 /* How the workers of one attempt ended, from their records. */
@@ -559,25 +509,11 @@ struct verdict {
     char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
 };
 
-/* CLOCK_MONOTONIC ns of a file's last change, as far as it is from now in CLOCK_REALTIME;
-   0 if it has none. */
-int64_t run_mono_mtime(const char *dir, const char *name, int r)
-{
-    char path[PATH_MAX];
-    struct stat st;
-    struct timespec now;
-    if (snprintf(path, sizeof(path), "%s/%s%d", dir, name, r) >= (int)sizeof(path) || stat(path, &st) != 0)
-        return 0;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t age = (now.tv_sec - st.st_mtim.tv_sec) * 1000000000LL + (now.tv_nsec - st.st_mtim.tv_nsec);
-    return rk__mono_ns() - (age > 0 ? age : 0);
-}
-
 /* with_host: name each lost worker's host (a job started with --hostfile). Ranks from
    `members` on are the spares: one that exited 0 without having joined (no joined-<R>
    note, written by the library when recovery brings it in) is unused, and an unused
    spare's 0 is not the job's completion (its members may all have failed). */
-static void judge(const char *dir, int nproc, int members, bool with_host, struct verdict *v)
+static void judge(struct records *rec, int nproc, int members, bool with_host, struct verdict *v)
 {
     memset(v, 0, sizeof(*v));
     size_t len = 0;
@@ -585,15 +521,16 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
     for (int r = 0; r < nproc; r++) {
         char what[64] = "", on[80] = "", kind[16], host[64];
         int code = -1, status;
-        if (!run_read_record(dir, r, kind, &code, host))
-            kind[0] = '\0';
+        rec_read_end(rec, r, kind, &code, host);
         v->recorded += kind[0] != '\0';
         if (!kind[0]) {
-            int64_t beat = run_mono_mtime(dir, "alive-", r);
+            int64_t beat = rec_beat_seen(rec, r);
             v->last_beat_ns = beat > v->last_beat_ns ? beat : v->last_beat_ns;
         }
         if (strcmp(kind, "exit") == 0 && code == 0) {
-            if (r >= members && !run_mono_mtime(dir, "joined-", r))
+            char joined[32];
+            snprintf(joined, sizeof(joined), "joined-%d", r);
+            if (r >= members && !rec_exists(rec, joined))
                 v->unused++;
             else
                 v->ok++;
@@ -632,7 +569,7 @@ static void judge(const char *dir, int nproc, int members, bool with_host, struc
    checkpoint, the program's own export, survivors training on in place after a loss)
    beats, and is waited for. */
 static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
-                      const char *rec_dir, int nproc, int members, struct grow *g)
+                      struct records *rec, int nproc, int members, struct grow *g)
 {
     pid_t pid = fork();
     if (pid < 0)
@@ -660,16 +597,10 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
                 kill_at = 0; /* a second one: no more waiting */
             }
         }
-        int ws = 0;
-        for (pid_t w; (w = waitpid(-1, &ws, WNOHANG)) > 0;) { /* mpirun, or orphans of the session */
-            if (w == pid) {
-                status = ws;
-                done = true;
-            }
-        }
+        reap(pid, &status, &done);
         if (!done && !ended && *stop_sig == 0) {
             struct verdict v;
-            judge(rec_dir, nproc, members, false, &v);
+            judge(rec, nproc, members, false, &v);
             if (v.recorded != recorded) {
                 recorded = v.recorded;
                 record_at = rk__mono_ns();
@@ -679,9 +610,14 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
             int64_t life = v.last_beat_ns > record_at ? v.last_beat_ns : record_at; /* of the rest */
             end_at = all_since ? all_since + DONE_GRACE_MS * 1000000LL
                      : v.recorded > 0 ? life + LATE_GRACE_MS * 1000000LL
-                                      : INT64_MAX;
+                     : v.last_beat_ns > 0 ? v.last_beat_ns + LATE_GRACE_MS * 1000000LL /* all silent */
+                                         : INT64_MAX;
             if (rk__mono_ns() >= end_at) {
-                if (v.recorded == nproc)
+                if (v.recorded == 0)
+                    fprintf(stderr, "rekindle: run: no worker has recorded its end and none has shown a sign of life "
+                                    "for %d ms (lost with their hosts), but mpirun is still running: stopping it\n",
+                            LATE_GRACE_MS);
+                else if (v.recorded == nproc)
                     fprintf(stderr, "rekindle: run: every worker has ended, but mpirun is still running: stopping it\n");
                 else
                     fprintf(stderr,
@@ -703,7 +639,7 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
             fprintf(stderr, "rekindle: run: workers still running %d ms after the signal: killing them\n",
                     RUN_GRACE_MS);
             kill(-pid, SIGKILL);
-            session_kill(pid);
+            session_kill(pid, &status, &done);
             killed = true;
         }
     }
@@ -711,49 +647,60 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
     return status;
 }
 
-static int make_run_dir(char *out, size_t cap, bool *created)
+/* RK_RUN_DIR, given (made 0700 if missing) or a fresh mkdtemp directory, held open and
+   checked (records.c, R1). */
+static int make_run_dir(struct records *run, bool *created)
 {
     const char *given = getenv("RK_RUN_DIR");
+    char why[PATH_MAX + 160], tmpl[PATH_MAX];
     *created = false;
     if (given && *given) {
-        if (mkdir(given, 0700) != 0 && errno != EEXIST)
-            return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s: %s", given, strerror(errno));
-        snprintf(out, cap, "%s", given);
+        if (rec_open_run(given, true, run, why, sizeof(why)) != 0)
+            return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s", why);
         return 0;
     }
     const char *tmp = getenv("TMPDIR");
-    snprintf(out, cap, "%s/rekindle-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(out))
-        return tool_error(TOOL_USAGE, "run: cannot create a run directory %s: %s", out, strerror(errno));
+    snprintf(tmpl, sizeof(tmpl), "%s/rekindle-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(tmpl))
+        return tool_error(TOOL_USAGE, "run: cannot create a run directory %s: %s", tmpl, strerror(errno));
+    if (rec_open_run(tmpl, false, run, why, sizeof(why)) != 0) {
+        rmdir(tmpl);
+        return tool_error(TOOL_USAGE, "run: run directory %s", why);
+    }
     *created = true;
-    setenv("RK_RUN_DIR", out, 1);
+    setenv("RK_RUN_DIR", tmpl, 1);
     return 0;
 }
 
 /* One launch: records into RUN_DIR/attempt-K. Returns 0 and fills *v, or the launcher's
    exit status when it cannot tell (mpirun did not start, or a stopping signal). */
-static int attempt(const char *mpirun, const char *self, const struct run_args *a, const char *run_dir, int k,
+static int attempt(const char *mpirun, const char *self, const struct run_args *a, const struct records *run, int k,
                    const sigset_t *watch, const sigset_t *old, int *stop_sig, struct verdict *v, struct grow *g)
 {
-    char rec_dir[PATH_MAX], nbuf[16], kbuf[16];
-    if (snprintf(rec_dir, sizeof(rec_dir), "%s/attempt-%d", run_dir, k) >= (int)sizeof(rec_dir))
-        return tool_error(TOOL_USAGE, "run: RK_RUN_DIR %s: path too long", run_dir);
-    fmt_remove_tree(rec_dir); /* records of an earlier run in a given RK_RUN_DIR */
-    if (mkdir(rec_dir, 0700) != 0 && errno != EEXIST)
-        return tool_error(TOOL_USAGE, "run: %s: %s", rec_dir, strerror(errno));
+    char nbuf[16], kbuf[16], why[PATH_MAX + 160];
+    struct records rec;
+    if (rec_open_attempt(run, k, a->n + a->spares, &rec, why, sizeof(why)) != 0)
+        return tool_error(TOOL_USAGE, "run: the records directory %s", why);
     snprintf(nbuf, sizeof(nbuf), "%d", a->n + a->spares);
     snprintf(kbuf, sizeof(kbuf), "%d", k);
     setenv("RK_RUN_ATTEMPT", kbuf, 1);
-    char **argv = mpirun_argv(mpirun, self, a, rec_dir, nbuf);
-    if (!argv)
+    char **argv = mpirun_argv(mpirun, self, a, rec.path, nbuf);
+    if (!argv) {
+        rec_close(&rec);
         return tool_error(TOOL_USAGE, "run: out of memory");
+    }
     if (g)
-        g->rec_dir = rec_dir;
-    int status = run_mpirun(argv, watch, old, stop_sig, rec_dir, a->n + a->spares, a->n, g);
+        g->rec = &rec;
+    int status = run_mpirun(argv, watch, old, stop_sig, &rec, a->n + a->spares, a->n, g);
     free_argv(argv);
-    if (status < 0)
+    if (g)
+        g->rec = NULL;
+    if (status < 0) {
+        rec_close(&rec);
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
-    judge(rec_dir, a->n + a->spares, a->n, a->hostfile != NULL, v);
+    }
+    judge(&rec, a->n + a->spares, a->n, a->hostfile != NULL, v);
+    rec_close(&rec);
     if (*stop_sig)
         return 128 + *stop_sig;
     if (v->recorded == 0) {
@@ -784,9 +731,9 @@ int cmd_run(int argc, char **argv)
         return tool_error(TOOL_USAGE, "run: cannot find this program (/proc/self/exe): %s", strerror(errno));
     }
     self[sl] = '\0';
-    char run_dir[PATH_MAX];
+    struct records run;
     bool created = false;
-    if ((rc = job_secret()) != 0 || (rc = make_run_dir(run_dir, sizeof(run_dir), &created)) != 0) {
+    if ((rc = job_secret()) != 0 || (rc = make_run_dir(&run, &created)) != 0) {
         free(mpirun);
         return rc;
     }
@@ -819,9 +766,9 @@ int cmd_run(int argc, char **argv)
     char hostfile[PATH_MAX];
     for (int k = 0; status == 0; k++) {
         struct verdict v;
-        struct grow g = {.el = el, .a = &a, .ckpt_dir = getenv("RK_CKPT_DIR"), .run_dir = run_dir, .base = -2};
+        struct grow g = {.el = el, .a = &a, .ckpt_dir = getenv("RK_CKPT_DIR"), .run = &run, .base = -2};
         if (el) {
-            if ((status = elastic_size(&a, el, first_n, run_dir, k, &watch, hostfile, sizeof(hostfile))) != 0)
+            if ((status = elastic_size(&a, el, first_n, &run, k, &watch, hostfile, sizeof(hostfile))) != 0)
                 break;
             g.workers = g.alive = a.n;
             if (g.ckpt_dir && !*g.ckpt_dir)
@@ -831,7 +778,7 @@ int cmd_run(int argc, char **argv)
                 break;
             }
         }
-        status = attempt(mpirun, self, &a, run_dir, k, &watch, &old, &stop_sig, &v, el ? &g : NULL);
+        status = attempt(mpirun, self, &a, &run, k, &watch, &old, &stop_sig, &v, el ? &g : NULL);
         free(g.seen);
         if (status != 0)
             break; /* stopped, or could not launch */
@@ -860,7 +807,9 @@ int cmd_run(int argc, char **argv)
     free(el);
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (created)
-        fmt_remove_tree(run_dir);
+        rec_remove(&run);
+    else
+        rec_close(&run);
     free(mpirun);
     return status;
 }

@@ -6,11 +6,15 @@
 #ifndef RK_TOOLS_RUN_H
 #define RK_TOOLS_RUN_H
 
+#include <limits.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
+#include "../common/common.h"
 #include "run_elastic.h"
 
 /* In an attempt's directory: written by the launcher that stops the job to grow it; each
@@ -34,19 +38,65 @@ struct run_args {
     double interval_s, cooldown_s, elastic_timeout_s;
 };
 
-/* Worker r's record in the attempt's directory `dir`: its end ("exit" or "signal", the code)
-   and its host; false while it has none. */
-bool run_read_record(const char *dir, int r, char kind[16], int *code, char host[64]);
-/* CLOCK_MONOTONIC ns of the last change of DIR/<name><r> (a wrapper's beat), 0 if none. */
-int64_t run_mono_mtime(const char *dir, const char *name, int r);
+/* A records directory held open (tools/records.c: its invariants R1-R3): RK_RUN_DIR, or
+   one attempt's directory. Every file in it is reached relative to fd. */
+struct rec_beat {
+    uint64_t sum;       /* of the last content read */
+    int64_t changed_ns; /* CLOCK_MONOTONIC of the read that found it new; 0: none read yet */
+};
+struct records {
+    int fd;               /* O_DIRECTORY | O_NOFOLLOW; -1: closed */
+    char path[PATH_MAX];  /* for messages, and mpirun's command line */
+    int nproc;            /* an attempt's: workers whose beats are followed */
+    struct rec_beat *beats;
+};
+
+/* RK_RUN_DIR (made 0700 when create and missing), checked (R1). 0, or -errno with why
+   naming the directory. */
+int rec_open_run(const char *path, bool create, struct records *d, char *why, size_t cap);
+/* RUN/attempt-K made fresh under the open run directory (R2) and checked (R1); its beats
+   followed for nproc workers. */
+int rec_open_attempt(const struct records *run, int k, int nproc, struct records *d, char *why, size_t cap);
+/* The wrapper's RUN_DIR/attempt-K as given on its command line: both checked (R1). */
+int rec_open_worker(const char *path, struct records *d, char *why, size_t cap);
+void rec_close(struct records *d);
+/* Removes the directory and everything in it (a run directory the launcher made); closes. */
+int rec_remove(struct records *d);
+
+/* The wrapper: how its program ended, as rank-<rank> (through .rank-<rank>, renamed). */
+int rec_write_end(const struct records *d, const char *rank, const char *text);
+/* The wrapper's beat n (0 first: the file is made) in alive-<rank>, naming its host. */
+int rec_beat(const struct records *d, const char *rank, uint64_t n, const char *host, const char *addrs);
+/* This host's name and non-loopback addresses (space-separated), as a beat names them. */
+void rec_this_host(char *host, size_t hcap, char *addrs, size_t acap);
+
+/* Worker r's end ("exit" or "signal", the code) and its host; false while it has none. */
+bool rec_read_end(const struct records *d, int r, char kind[16], int *code, char host[64]);
+/* CLOCK_MONOTONIC ns at which this launcher last read a new beat of worker r (R3); 0 if it
+   never read one. */
+int64_t rec_beat_seen(struct records *d, int r);
+/* The host (and addresses) worker r's beat names; false without a beat. */
+bool rec_beat_host(const struct records *d, int r, char host[64], char *addrs, size_t acap);
+/* Whether a regular file name is in the directory (joined-<R>, stop). */
+bool rec_exists(const struct records *d, const char *name);
+/* Makes the empty file name unless it exists (stop). */
+int rec_touch(const struct records *d, const char *name);
+/* Removes name; whether it was there (grow: a request, answered once). */
+bool rec_take(const struct records *d, const char *name);
+/* A new file name, written by the caller (hostfile-K); NULL with errno set. */
+FILE *rec_create_file(const struct records *d, const char *name);
+
+/* Sends sig (0: none) to every process of session id (by_session) or process group id,
+   zombies and this process aside; returns how many there were (tools/run_procs.c). */
+int run_procs_signal(pid_t id, bool by_session, int sig);
 
 /* What an attempt of an elastic run watches while its job runs. */
 struct grow {
     struct elastic *el;
     const struct run_args *a;
     const char *ckpt_dir; /* RK_CKPT_DIR: growth waits for its next commit (NULL: no growth) */
-    const char *run_dir;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
-    const char *rec_dir;
+    struct records *run;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
+    struct records *rec;  /* the attempt's */
     int workers, alive;   /* launched; launched minus those lost since */
     bool *seen;           /* workers whose record was taken into account */
     int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
@@ -60,7 +110,7 @@ struct grow {
    stopped to grow (tools/run_grow.c). */
 bool grow_tick(struct grow *g);
 /* The size and hostfile of launch k of an elastic run (tools/run_grow.c). */
-int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char *run_dir, int k,
+int elastic_size(struct run_args *a, struct elastic *el, int first_n, const struct records *run, int k,
                  const sigset_t *watch, char *hostfile, size_t cap);
 
 #endif

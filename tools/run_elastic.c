@@ -4,18 +4,28 @@
  */
 #include "run_elastic.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "../common/common.h"
+#include "run.h"
 
-enum { SCRIPT_TIMEOUT_MS = 10000, SCRIPT_OUT_MAX = 64 * 1024 };
+enum {
+    SCRIPT_TIMEOUT_MS = 10000, /* the script's bound, its exit included */
+    GROUP_GRACE_MS = 500,      /* after SIGTERM of its group at the bound, before SIGKILL */
+    WAIT_TICK_MS = 10,
+    SCRIPT_OUT_MAX = 64 * 1024,
+};
 
 static struct elastic_host *find(struct elastic *e, const char *name)
 {
@@ -108,6 +118,35 @@ out:
     return rc;
 }
 
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The script's process group ended: SIGTERM, then SIGKILL after GROUP_GRACE_MS to what is
+   left; the script reaped within a bound of its own. Whether it was reaped (*st). */
+static bool end_group(pid_t pid, int *st)
+{
+    kill(-pid, SIGTERM);
+    bool reaped = false;
+    for (int64_t until = rk__deadline_ns(GROUP_GRACE_MS), hard = 0;;) {
+        if (!reaped && waitpid(pid, st, WNOHANG) == pid)
+            reaped = true;
+        bool left = run_procs_signal(pid, false, 0) > 0;
+        if (reaped && !left)
+            return true;
+        if (rk__mono_ns() >= until) {
+            if (hard)
+                return reaped; /* not even SIGKILL ended it (a process stuck in the kernel) */
+            kill(-pid, SIGKILL);
+            hard = 1;
+            until = rk__deadline_ns(GROUP_GRACE_MS);
+        }
+        nap_ms(WAIT_TICK_MS);
+    }
+}
+
 int elastic_discover(struct elastic *e)
 {
     int fd[2];
@@ -133,6 +172,7 @@ int elastic_discover(struct elastic *e)
         execl("/bin/sh", "sh", "-c", e->script, (char *)NULL);
         _exit(127);
     }
+    setpgid(pid, pid); /* as the child does: the group exists whichever runs first */
     close(fd[1]);
     char *out = malloc(SCRIPT_OUT_MAX + 1);
     size_t got = 0;
@@ -164,11 +204,23 @@ int elastic_discover(struct elastic *e)
         }
     }
     close(fd[0]);
-    if (timed_out || too_long || !out)
-        kill(-pid, SIGKILL);
+    /* Its output read (or not), the script still has until the bound to exit: a script
+       that closed its stdout and went on is ended with its group there (end_group). */
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
+    bool exited = false;
+    while (!exited && !timed_out && !too_long && out) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            exited = true;
+        else if (w < 0 && errno != EINTR)
+            break;
+        else if (rk__mono_ns() >= deadline)
+            timed_out = true;
+        else
+            nap_ms(WAIT_TICK_MS);
+    }
+    if (!exited && end_group(pid, &st))
+        exited = true;
     int rc = -1;
     if (!out)
         snprintf(e->error, sizeof(e->error), "out of memory");
@@ -176,6 +228,8 @@ int elastic_discover(struct elastic *e)
         snprintf(e->error, sizeof(e->error), "'%.120s' did not finish in %d s", e->script, SCRIPT_TIMEOUT_MS / 1000);
     else if (too_long)
         snprintf(e->error, sizeof(e->error), "'%.120s' printed more than %d bytes", e->script, SCRIPT_OUT_MAX);
+    else if (!exited)
+        snprintf(e->error, sizeof(e->error), "'%.120s' could not be waited for", e->script);
     else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         snprintf(e->error, sizeof(e->error), "'%.120s' failed (%s %d)", e->script,
                  WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
@@ -196,15 +250,11 @@ int elastic_slots(const struct elastic *e, int64_t now_ns)
     return n;
 }
 
-int elastic_hostfile(struct elastic *e, const char *path, int n, int64_t now_ns)
+int elastic_hostfile(struct elastic *e, FILE *f, const char *path, int n, int64_t now_ns)
 {
     if (elastic_slots(e, now_ns) < n) {
         snprintf(e->error, sizeof(e->error), "%d slots wanted, %d available", n, elastic_slots(e, now_ns));
-        return -1;
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        snprintf(e->error, sizeof(e->error), "%s: %s", path, strerror(errno));
+        fclose(f);
         return -1;
     }
     int left = n;
@@ -223,11 +273,64 @@ int elastic_hostfile(struct elastic *e, const char *path, int n, int64_t now_ns)
     return 0;
 }
 
-bool elastic_cool(struct elastic *e, const char *host, int64_t now_ns)
+/* Whether two host names name one host: equal but for case, or one is the other's
+   first label (a short name beside its FQDN). */
+static bool same_name(const char *a, const char *b)
 {
-    struct elastic_host *h = find(e, host);
-    if (!h)
+    if (strcasecmp(a, b) == 0)
+        return true;
+    size_t la = strcspn(a, "."), lb = strcspn(b, ".");
+    if (a[la] && b[lb])
+        return false; /* two FQDNs: equal or not the same host */
+    return la == lb && strncasecmp(a, b, la) == 0;
+}
+
+/* Whether the address sa is one of addrs (space-separated, numeric). */
+static bool addr_in(const struct sockaddr *sa, const char *addrs)
+{
+    char want[INET6_ADDRSTRLEN] = "";
+    if (sa->sa_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, want, sizeof(want));
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, want, sizeof(want));
+    size_t wl = strlen(want);
+    for (const char *p = addrs; wl && *p; p += strcspn(p, " "), p += strspn(p, " "))
+        if (strncmp(p, want, wl) == 0 && (p[wl] == ' ' || p[wl] == '\0'))
+            return true;
+    return false;
+}
+
+/* Whether the listed name resolves to (or is) one of addrs. flags: AI_NUMERICHOST for a
+   numeric name alone (no resolver). */
+static bool resolves_to(const char *name, const char *addrs, int flags)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = flags}, *res = NULL;
+    if (!addrs || !*addrs || getaddrinfo(name, NULL, &hints, &res) != 0)
         return false;
-    h->cool_until_ns = now_ns + (int64_t)e->cooldown_ms * 1000000;
-    return true;
+    bool hit = false;
+    for (const struct addrinfo *r = res; r && !hit; r = r->ai_next)
+        hit = addr_in(r->ai_addr, addrs);
+    freeaddrinfo(res);
+    return hit;
+}
+
+int elastic_cool(struct elastic *e, const char *host, const char *addrs, int64_t now_ns, char *as, size_t cap)
+{
+    int n = 0;
+    as[0] = '\0';
+    /* By name, or by a listed address; a listed name is resolved only when neither
+       matched (the resolver's own bound applies). */
+    for (int pass = 0; pass < 2 && n == 0; pass++) {
+        for (int i = 0; i < e->nhosts; i++) {
+            struct elastic_host *h = &e->hosts[i];
+            bool hit = pass == 0 ? same_name(h->name, host) || resolves_to(h->name, addrs, AI_NUMERICHOST)
+                                 : resolves_to(h->name, addrs, 0);
+            if (!hit)
+                continue;
+            h->cool_until_ns = now_ns + (int64_t)e->cooldown_ms * 1000000;
+            if (n++ == 0)
+                snprintf(as, cap, "%s", h->name);
+        }
+    }
+    return n;
 }

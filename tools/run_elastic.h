@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum { ELASTIC_MAX_HOSTS = 1024, ELASTIC_HOST_LEN = 256 };
 
@@ -40,12 +41,15 @@ int elastic_parse(struct elastic *e, const char *out);
 int elastic_discover(struct elastic *e);
 /* Slots of the listed hosts not cooling down at now_ns. */
 int elastic_slots(const struct elastic *e, int64_t now_ns);
-/* Writes an Open MPI hostfile of n slots ("host slots=K" lines) from the listed hosts not
-   cooling down, in the script's order. -1 if they have fewer than n slots or the file
-   cannot be written (e->error says which). */
-int elastic_hostfile(struct elastic *e, const char *path, int n, int64_t now_ns);
-/* A worker on `host` was lost: no growth onto it until now_ns + cooldown. Returns
-   whether the host was known. */
-bool elastic_cool(struct elastic *e, const char *host, int64_t now_ns);
+/* Writes an Open MPI hostfile of n slots ("host slots=K" lines) into f (closed here; path
+   names it in messages) from the listed hosts not cooling down, in the script's order. -1
+   if they have fewer than n slots or the file cannot be written (e->error says which). */
+int elastic_hostfile(struct elastic *e, FILE *f, const char *path, int n, int64_t now_ns);
+/* A worker on `host` (its gethostname(), and addrs: its addresses, space-separated) was
+   lost: no growth onto the hosts it is until now_ns + cooldown. A known host is it when
+   the names are equal but for case, or one is the other's short name (node1 and
+   node1.cluster), or the known name is one of addrs or resolves to one of them. Returns
+   how many known hosts it is; `as` gets the first one's name. */
+int elastic_cool(struct elastic *e, const char *host, const char *addrs, int64_t now_ns, char *as, size_t cap);
 
 #endif

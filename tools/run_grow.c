@@ -3,7 +3,7 @@
  * launch from the discovered hosts, and the watch over a running job that decides when it
  * grows (docs/LAUNCHER.md, "Elastic jobs").
  */
-#include <fcntl.h>
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,35 +24,31 @@ bool grow_tick(struct grow *g)
     struct elastic *el = g->el;
     int64_t now = rk__mono_ns();
     for (int r = 0; r < g->workers; r++) {
-        char kind[16], host[64];
+        char kind[16], host[64], beat_host[64], addrs[512], as[ELASTIC_HOST_LEN];
         int code = 0;
         if (g->seen[r])
             continue;
-        if (!run_read_record(g->rec_dir, r, kind, &code, host)) {
-            /* No record, and its wrapper's beat stopped: gone with its host (or the wrapper
-               killed with it). The host is the one the beat's file names. */
-            int64_t beat = run_mono_mtime(g->rec_dir, "alive-", r);
+        if (!rec_read_end(g->rec, r, kind, &code, host)) {
+            /* No record, and its wrapper's beat stopped (by this launcher's clock: records.c,
+               R3): gone with its host (or the wrapper killed with it). */
+            int64_t beat = rec_beat_seen(g->rec, r);
             if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
                 continue;
-            char path[PATH_MAX];
-            snprintf(path, sizeof(path), "%s/alive-%d", g->rec_dir, r);
-            FILE *f = fopen(path, "r");
-            if (!f || fscanf(f, "host %63s", host) != 1)
-                host[0] = '\0';
-            if (f)
-                fclose(f);
         } else if (strcmp(kind, "exit") == 0 && code == 0) {
             g->seen[r] = true;
             continue;
         }
         g->seen[r] = true;
         g->alive--;
-        if (host[0] && elastic_cool(el, host, now))
-            fprintf(stderr, "rekindle: run: host %s lost worker %d: no growth onto it for %g s\n", host, r,
-                    g->a->cooldown_s);
+        /* The host as the beat names it, with its addresses, matched to the script's names. */
+        if (rec_beat_host(g->rec, r, beat_host, addrs, sizeof(addrs)) && !host[0])
+            snprintf(host, sizeof(host), "%s", beat_host);
+        if (host[0] && elastic_cool(el, host, addrs, now, as, sizeof(as)) > 0)
+            fprintf(stderr, "rekindle: run: host %s%s%s%s lost worker %d: no growth onto it for %g s\n", host,
+                    strcmp(as, host) ? " (listed as " : "", strcmp(as, host) ? as : "", strcmp(as, host) ? ")" : "",
+                    r, g->a->cooldown_s);
     }
-    char asked[PATH_MAX];
-    bool now_asked = snprintf(asked, sizeof(asked), "%s/grow", g->run_dir) < (int)sizeof(asked) && unlink(asked) == 0;
+    bool now_asked = rec_take(g->run, "grow");
     if (now_asked || now >= el->next_ns) {
         el->next_ns = now + (int64_t)(g->a->interval_s * 1e9);
         if (elastic_discover(el) != 0) {
@@ -87,13 +83,9 @@ bool grow_tick(struct grow *g)
     fprintf(stderr, "rekindle: run: checkpoint %lld committed: stopping the job to launch it again on %d workers\n",
             (long long)newest, g->target);
     g->regrow = true;
-    /* Each worker's wrapper ends its program when it sees the file. Not made (a path too
-       long, a full disk): the caller's SIGTERM to mpirun stops the job all the same, slower. */
-    char stop[PATH_MAX];
-    snprintf(stop, sizeof(stop), "%s/" RUN_STOP_FILE, g->rec_dir);
-    int fd = open(stop, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0)
-        close(fd);
+    /* Each worker's wrapper ends its program when it sees the file. Not made (a full
+       disk): the caller's SIGTERM to mpirun stops the job all the same, slower. */
+    rec_touch(g->rec, RUN_STOP_FILE);
     return true;
 }
 
@@ -102,8 +94,8 @@ bool grow_tick(struct grow *g)
    free; the launch gets every free slot up to --max-np (the first launch at most -n) and
    a hostfile RUN_DIR/hostfile-K. 0, the launcher's exit status on a timeout, or
    128+signal when stopped meanwhile. */
-int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char *run_dir, int k,
-                        const sigset_t *watch, char *hostfile, size_t cap)
+int elastic_size(struct run_args *a, struct elastic *el, int first_n, const struct records *run, int k,
+                 const sigset_t *watch, char *hostfile, size_t cap)
 {
     int64_t deadline = rk__deadline_ns((int64_t)(a->elastic_timeout_s * 1000)), next_say = 0;
     int free = 0;
@@ -129,8 +121,14 @@ int elastic_size(struct run_args *a, struct elastic *el, int first_n, const char
     int n = free < a->max_np ? free : a->max_np;
     if (k == 0 && first_n > 0 && first_n < n)
         n = first_n;
-    if (snprintf(hostfile, cap, "%s/hostfile-%d", run_dir, k) >= (int)cap ||
-        elastic_hostfile(el, hostfile, n, rk__mono_ns()) != 0)
+    char name[32];
+    snprintf(name, sizeof(name), "hostfile-%d", k);
+    if (snprintf(hostfile, cap, "%s/%s", run->path, name) >= (int)cap)
+        return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: path too long", k);
+    FILE *f = rec_create_file(run, name);
+    if (!f)
+        return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: %s: %s", k, hostfile, strerror(errno));
+    if (elastic_hostfile(el, f, hostfile, n, rk__mono_ns()) != 0)
         return tool_error(TOOL_USAGE, "run: the hostfile of launch %d: %s", k, el->error);
     a->n = n;
     a->hostfile = hostfile;
