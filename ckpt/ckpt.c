@@ -278,6 +278,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     free(e->mine);
     free(e->plan);
     free(e->sizes);
+    free(e->at);
     free(e->dir);
     free(e->io);
     free(e);
@@ -351,6 +352,7 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     if (n > e->plan_cap) {
         if (!ckpt__grow((void **)&e->plan, n, sizeof(*e->plan)) ||
             !ckpt__grow((void **)&e->sizes, n, sizeof(*e->sizes)) ||
+            !ckpt__grow((void **)&e->at, n, sizeof(*e->at)) ||
             !ckpt__grow((void **)&e->mine, n, sizeof(*e->mine)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
         e->plan_cap = e->mine_cap = n;
@@ -406,12 +408,13 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     int64_t t0 = rk__mono_ns();
     if (step == ckpt_last_committed(e))
         return 0; /* already committed under this label */
-    uint64_t hg = 0, dg = 0;
+    struct ckpt_job_copy jc = {.at = NULL};
     int rc = wait_turn(e, step, t0);
     if (!rc)
         rc = plan(e, t, n);
+    jc.at = e->at;
     if (!rc)
-        rc = ckpt__snapshot_begin(e, step, t, n, true, &hg, &dg);
+        rc = ckpt__snapshot_begin(e, step, t, n, &jc);
     if (rc)
         return not_started(e, step, rc);
     struct ckpt_job *j = &e->job;
@@ -429,8 +432,9 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     j->m.world = e->world;
     j->m.nonce = e->nonce;
     j->m.t = e->mine;
-    j->copy_host = hg;
-    j->copy_dev = dg;
+    j->copy_host = jc.host_gen;
+    j->copy_dev = jc.dev_gen;
+    atomic_init(&j->region, jc.region); /* writer.c W5: pinned before the writer has it */
     fmt_tmp_name(j->tmpname, sizeof(j->tmpname), step, j->m.nonce);
     for (size_t i = 0; i < n; i++) {
         j->n_all += t[i].flags ? (size_t)e->world : 1; /* entries in all the manifests */
@@ -451,7 +455,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         f->nbytes = t[i].nbytes;
         f->order = (uint32_t)i;
         f->rank = e->rank;
-        f->data = ckpt__tensor_at(e, i);
+        f->data = e->at[i];
         f->kind = ckpt__kind(t[i].flags);
         f->rows = t[i].rows;
         f->row0 = t[i].row0;

@@ -51,6 +51,8 @@ struct ckpt_job {
        (ckpt__copy_outcome, writer.c). */
     atomic_int copy_rc;
     atomic_bool copy_settled;
+    /* The staging region it reads, pinned until the writer ends the job (writer.c W5). */
+    _Atomic(const char *) region;
 };
 enum { CKPT_WAIT_NONE = 0, CKPT_WAIT_DIR = -1, CKPT_WAIT_COMMIT = -2 };
 /* Sets what the writer of j waits for now (one of the above, or a rank). */
@@ -97,6 +99,7 @@ struct ckpt_engine {
     fmt_tensor *mine;    /* job.m.t storage */
     size_t mine_cap;
     int *plan;           /* rank of each tensor (W2) */
+    char **at;           /* where each tensor lies in the job's staging */
     uint64_t *sizes;
     size_t plan_cap;
     struct ckpt_snapshots s; /* the snapshot side (snapshot.h) */

@@ -22,15 +22,11 @@ bool ckpt__grow(void **p, size_t n, size_t elem)
     return q != NULL;
 }
 
-/* Whether the writer reads region p (writer.c W5): it is never written nor unmapped then. */
+/* Whether the writer reads region p: the job's pin (writer.c W5). It is never written
+   while its job may commit, nor unmapped. */
 static bool pinned(ckpt_engine *e, const char *p)
 {
-    return p && atomic_load(&e->s.pinned) == p;
-}
-
-void ckpt__unpin(ckpt_engine *e)
-{
-    atomic_store(&e->s.pinned, NULL);
+    return p && atomic_load(&e->job.region) == p;
 }
 
 /* A region of the engine's (staging, retired, prev, partner) goes: unpinned from the CUDA
@@ -72,7 +68,6 @@ int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream)
     struct ckpt_gen *gens[] = {&e->s.g, &e->s.old, &e->s.park};
     for (size_t i = 0; i < RK_ARRAY_LEN(gens); i++)
         *gens[i] = (struct ckpt_gen){.held_step = -1, .left_step = -1, .held_rank = e->rank, .held_world = e->world};
-    atomic_init(&e->s.pinned, NULL);
     e->s.cuda_stream = cuda_stream;
     return ckpt_copy_host_create(&e->s.host_copy);
 }
@@ -93,7 +88,6 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
         rc = ckpt_copy_destroy(&e->s.dev_copy, deadline_ns);
     if (rc)
         e->s.g.staging = NULL; /* a copy may still write it: left mapped */
-    atomic_store(&e->s.pinned, NULL); /* the writer is gone (joined) */
     unmap_retired(e);
     gen_free(e, &e->s.g);
     gen_free(e, &e->s.old);
@@ -390,10 +384,8 @@ static void turn(ckpt_engine *e)
     e->s.g.left_step = -1;
 }
 
-int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bool for_job,
-                         uint64_t *host_gen, uint64_t *dev_gen)
+int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, struct ckpt_job_copy *job)
 {
-    *host_gen = *dev_gen = 0;
     if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->s.cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "snapshot: the copy of step %" PRId64 " into staging still runs", e->s.cp.step);
@@ -403,18 +395,20 @@ int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, siz
         rc = copy_in(e, step, t, n);
     if (rc)
         return rc;
-    e->s.cp.job = for_job;
-    if (for_job)
-        atomic_store(&e->s.pinned, e->s.g.staging); /* writer.c W5: before the writer has the job */
-    *host_gen = e->s.cp.host_gen;
-    *dev_gen = e->s.cp.dev_gen;
+    e->s.cp.job = job != NULL;
+    if (job) {
+        for (size_t i = 0; i < n; i++)
+            job->at[i] = ckpt__tensor_at(e, i);
+        job->region = e->s.g.staging;
+        job->host_gen = e->s.cp.host_gen;
+        job->dev_gen = e->s.cp.dev_gen;
+    }
     return 0;
 }
 
 int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    uint64_t hg, dg;
-    int rc = ckpt__snapshot_begin(e, step, t, n, false, &hg, &dg);
+    int rc = ckpt__snapshot_begin(e, step, t, n, NULL);
     if (rc) {
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());

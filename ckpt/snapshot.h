@@ -131,10 +131,9 @@ struct ckpt_gen {
     ckpt_piece *own_p, *left_p; /* held_cap each: the snapshot's pieces */
 };
 
-/* The snapshot side's state in the engine (training thread only, but `pinned`). */
+/* The snapshot side's state in the engine (training thread only). */
 struct ckpt_snapshots {
     struct ckpt_gen g, old, park; /* S6: g the newest, old the one before, park put aside */
-    _Atomic(const char *) pinned; /* the region the writer reads (writer.c W5; NULL: none) */
     char *retired;       /* a region replaced while pinned: unmapped once it is not */
     size_t retired_cap;
     char *prev;          /* the old snapshot's staging while ckpt_hold_open's new one fills */
@@ -182,18 +181,20 @@ int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream);
 /* The end of it, at ckpt_destroy: a copy still running at deadline_ns keeps its engine and
    staging mapped (RK_E_TIMEOUT), else everything is released. */
 int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns);
+/* What a checkpoint's job needs of its snapshot (ckpt__snapshot_begin). */
+struct ckpt_job_copy {
+    char **at;          /* the caller's array of n: where each tensor lies in staging */
+    const char *region; /* the staging region, for the job's pin (writer.c W5) */
+    uint64_t host_gen, dev_gen; /* the copy's batches, which the writer waits for */
+};
 /* A new snapshot of t[0..n) labelled `step`: the copy before settled (bounded, S5), the
-   turn (S6), staging for the layout, the copy started (not waited for). for_job: the
-   checkpoint's own copy (the writer waits for it; *host_gen, *dev_gen: its batches), and
-   its region pinned for the writer (writer.c W5).
-   0 or the failure (nothing started; the held snapshot as before the call, S6). */
-int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bool for_job,
-                         uint64_t *host_gen, uint64_t *dev_gen);
-/* Where tensor i of the snapshot being copied lies in staging (its layout is g's). */
+   turn (S6), staging for the layout, the copy started (not waited for). job (NULL: a
+   snapshot only): the checkpoint's own copy, told to the writer as it ends (S5), its
+   layout and batches in *job. 0 or the failure (nothing started; the held snapshot as
+   before the call, S6). */
+int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, struct ckpt_job_copy *job);
+/* Where tensor i of the snapshot in g lies in staging (a restore's reads: ckpt_load). */
 char *ckpt__tensor_at(ckpt_engine *e, size_t i);
-/* The writer reads no region any more (writer.c W5: at the end of its job; the pin was
-   taken for it by ckpt__snapshot_begin, for_job). */
-void ckpt__unpin(ckpt_engine *e);
 /* Tensor i lacks in the snapshot being read into staging (ckpt_load: per-rank state of a
    rank the checkpoint did not have). */
 void ckpt__tensor_missing(ckpt_engine *e, size_t i);

@@ -34,8 +34,8 @@
  *      removed directory is first renamed to a '.'-name, so a half-removed checkpoint is
  *      never seen as committed. Re-committing a label exchanges the directories in one
  *      step: a step-<S> exists at every instant (ckpt_dir.c, fmt_commit_dir).
- *  W5  The writer pins the region it reads (the job's, pinned for it by ckpt_start before
- *      the job is handed over, released when the job ends): a pinned region is never
+ *  W5  The writer pins the region it reads: the job carries its pin (job.region, set by
+ *      ckpt_start before the job is handed over, cleared here when the job ends): a pinned region is never
  *      unmapped (a replaced one is retired until unpinned, ckpt_destroy leaves a stuck
  *      writer's to it) and never written while its job may commit (the turn puts it aside,
  *      snapshot.h S6; ckpt_load and ckpt_hold abandon the job before they write it, and an
@@ -500,7 +500,7 @@ void *ckpt__writer_main(void *arg)
             e->first_err = 0; /* superseded: a later state is committed (ckpt.c J3) */
         if (rc != 0 && !ckpt__abandoned(&e->job))
             ckpt__note_failure(e, e->job.step, rc);
-        ckpt__unpin(e); /* W5: staging is not read any more */
+        atomic_store(&e->job.region, NULL); /* W5: staging is not read any more */
         e->state = CKPT_IDLE;
         pthread_cond_broadcast(&e->cv);
     }
