@@ -240,6 +240,13 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step);
    back: continue from rk_next_step(). */
 int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op);
 
+/* Every member's buf[0..bytes) becomes rank `root`'s bytes (of the current ring): the root
+   contributes its bytes and the others zeros to a byte-wise MAX over the ring, exact for
+   any dtype. Host memory only (-EINVAL for device memory). Collective like rk_allreduce,
+   with its errors and bounds; RK_RECOVERED likewise (buf then holds partial results).
+   Added in ABI 1 (no new ABI: a function added). */
+int rk_broadcast(rk_ctx *ctx, void *buf, size_t bytes, int root);
+
 /* Step `step` (counted from 0) is finished: the registered state is now that at the
    start of step+1. When (step+1) is a multiple of ckpt_every, takes a checkpoint
    labelled step+1 (training blocks only for the snapshot; the buffers may be changed

@@ -1,9 +1,11 @@
 /*
  * recover/api_ckpt.c - the checkpoint engine's seam into the API: rk_register (the
- * registry is recover/registry.c), rk_resume, rk_checkpoint, rk_wait and the hooks
- * rec_ckpt_open/close/step_done. MPI is used here, on the training thread, and nowhere
- * in ckpt/: the job's nonce, the start-up cleaning and the agreement on the step to
- * restore.
+ * registry is recover/registry.c), rk_shard_rows, rk_rebind, rk_resume, rk_checkpoint,
+ * rk_wait and the hooks rec_ckpt_open/close/step_done/copied/mirror. MPI is used here, on
+ * the training thread, and nowhere in ckpt/: the job's nonce, the start-up cleaning, the
+ * agreement on registrations and the partner copy. The rollback after a loss, and the
+ * restore of the newest checkpoint that verifies everywhere (rk_resume's), are
+ * recover/rollback.c's.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,6 +30,7 @@ static uint64_t make_nonce(void)
 
 int rec_ckpt_open(rk_ctx *ctx)
 {
+    ctx->disk_newest = -1;
     if (!ctx->opt.ckpt_dir)
         return 0;
     uint64_t nonce = ctx->rank == 0 ? make_nonce() : 0;
@@ -62,11 +65,11 @@ int rec_ckpt_open(rk_ctx *ctx)
         return worst;
     }
     /* A job launched again knows its newest checkpoint from the start (its reports' committed
-       step): a loss before rk_resume (the program's first collectives, rekindle.elastic's
-       first sync) then rolls back from it, where it found nothing to roll back to before. */
-    int64_t newest = -1;
-    if (ckpt_newest_below(ctx->opt.ckpt_dir, INT64_MAX, &newest) == 0 && newest >= 0)
-        ckpt_note_committed(ctx->ckpt, newest);
+       step until rk_resume): a loss before rk_resume (the program's first collectives,
+       rekindle.elastic's first sync) then rolls back from it, where it found nothing to roll
+       back to before. Not the engine's own (ckpt_note_committed): that one would skip a
+       label committed again by a job that resumed from an older checkpoint. */
+    ckpt_newest_below(ctx->opt.ckpt_dir, INT64_MAX, &ctx->disk_newest);
     return 0;
 }
 
@@ -89,8 +92,7 @@ int rec_ckpt_close(rk_ctx *ctx)
     return drc == RK_E_TIMEOUT || !rc ? drc : rc; /* a writer left behind first (rk_finalize) */
 }
 
-/* The registry as the engine sees it; malloc'd (NULL with n == 0 is fine). */
-static int tensors_of(rk_ctx *ctx, ckpt_tensor **out)
+int rec_ckpt_tensors(rk_ctx *ctx, ckpt_tensor **out)
 {
     *out = NULL;
     if (ctx->ntensors == 0)
@@ -157,7 +159,7 @@ static int start(rk_ctx *ctx, int64_t step, bool disk)
                             "recovery and waits for rk_rebind", disk ? "checkpoint" : "snapshot", step,
                             ctx->tensors[i].name);
     ckpt_tensor *t = NULL;
-    int rc = tensors_of(ctx, &t);
+    int rc = rec_ckpt_tensors(ctx, &t);
     if (!rc && disk)
         rc = ckpt_start(ctx->ckpt, step, t, ctx->ntensors);
     if (!rc && !disk)
@@ -229,34 +231,13 @@ int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op)
     return ring_allreduce(ctx->ring, v, count, dtype, op, &cancel);
 }
 
-static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
-{
-    return rec_ckpt_call(ctx, v, 1, dtype, op);
-}
-
-/* What the members of a sharded or per-rank registration must have alike: name, flags
-   and, for a sharded tensor, dtype and trailing dimensions (63 bits, never negative). */
-static int64_t registration_hash(const struct rec_tensor *t)
-{
-    uint64_t h = fmt_xxh3(t->name, strlen(t->name) + 1);
-    int64_t v[2 + REC_MAX_DIMS] = {(int64_t)t->flags, -1};
-    size_t n = 1;
-    if (t->flags & RK_SHARDED) {
-        v[n++] = t->dtype;
-        v[n++] = t->ndim;
-        for (int d = 1; d < t->ndim; d++)
-            v[n++] = t->shape[d];
-    }
-    return (int64_t)((h ^ fmt_xxh3(v, n * sizeof(*v))) >> 1);
-}
-
 /* The agreement of a sharded or per-rank registration (the last one of the registry):
    every member registers the same thing, and a sharded tensor's rows are the members'
    slices in rank order. Every member returns the same. */
 static int agree_registration(rk_ctx *ctx, struct rec_tensor *t)
 {
     int64_t h[2];
-    h[0] = registration_hash(t);
+    h[0] = rec_registration_hash(t);
     h[1] = -h[0];
     int rc = rec_ckpt_call(ctx, h, 2, RK_I64, RK_MAX);
     if (rc)
@@ -333,90 +314,12 @@ int rk_wait(rk_ctx *ctx)
     return ckpt_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
 }
 
-/* How every rank's attempt at one step ended, ordered so that MAX picks the worst. */
-enum { TRY_OK = 0, TRY_SKIP = 1, TRY_MISMATCH = 2, TRY_FATAL = 3 };
-
-static int try_class(int rc)
-{
-    if (rc == 0)
-        return TRY_OK;
-    if (rc == RK_E_MISMATCH)
-        return TRY_MISMATCH;
-    if (rc == -ENOMEM)
-        return TRY_FATAL;
-    return TRY_SKIP;
-}
-
-/* Restores, on every member, the first checkpoint of ckpt_list's order (the current
-   timeline newest first, then the abandoned ones) labelled below `below` that verifies on
-   every member, and holds it in memory. Rank 0 proposes each candidate from its listing;
-   every member reads it into staging (ckpt_load), and the registered buffers are written
-   only once all of them read it whole. Every member returns the same: 0 with *step the
-   step restored, or -1 if the directory holds no checkpoint below `below` (buffers
-   untouched); RK_E_CORRUPT if it holds some but none verifies everywhere, -errno if a
-   member cannot list the directory or had no t (trc: tensors_of's failure), RK_E_MISMATCH
-   (buffers untouched in each case). Collective over the ring. */
-static int restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, int64_t *step)
-{
-    ckpt_entry *l = NULL;
-    size_t n = 0, next = 0;
-    int skipped = 0;
-    *step = -1;
-    int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
-    int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
-    if (!rc && list)
-        rc = my_list ? my_list
-                     : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s "
-                                "or its own tensors (%s)",
-                                ctx->opt.ckpt_dir, rk_strerror(list));
-    while (!rc) {
-        int64_t s = INT64_MIN;
-        if (ctx->rank == 0) {
-            while (next < n && l[next].step >= below)
-                next++;
-            s = next < n ? l[next++].step : -1;
-        }
-        if ((rc = agree(ctx, &s, RK_I64, RK_MAX)) != 0)
-            break;
-        if (s < 0) {
-            if (skipped)
-                rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_CORRUPT,
-                              "none of the %d committed checkpoints in %s verifies on every member", skipped,
-                              ctx->opt.ckpt_dir);
-            break;
-        }
-        int my = try_class(ckpt_load(ctx->ckpt, s, t, ctx->ntensors)), worst = my;
-        if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
-            break;
-        if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change */
-            *step = s;
-            ckpt_note_committed(ctx->ckpt, s);
-            rc = ckpt_restore_held(ctx->ckpt, t, ctx->ntensors);
-            break;
-        }
-        if (worst == TRY_MISMATCH) {
-            rc = my == TRY_MISMATCH ? RK_E_MISMATCH
-                                    : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_MISMATCH,
-                                               "step %" PRId64 " does not match another rank's tensors", s);
-            break;
-        }
-        if (worst == TRY_FATAL) {
-            rc = my == TRY_FATAL ? -ENOMEM : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "another rank failed");
-            break;
-        }
-        RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 " skipped (%s on some rank), trying an older one", s,
-                    my == TRY_OK ? "unreadable" : rk_last_error());
-        skipped++;
-    }
-    free(l);
-    return rc;
-}
-
 int rk_resume(rk_ctx *ctx, int64_t *next_step)
 {
     if (!ctx || !next_step)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_resume: %s is NULL", ctx ? "next_step" : "ctx");
     *next_step = ctx->next_step;
+    ctx->disk_newest = -1; /* the engine knows what it restored from here on */
     if (ctx->is_spare) {
         int src = rec_spare_wait(ctx); /* the state comes with the decision that needs us */
         *next_step = ctx->next_step;
@@ -430,8 +333,8 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
         ckpt_abandon(ctx->ckpt);
     ckpt_tensor *t = NULL;
     int64_t step = -1;
-    int rc = tensors_of(ctx, &t);
-    rc = restore_newest(ctx, t, rc, INT64_MAX, &step); /* a failure here is said to all */
+    int rc = rec_ckpt_tensors(ctx, &t);
+    rc = rec_restore_newest(ctx, t, rc, INT64_MAX, &step); /* a failure here is said to all */
     if (!rc && step >= 0) {
         rec_ckpt_mirror(ctx);
         ctx->next_step = *next_step = step;
@@ -446,110 +349,6 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     }
     free(t);
     return rc;
-}
-
-/* ---- recovery's needs (recover/recovery.c) -------------------------------------------- */
-
-/* The step of snapshot s if the job can roll back to it, else -1. */
-static int64_t offered(rk_ctx *ctx, const ckpt_snapshot *s)
-{
-    /* Sharded and per-rank state is each rank's own: offered only with the left
-       neighbour's pieces of the same step and membership beside it (ckpt.c I14), so that
-       a lost member's are in its right neighbour's memory. */
-    if (s->step < 0 || (rec_ckpt_partnered(ctx) && !s->partnered))
-        return -1;
-    /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
-    ckpt_tensor *t = NULL;
-    if (tensors_of(ctx, &t))
-        return -1;
-    int64_t step = ckpt_snapshot_matches(s, t, ctx->ntensors) ? s->step : -1;
-    free(t);
-    return step;
-}
-
-int64_t rec_ckpt_held_step(rk_ctx *ctx)
-{
-    return ctx->ckpt ? offered(ctx, ckpt_snapshot_held(ctx->ckpt)) : -1;
-}
-
-void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older)
-{
-    *held = rec_ckpt_held_step(ctx);
-    *older = ctx->ckpt ? offered(ctx, ckpt_snapshot_older(ctx->ckpt)) : -1;
-    if (*older == *held)
-        *older = -1;
-}
-
-int64_t rec_ckpt_committed_step(rk_ctx *ctx)
-{
-    return ctx->ckpt ? ckpt_last_committed(ctx->ckpt) : -1;
-}
-
-void rec_ckpt_abandon(rk_ctx *ctx)
-{
-    if (ctx->ckpt)
-        ckpt_abandon(ctx->ckpt);
-}
-
-/* Every member gets the root's held snapshot: the root contributes its bytes and the
-   others zeros to an exact byte-wise MAX over the ring (abortable, unlike MPI_Bcast), in
-   a new held snapshot (ckpt_hold_open), which then goes to the buffers through the copy
-   engines (device tensors too); a failure leaves the snapshot held before. */
-static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
-{
-    size_t n = ctx->ntensors;
-    bool root = ctx->rank0 == dec->root;
-    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
-    bool have = !trc && root && s->step == dec->step && ckpt_snapshot_matches(s, t, n);
-    unsigned char **where = trc ? NULL : calloc(n, sizeof(*where));
-    int orc = trc ? trc : !where ? -ENOMEM : ckpt_hold_open(ctx->ckpt, t, n, where);
-    int bad = orc ? 1 : 0, arc = agree(ctx, &bad, RK_I32, RK_MAX); /* room is needed everywhere */
-    if (arc || bad) {
-        if (!orc)
-            ckpt_hold_cancel(ctx->ckpt);
-        free(where);
-        return arc ? arc
-               : orc ? orc
-                     : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part");
-    }
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (!t[i].nbytes)
-            continue;
-        if (have) /* the old region stays readable until the seal */
-            memcpy(where[i], s->own[i].data, t[i].nbytes);
-        else
-            memset(where[i], 0, t[i].nbytes);
-        rc = rec_ckpt_call(ctx, where[i], t[i].nbytes, RK_U8, RK_MAX);
-    }
-    free(where);
-    if (!rc && root && !have) /* the ring calls above still ran: the others are not left waiting */
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
-                      "rollback: the snapshot of step %" PRId64 " is no longer held for these tensors", dec->step);
-    if (rc) {
-        ckpt_hold_cancel(ctx->ckpt);
-        return rc;
-    }
-    ckpt_hold_seal(ctx->ckpt, dec->step);
-    return ckpt_restore_held(ctx->ckpt, t, n);
-}
-
-/* Every sharded tensor split evenly over the current members (after a membership
-   change). A slice whose size changed waits for rk_rebind (its restored rows stay in the
-   held snapshot); one of the same size is restored into its buffer. */
-static void resplit(rk_ctx *ctx)
-{
-    for (size_t i = 0; i < ctx->ntensors; i++) {
-        struct rec_tensor *r = &ctx->tensors[i];
-        if (!(r->flags & RK_SHARDED))
-            continue;
-        int64_t row0, rows = rec_even_split(r->rows_global, ctx->world, ctx->rank, &row0);
-        if (rows != r->shape[0])
-            r->pending = true;
-        r->shape[0] = rows;
-        r->row0 = row0;
-        r->nbytes = rec_row_bytes(r) * (size_t)rows;
-    }
 }
 
 int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
@@ -575,133 +374,8 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
     return 0;
 }
 
-/* A decision that brought spares in (rec_decision.joined): every member, the spares too,
-   registered the same tensors (a hash of the registry, MIN = MAX; RK_E_COLL_MISMATCH on
-   every member otherwise), and the spares learn each sharded tensor's global rows (they
-   registered theirs before they had a slice). Collective over the new ring. */
-static int join(rk_ctx *ctx)
+void rec_ckpt_abandon(rk_ctx *ctx)
 {
-    size_t n = ctx->ntensors;
-    int64_t *rows = calloc(n + 1, sizeof(*rows));
-    uint64_t h = n;
-    for (size_t i = 0; i < n; i++) {
-        const struct rec_tensor *r = &ctx->tensors[i];
-        h = (h * 0x100000001b3ull) ^ (uint64_t)registration_hash(r) ^
-            (r->flags ? 0 : (uint64_t)r->nbytes * 0x9e3779b97f4a7c15ull);
-    }
-    int64_t v[3] = {(int64_t)(h >> 1), -(int64_t)(h >> 1), rows ? 0 : 1};
-    int rc = rec_ckpt_call(ctx, v, 3, RK_I64, RK_MAX);
-    if (rc)
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, rc, "rollback: the spares' registrations could not be agreed");
-    else if (v[2])
-        rc = rows ? rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot take part")
-                  : rk__fail(RK_SUB_REC, RK_LOG_ERROR, -ENOMEM, "rollback: the rows of %zu tensors", n);
-    else if (v[0] != -v[1])
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_COLL_MISMATCH, "rollback: a spare brought in registered "
-                      "other tensors than the members (names, flags, dtypes, shapes or order differ)");
-    for (size_t i = 0; i < n && !rc; i++)
-        rows[i] = ctx->tensors[i].flags & RK_SHARDED ? ctx->tensors[i].rows_global : 0;
-    if (!rc && n && (rc = rec_ckpt_call(ctx, rows, n, RK_I64, RK_MAX)) != 0)
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, rc, "rollback: the global rows could not be agreed");
-    for (size_t i = 0; i < n && !rc; i++)
-        if (ctx->tensors[i].flags & RK_SHARDED)
-            ctx->tensors[i].rows_global = rows[i];
-    free(rows);
-    return rc;
-}
-
-/* The newest committed step up to the decision's, restored on every member. */
-static int from_disk(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
-{
-    int64_t step = -1;
-    int rc = restore_newest(ctx, t, trc, dec->step + 1, &step);
-    if (!rc && step < 0)
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
-                      " in %s verifies", dec->step, ctx->opt.ckpt_dir);
-    ctx->next_step = step;
-    return rc;
-}
-
-/* How a member's rollback ended, ordered so that MAX picks the worst. */
-enum { ROLL_OK = 0, ROLL_FAILED = 1, ROLL_RING = 2 };
-
-static int roll_class(int rc)
-{
-    return rc == 0 ? ROLL_OK : rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT ? ROLL_RING : ROLL_FAILED;
-}
-
-int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
-{
-    *from = dec->source;
-    ctx->mirror_pending = false; /* the rollback sends its own partner copy */
-    int rc = dec->joined ? join(ctx) : 0;
-    if (rc)
-        return rc;
-    if (ctx->ntensors == 0)
-        return 0; /* no registered state: nothing to roll back, each member goes on */
-    if (!ctx->ckpt)
-        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT,
-                        "a member was lost and there is no snapshot to roll back to (set RK_CKPT_DIR)");
-    /* The commit in flight belonged to the old membership: cancel it, write as the new one. */
-    ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
-    resplit(ctx);
-    /* tensors_of's failure goes into the first collective of each path (a failed share). */
-    ckpt_tensor *t = NULL;
-    int trc = tensors_of(ctx, &t);
-    bool own = rec_ckpt_partnered(ctx), memory = dec->source == REC_FROM_MEMORY;
-    /* The generation of that step becomes the held one where it is the older (ckpt.c I16). */
-    if (memory && ckpt_snapshot_held(ctx->ckpt)->step != dec->step &&
-        ckpt_snapshot_older(ctx->ckpt)->step == dec->step)
-        ckpt_snapshot_select(ctx->ckpt, dec->step);
-    if (memory && own) {
-        rc = rec_rebuild(ctx, dec, t, trc); /* takes its own partner copy */
-        ctx->next_step = dec->step;
-    } else if (memory && dec->all_hold) {
-        rc = trc                                            ? trc
-             : ckpt_snapshot_held(ctx->ckpt)->step == dec->step ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
-                                                                : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
-                                                                           "rollback: the snapshot of step %" PRId64
-                                                                           " is no longer held", dec->step);
-        ctx->next_step = dec->step;
-    } else if (memory) {
-        rc = spread_held(ctx, dec, t, trc);
-        ctx->next_step = dec->step;
-    } else if (dec->source == REC_FROM_DISK) {
-        rc = from_disk(ctx, dec, t, trc);
-    } else {
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no snapshot in memory or on disk");
-    }
-    if (!rc && !(memory && own)) {
-        int m = rec_ckpt_mirror(ctx);
-        if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
-            rc = m;
-    }
-    int worst = roll_class(rc);
-    int arc = agree(ctx, &worst, RK_I32, RK_MAX);
-    if (!arc && worst == ROLL_FAILED && memory) {
-        /* The rollback from memory failed on some member (each said so in the series):
-           every member goes to disk now, in this round. */
-        RK_LOG_WARN(RK_SUB_REC, "rollback of step %" PRId64 " from memory failed (%s): from disk", dec->step,
-                    rc ? rk_last_error() : "on another member");
-        *from = REC_FROM_DISK;
-        if ((rc = from_disk(ctx, dec, t, trc)) == 0 && own) {
-            int m = rec_ckpt_mirror(ctx);
-            if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
-                rc = m;
-        }
-        worst = roll_class(rc);
-        arc = agree(ctx, &worst, RK_I32, RK_MAX);
-    }
-    /* Rank 0's writer removes what dead attempts left before it writes again (never the
-       training thread: recovery does not wait on the disk). */
-    if (!rc && !arc && !worst && ctx->rank == 0)
-        ckpt_request_clean(ctx->ckpt);
-    free(t);
-    if (rc)
-        return rc;
-    if (arc)
-        return arc;
-    if (worst == ROLL_RING)
-        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_PEER_LOST, "rollback interrupted on another member");
-    return worst ? rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback failed on another member") : 0;
+    if (ctx->ckpt)
+        ckpt_abandon(ctx->ckpt);
 }

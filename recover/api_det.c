@@ -1,7 +1,9 @@
 /*
  * recover/api_det.c - the failure detector's seam into the API: rk_init starts a detector
  * per worker (rec_det_open), rk_finalize stops it (rec_det_close), and every training call
- * first asks whether this worker was fenced (rec_det_status).
+ * first asks whether this worker was fenced (rec_det_status) and whether the agreed view
+ * lost a member (rec_membership_changed: then recovery.c runs; rec_ring_changed is the
+ * same question as the ring's cancellation source).
  *
  * rec_det_open runs on the thread that owns MPI: each worker binds its detector socket,
  * then one MPI_Allgather on ctx->comm exchanges {address, status, key}; the decision to go
@@ -199,4 +201,62 @@ int rec_det_status(rk_ctx *ctx)
         return RK_E_FENCED;
     }
     return 0;
+}
+
+/* ---- the membership hooks: whether the agreed view lost a member ------------------------ */
+
+static bool in_view(const rk_ctx *ctx, int rank0)
+{
+    for (int i = 0; i < ctx->nview; i++)
+        if (ctx->view[i] == rank0)
+            return true;
+    return false;
+}
+
+/* The first loss since the last agreement starts the schedule (R5): the time the detector
+   learned it (an event's CLOCK_REALTIME stamp, taken back to CLOCK_MONOTONIC), so a
+   worker that looks late, after a long step, is on the same rounds as the others. */
+static void note_loss(rk_ctx *ctx, int64_t t_real_ns)
+{
+    if (ctx->loss_ns)
+        return;
+    int64_t ago = rk__real_ns() - t_real_ns;
+    ctx->loss_ns = rk__mono_ns() - (ago > 0 ? ago : 0);
+}
+
+/* A member of the agreed view declared dead, or this worker fenced, since the last
+   agreement. A clean leave (a peer that finished and called rk_finalize) is not one: a
+   member that completed a collective may leave before its peers have received what it
+   already sent, and they must be allowed to finish. */
+bool rec_membership_changed(rk_ctx *ctx)
+{
+    if (!ctx->det)
+        return false;
+    uint64_t s = det_seq(ctx->det);
+    if (s == ctx->seen_seq)
+        return ctx->change_pending;
+    ctx->seen_seq = s;
+    det_event ev;
+    uint64_t lost = 0;
+    while (det_next_event(ctx->det, &ev, &lost) == 1) {
+        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_view(ctx, ev.peer))) {
+            ctx->change_pending = true;
+            note_loss(ctx, ev.t_ns);
+        }
+    }
+    if (lost) { /* events were dropped: judge by the view alone */
+        det_view v;
+        det_view_get(ctx->det, &v);
+        for (int i = 0; i < ctx->nview; i++)
+            ctx->change_pending |= !det_view_has(&v, ctx->view[i]);
+    }
+    ctx->change_pending |= det_fenced(ctx->det);
+    if (ctx->change_pending)
+        note_loss(ctx, rk__real_ns()); /* known only from the view: now */
+    return ctx->change_pending;
+}
+
+bool rec_ring_changed(void *arg)
+{
+    return rec_membership_changed(arg);
 }

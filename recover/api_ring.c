@@ -1,6 +1,7 @@
 /*
- * recover/api_ring.c - the allreduce ring's seam into the API: rec_ring_open/close and
- * rk_allreduce over ring/ (see ring/ring.c for the design).
+ * recover/api_ring.c - the allreduce ring's seam into the API: rec_ring_open/close,
+ * rk_allreduce over ring/ (see ring/ring.c for the design), and rk_broadcast, a byte-wise
+ * MAX on it (rec_spread, which the rollback shares).
  *
  * The ring is built at rk_init over every rank of ctx->comm (it owns a duplicate of it,
  * with MPI_ERRORS_RETURN). rk_allreduce first asks the detector whether this worker was
@@ -15,6 +16,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../formats/fmt.h"
 #include "../ring/ring.h"
@@ -76,4 +78,28 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
     while (!rec_membership_changed(ctx) && !rk__deadline_passed(deadline))
         rk__sleep_ns(1000000);
     return rec_membership_changed(ctx) ? rec_recover(ctx) : rc;
+}
+
+int rec_spread(rk_ctx *ctx, void *buf, size_t n, bool have,
+               int (*reduce)(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op))
+{
+    if (n == 0)
+        return 0;
+    if (!have)
+        memset(buf, 0, n);
+    return reduce(ctx, buf, n, RK_U8, RK_MAX);
+}
+
+int rk_broadcast(rk_ctx *ctx, void *buf, size_t bytes, int root)
+{
+    if (!ctx || (!buf && bytes))
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "rk_broadcast: %s is NULL", ctx ? "buf" : "ctx");
+    if (root < 0 || root >= ctx->world)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "rk_broadcast: root %d is not a rank of this world of %d",
+                        root, ctx->world);
+#if defined(RK_HAVE_NCCL)
+    if (bytes && rec_ring_is_device(ctx, buf) == 1)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "rk_broadcast: buf is device memory (host memory only)");
+#endif
+    return rec_spread(ctx, buf, bytes, ctx->rank == root, rk_allreduce);
 }

@@ -4,11 +4,13 @@
  *
  * Each part has one glue file here that owns its hooks and its public functions:
  *   api_ckpt.c  - checkpoint engine: rk_register, rk_resume, rk_checkpoint, rk_wait,
- *                 rec_ckpt_open/close/step_done, rec_ckpt_rollback (its rollback from
- *                 memory of sharded and per-rank state: rebuild.c)
- *   api_det.c   - failure detector: rec_det_open/close
- *   api_ring.c  - allreduce ring:   rk_allreduce, rec_ring_open/close
+ *                 rec_ckpt_open/close/step_done
+ *   api_det.c   - failure detector: rec_det_open/close, and the membership hooks
+ *                 (rec_membership_changed, rec_ring_changed)
+ *   api_ring.c  - allreduce ring:   rk_allreduce, rk_broadcast, rec_ring_open/close
  * api.c holds what is common: rk_init, rk_finalize, rk_step_done, rk_rank/world/next_step.
+ * Recovery: recovery.c (the rounds), coord.c (the decision), rollback.c (the rollback, its
+ * design in its header), rebuild.c (the pure plan of a rollback of sharded state).
  */
 #ifndef RK_REC_INTERNAL_H
 #define RK_REC_INTERNAL_H
@@ -32,7 +34,7 @@ struct rec_tensor {
     size_t nbytes;
     unsigned flags;       /* 0, RK_SHARDED or RK_PER_RANK; RK_DEVICE with 0 */
     /* RK_SHARDED: this rank's rows are [row0, row0 + shape[0]) of rows_global (agreed at
-       rk_register, re-split evenly at a membership change: resplit in api_ckpt.c; a
+       rk_register, re-split evenly at a membership change: resplit in rollback.c; a
        spare's rows_global is -1 until a recovery brings it in and it learns it). */
     int64_t row0, rows_global;
     bool pending;         /* the slice changed size in a recovery: the restored rows wait in
@@ -75,6 +77,8 @@ struct rk_ctx {
     struct rec_xfer *xfers;   /* messages MPI may still be sending (recovery.c) */
     int nxfers, cap_xfers;
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
+    int64_t disk_newest;      /* the checkpoint directory's newest committed step at rk_init,
+                                 reported until rk_resume (then -1: the engine's own) */
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
     struct rec_dev *dev;      /* rk_allreduce's device path (api_ring_nccl.c); NULL: not looked at */
@@ -99,6 +103,14 @@ void rec_det_forget_secret(rk_ctx *ctx);
 int rec_det_status(rk_ctx *ctx);
 int rec_ring_open(rk_ctx *ctx);
 void rec_ring_close(rk_ctx *ctx);
+/* The byte-wise broadcast (api_ring.c): every member's buf[0..n) becomes the bytes of the
+   members that `have` them (all of them alike: one root, or every member with the same
+   bytes); the others' are zeroed first, then a byte-wise MAX over the ring with `reduce`
+   (rk_allreduce: a loss recovers; rec_ckpt_call: a loss abandons it). Exact for any bytes;
+   abortable, unlike MPI_Bcast. Host memory; n == 0 makes no call. rk_broadcast's, and the
+   rollback's (rollback.c B4). */
+int rec_spread(rk_ctx *ctx, void *buf, size_t n, bool have,
+               int (*reduce)(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op));
 #if defined(RK_HAVE_NCCL)
 /* rk_allreduce's device buffers (api_ring_nccl.c, CUDA + NCCL builds): 1 when buf is device
    memory, 0 for any other (and always without a device), or -ENOMEM; the allreduce of a
@@ -142,10 +154,9 @@ int rec_recover(rk_ctx *ctx);
 int rec_spare_wait(rk_ctx *ctx);
 /* rk_finalize on rank 0: tells the spares still waiting that they are not needed. */
 void rec_release_spares(rk_ctx *ctx);
-/* What recovery needs from the checkpoint engine (api_ckpt.c): the step of the complete
-   snapshot held in memory, if it covers every tensor registered now, and the newest
-   committed one (-1: none), and the rollback to a
-   decision's step over the rebuilt ring. */
+/* What a member offers the coordinator (rollback.c): the step of the complete snapshot
+   held in memory, if it covers every tensor registered now, and the newest committed one
+   (-1: none); and the rollback to a decision's step over the rebuilt ring. */
 struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
 /* Both generations' (ckpt.c I16): the held snapshot's step as rec_ckpt_held_step, and the
@@ -157,6 +168,17 @@ int rec_ckpt_partnered(const rk_ctx *ctx);
 /* *from: where the state came from (enum rec_source): the decision's, or disk when the
    rollback from memory failed on some member and every member went to disk. */
 int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec, int *from);
+struct ckpt_tensor;
+/* The registry as the engine sees it (api_ckpt.c); *out malloc'd (NULL with no tensor). */
+int rec_ckpt_tensors(rk_ctx *ctx, struct ckpt_tensor **out);
+/* Restores, on every member, the newest checkpoint labelled below `below` that verifies on
+   every member (rollback.c; rk_resume's and the rollback's from disk); collective over the
+   ring. 0 with *step the step (-1: none there, buffers untouched), or an error every member
+   gets alike. trc: rec_ckpt_tensors' failure, carried into the first collective. */
+int rec_restore_newest(rk_ctx *ctx, const struct ckpt_tensor *t, int trc, int64_t below, int64_t *step);
+/* What the members of a sharded or per-rank registration must have alike (registry.c):
+   63 bits, never negative. */
+int64_t rec_registration_hash(const struct rec_tensor *t);
 /* A collective among the current members over the ring, abandoned as soon as the
    detector sees another member go (api_ckpt.c). */
 int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
@@ -176,16 +198,9 @@ void rec_ckpt_before_update(rk_ctx *ctx);
    recovering): the checkpoint in flight stops waiting for it. */
 void rec_ckpt_abandon(rk_ctx *ctx);
 
-/* The rollback from memory of sharded and per-rank state (recover/rebuild.c). */
-struct ckpt_tensor;
+/* The plan of the rollback from memory of sharded and per-rank state (recover/rebuild.c). */
 /* The even split of `rows` over `world` members: member r's count, its first row in *row0. */
 int64_t rec_even_split(int64_t rows, int world, int r, int64_t *row0);
-/* Rebuilds the held snapshot of dec->step over the new ring and restores it into t[0..n)
-   of the registry (trc: tensors_of's failure, t NULL then); collective over the ring,
-   every member makes the same calls whatever fails. 0, RK_E_PEER_LOST or RK_E_TIMEOUT
-   (the ring broke: a new round), or another error (the rebuild cannot be done on some
-   member: every member gets an error, and the held snapshot is the one before). */
-int rec_rebuild(rk_ctx *ctx, const struct rec_decision *dec, const struct ckpt_tensor *t, int trc);
 
 /* The plan of one tensor's rebuild, pure (unit-tested without MPI). The old ranks' pieces
    laid end to end (old rank order: a sharded tensor's global rows, per-rank state rank

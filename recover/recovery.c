@@ -9,7 +9,8 @@
  *
  * STATES (per worker; the function performing each transition)
  *
- *   RUNNING --(a member declared dead: rec_membership_changed, which notes the loss time)--> FENCE
+ *   RUNNING --(a member declared dead: rec_membership_changed, api_det.c, which notes the loss
+ *             time)--> FENCE
  *   FENCE   --(the ring call returned; no request can write user memory)--> AGREE (rec_recover)
  *   AGREE   --(coordinator: every live member reported: coordinate)--> REBUILD
  *   AGREE   --(member: its coordinator's decision received: follow)--> REBUILD
@@ -182,54 +183,6 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->xfers);
     ctx->xfers = NULL;
     ctx->cap_xfers = 0;
-}
-
-/* The first loss since the last agreement starts the schedule (R5): the time the detector
-   learned it (an event's CLOCK_REALTIME stamp, taken back to CLOCK_MONOTONIC), so a
-   worker that looks late, after a long step, is on the same rounds as the others. */
-static void note_loss(rk_ctx *ctx, int64_t t_real_ns)
-{
-    if (ctx->loss_ns)
-        return;
-    int64_t ago = rk__real_ns() - t_real_ns;
-    ctx->loss_ns = rk__mono_ns() - (ago > 0 ? ago : 0);
-}
-
-/* A member of the agreed view declared dead, or this worker fenced, since the last
-   agreement. A clean leave (a peer that finished and called rk_finalize) is not one: a
-   member that completed a collective may leave before its peers have received what it
-   already sent, and they must be allowed to finish. */
-bool rec_membership_changed(rk_ctx *ctx)
-{
-    if (!ctx->det)
-        return false;
-    uint64_t s = det_seq(ctx->det);
-    if (s == ctx->seen_seq)
-        return ctx->change_pending;
-    ctx->seen_seq = s;
-    det_event ev;
-    uint64_t lost = 0;
-    while (det_next_event(ctx->det, &ev, &lost) == 1) {
-        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_list(ctx->view, ctx->nview, ev.peer))) {
-            ctx->change_pending = true;
-            note_loss(ctx, ev.t_ns);
-        }
-    }
-    if (lost) { /* events were dropped: judge by the view alone */
-        det_view v;
-        det_view_get(ctx->det, &v);
-        for (int i = 0; i < ctx->nview; i++)
-            ctx->change_pending |= !det_view_has(&v, ctx->view[i]);
-    }
-    ctx->change_pending |= det_fenced(ctx->det);
-    if (ctx->change_pending)
-        note_loss(ctx, rk__real_ns()); /* known only from the view: now */
-    return ctx->change_pending;
-}
-
-bool rec_ring_changed(void *arg)
-{
-    return rec_membership_changed(arg);
 }
 
 /* ---- messages (R1, R6) ------------------------------------------------------------------ */

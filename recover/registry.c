@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../ckpt/ckpt.h"
+#include "../formats/fmt.h"
 #include "rec_internal.h"
 
 bool rec_name_valid(const char *name, const char **why)
@@ -171,4 +172,20 @@ void rec_registry_free(rk_ctx *ctx)
     free(ctx->tensors);
     ctx->tensors = NULL;
     ctx->ntensors = ctx->cap_tensors = 0;
+}
+
+/* What the members of a sharded or per-rank registration must have alike: name, flags
+   and, for a sharded tensor, dtype and trailing dimensions (63 bits, never negative). */
+int64_t rec_registration_hash(const struct rec_tensor *t)
+{
+    uint64_t h = fmt_xxh3(t->name, strlen(t->name) + 1);
+    int64_t v[2 + REC_MAX_DIMS] = {(int64_t)t->flags, -1};
+    size_t n = 1;
+    if (t->flags & RK_SHARDED) {
+        v[n++] = t->dtype;
+        v[n++] = t->ndim;
+        for (int d = 1; d < t->ndim; d++)
+            v[n++] = t->shape[d];
+    }
+    return (int64_t)((h ^ fmt_xxh3(v, n * sizeof(*v))) >> 1);
 }

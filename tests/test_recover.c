@@ -309,7 +309,7 @@ START_TEST(decide_rejects_malformed)
 }
 END_TEST
 
-/* ---- the rebuild's plan (rebuild.c), without MPI ---------------------------------------- */
+/* ---- the rebuild's plan (rebuild.c, pure; rollback.c B6), without MPI ------------------ */
 
 /* The exchange of one tensor simulated for every member at once: old rank q's piece is
    bytes at[q] .. of a vector whose byte i is (i * 7 + 1); each new member copies what it
@@ -430,7 +430,8 @@ END_TEST
 
 /* A tensor registered after the last snapshot: the held snapshot does not cover it, so
    this member never offers it for a rollback, and a rollback from it fails cleanly
-   instead of copying from memory that holds nothing. */
+   instead of copying from memory that holds nothing (rollback.c B2, B3: the buffers and
+   the snapshot held before untouched). */
 START_TEST(held_snapshot_not_offered_after_a_new_tensor)
 {
     static float a[16], b[16];

@@ -293,7 +293,7 @@ END_TEST
 /* One member cannot take its part in the rebuild from memory (RK_FAULT=rollback on launch
    rank 2, after rank 1 is lost): it says so in the first collective of the rebuild, and
    every survivor goes to disk in the same round, well within RK_TIMEOUT_MS (4000 ms),
-   instead of waiting the deadline out at every shift of the exchange. */
+   instead of waiting the deadline out at every shift of the exchange (rollback.c B1, B5). */
 START_TEST(member_that_cannot_rebuild_sends_all_to_disk_at_once)
 {
     char *dir = th_tmpdir("shard"), *out = kill_run_with(dir, "1", "PROG_FAULT_RANK=2", "PROG_FAULT=rollback@0=eio");

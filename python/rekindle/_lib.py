@@ -130,6 +130,7 @@ _PROTOS = {
     "rk_rebind": (ctypes.c_int, [_P, ctypes.c_char_p, _P]),
     "rk_resume": (ctypes.c_int, [_P, ctypes.POINTER(ctypes.c_int64)]),
     "rk_allreduce": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]),
+    "rk_broadcast": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_int]),
     "rk_step_done": (ctypes.c_int, [_P, ctypes.c_int64]),
     "rk_before_update": (ctypes.c_int, [_P]),
     "rk_next_step": (ctypes.c_int64, [_P]),

@@ -28,7 +28,8 @@ What maps to what (docs/PYTHON.md, "Horovod Elastic API"):
   the state already rolled back to the last commit they all hold (what Horovod's
   restore() does after a HorovodInternalError); run() then calls the reset callbacks and
   the function again.
-- sync() gives every worker rank 0's state (an exact byte-wise broadcast over the ring).
+- sync() gives every worker rank 0's state (rk_broadcast: an exact byte-wise broadcast
+  over the ring).
 - restore() from user code is not available: the library keeps the snapshot, and rolls
   back only on a loss (rekindle.Error, RK_E_NOTAVAIL).
 - A running job only shrinks (or takes a spare); `rekindle run --host-discovery-script`
@@ -263,28 +264,24 @@ class TorchState:
 
     def sync(self):
         """Every worker gets rank 0's state: the model, the optimizer and the scalars of this
-        TorchState, sent as bytes (rank 0's bytes, zeros elsewhere, a byte-wise MAX over the
-        ring: exact for every dtype), one allreduce per device. Collective; it may raise
-        rekindle.Recovered."""
+        TorchState, as bytes in one host buffer (device tensors copied through it) given to
+        rk_broadcast (rank 0's bytes, zeros elsewhere, a byte-wise MAX over the ring: exact
+        for every dtype). Collective; it may raise rekindle.Recovered."""
         torch, ctx = _tensor.torch, self._ctx
-        groups = {}
-        for e in self._entries:
-            if e.nbytes:
-                groups.setdefault(e.obj.device, []).append(e.obj)
+        tensors = [e.obj for e in self._entries if e.nbytes]
         root = ctx.rank == 0
         ctx.before_update()  # the tensors are written below
-        for device, tensors in groups.items():
-            flat = torch.zeros(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8,
-                               device=device)
-            views, at = [], 0
-            for t in tensors:
-                n = t.numel() * t.element_size()
-                views.append((t.reshape(-1).view(torch.uint8), flat[at:at + n]))
-                at += n
-            if root:
-                for src, part in views:
-                    part.copy_(src)
-            ctx.allreduce(flat, "max")
-            if not root:
-                for dst, part in views:
-                    dst.copy_(part)
+        flat = torch.zeros(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8)
+        views, at = [], 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            views.append((t.reshape(-1).view(torch.uint8), flat[at:at + n]))
+            at += n
+        if root:
+            for src, part in views:
+                part.copy_(src)
+        ctx._raise_pending()
+        ctx._outcome("rk_broadcast", _lib.lib.rk_broadcast(ctx._handle(), flat.data_ptr() or None, flat.numel(), 0))
+        if not root:
+            for dst, part in views:
+                dst.copy_(part)
