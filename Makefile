@@ -13,6 +13,9 @@
 #   make fuzz [FUZZ_S=60]     build the libFuzzer targets with clang (build/fuzz) and run
 #                             each for FUZZ_S seconds; fails on any finding (docs/FUZZ.md)
 #   make install PREFIX=/usr/local [DESTDIR=...]
+#   make wheel                dist/rekindle-*.whl: the Python package with librekindle and the
+#                             `rekindle` command inside (offline, Debian's setuptools and pip:
+#                             docs/PYTHON.md); `pip install .` from the source tree does the same
 #   make clean
 #   make crash-sweep          the full crash-consistency sweep (tests/test_crash, every case)
 # Variables: SANITIZE=1 (ASan + UBSan, builds into build/asan), TSAN=1 (ThreadSanitizer,
@@ -79,8 +82,12 @@ NCCL_SHRINK := $(shell awk '/^\#define NCCL_(MAJOR|MINOR) / {v[$$2] = $$3} END {
 # NCCL's directories first: CUDA_HOME may hold another NCCL of its own.
 CUDA_CFLAGS := $(if $(filter $(CUDA_HOME),$(NCCL_HOME)),,-I$(NCCL_HOME)/include) -I$(CUDA_HOME)/include \
                -DRK_HAVE_CUDA=1 -DRK_HAVE_NCCL=1 $(if $(filter yes,$(NCCL_SHRINK)),-DRK_HAVE_NCCL_SHRINK=1)
+# NCCL is not linked: ring/ring_nccl.c finds the process's libnccl.so.2 at run time (the
+# rpath to NCCL_LIBDIR is where it looks when none is loaded yet); the benchmark that calls
+# NCCL itself links it.
 CUDA_LIBS   := $(if $(filter $(CUDA_LIBDIR),$(NCCL_LIBDIR)),,-L$(NCCL_LIBDIR) -Wl,-rpath,$(NCCL_LIBDIR)) -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) \
-               $(NCCL_LINK) -lcudart
+               -lcudart
+$(BUILD)/bench/bench_ring_nccl: ALL_LDLIBS += $(NCCL_LINK)
 CUDA_DESC   := CUDA $(shell awk '/^\#define CUDART_VERSION/ {printf "%d.%d", $$3/1000, ($$3%1000)/10}' $(CUDA_HOME)/include/cuda_runtime_api.h) under $(CUDA_HOME) + NCCL $(NCCL_VER) under $(NCCL_HOME) (ncclCommShrink $(if $(filter yes,$(NCCL_SHRINK)),built,not built: NCCL < 2.27)): building the GPU parts
 else
 CUDA_DESC   := CUDA/NCCL $(if $(filter no,$(USE_CUDA)),disabled (USE_CUDA=no),not found (CUDA_HOME=$(CUDA_HOME), NCCL_HOME=$(NCCL_HOME))): CPU-only build
@@ -132,7 +139,7 @@ LIB_A    := $(BUILD)/lib/librekindle.a
 LIB_SO   := $(BUILD)/lib/librekindle.so
 CLI      := $(BUILD)/bin/rekindle
 
-.PHONY: build-tests all check crash-sweep demo bench bench-peers chaos fuzz fuzz-targets install clean deps config help
+.PHONY: build-tests all check crash-sweep demo bench bench-peers chaos fuzz fuzz-targets install wheel clean deps config help
 .DEFAULT_GOAL := all
 
 all: config $(LIB_A) $(LIB_SO) $(CLI) $(EX_BIN) $(BUILD)/rekindle.pc
@@ -278,6 +285,14 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/rekindle
 	install -m 0644 python/rekindle/*.py $(DESTDIR)$(PREFIX)/lib/python3/dist-packages/rekindle/
 	@echo "Python package: PYTHONPATH=$(PREFIX)/lib/python3/dist-packages (Debian's python3 searches /usr/lib/python3/dist-packages and /usr/local/lib/python3/dist-packages already)"
+
+# The wheel from what `all` built (setup.py packs it; pip builds offline, without
+# isolation, from the interpreter's own setuptools and wheel).
+WHEEL_PYTHON ?= /usr/bin/python3
+wheel: all
+	@mkdir -p dist
+	$(Q)REKINDLE_BUILD=$(BUILD) $(WHEEL_PYTHON) -m pip wheel --quiet --no-build-isolation --no-deps --no-index -w dist .
+	@ls -1 dist/rekindle-$(VERSION)-*.whl
 
 clean:
 	rm -rf build

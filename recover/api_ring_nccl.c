@@ -84,14 +84,16 @@ static void name_host(rk_ctx *ctx)
 static int capability(rk_ctx *ctx, const char **why)
 {
     const char *env = getenv("RK_NCCL");
-    int version = 0, device = -1;
+    int device = -1;
     if (env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0)) {
         *why = "RK_NCCL=0";
         return CAN_STAGE;
     }
-    if (ncclGetVersion(&version) != ncclSuccess || cudaGetDevice(&device) != cudaSuccess) {
+    if (ring_nccl_load(NULL, why) != 0) /* *why: the process's NCCL, and what it lacks */
+        return CAN_STAGE;
+    if (cudaGetDevice(&device) != cudaSuccess) {
         cudaGetLastError();
-        *why = "NCCL or the CUDA device is not usable here";
+        *why = "the CUDA device is not usable here";
         return CAN_STAGE;
     }
     if (ctx->dev->nccl && ring_nccl_can_shrink(ctx->dev->nccl, ctx->ring))

@@ -196,6 +196,12 @@ bool ring_nccl_hostid(char *out, size_t cap, const char *existing, const char *h
  * NCCL version, not the MPI ring's order). */
 #if defined(RK_HAVE_NCCL)
 typedef struct ring_nccl ring_nccl;
+/* The process's libnccl.so.2, found at run time (once: the one already loaded, else the
+   loader's), and every function the ring needs in it: 0 and *version (NCCL_VERSION_CODE's
+   form; may be NULL), or RK_E_NCCL and *why (static text: not loadable, or the function it
+   lacks). ncclCommShrink and ncclCommRevoke are optional (ring_nccl_can_shrink,
+   ring_nccl_revokes). Thread-safe. */
+int ring_nccl_load(int *version, const char **why);
 /* Collective over the members of r (the unique id travels point-to-point between them
    on r's communicator: ring_share_blob), bounded by cancel (NULL: timeout_ms). device: the
    CUDA device of this process; timeout_ms: the default bound of the handle's later waits. */
@@ -216,8 +222,8 @@ int ring_nccl_allreduce(ring_nccl *g, void *dev_buf, size_t count, rk_dtype dtyp
 bool ring_nccl_revokes(void);
 /* Whether this member can take its communicator over to r's members (after ring_rebuild)
    without a new one: members were only dropped (ring_nccl_plan) from an intact communicator
-   or a revoked one NCCL now calls quiescent, or none from an intact one, and this NCCL has ncclCommShrink
-   (RK_HAVE_NCCL_SHRINK). Local. */
+   or a revoked one NCCL now calls quiescent, or none from an intact one, and this process's
+   NCCL has ncclCommShrink (>= 2.27, found at run time). Local. */
 bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r);
 /* After ring_rebuild(r, ...): a communicator over r's members. shrink (every member must
    pass the same: the callers agree on it, each from ring_nccl_can_shrink): the same members

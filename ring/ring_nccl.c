@@ -18,7 +18,7 @@
  *  - Rebuild (the caller says which way: every member must take the same one):
  *    members only dropped and the communicator intact, or revoked and quiescent by then
  *    (NCCL's own time, ~0.5 s after the revoke) -> ncclCommShrink
- *    (NCCL >= 2.27, RK_HAVE_NCCL_SHRINK) excluding the lost NCCL ranks (ring_nccl_plan),
+ *    (NCCL >= 2.27: found at run time) excluding the lost NCCL ranks (ring_nccl_plan),
  *    NCCL_SHRINK_ABORT on an intact parent (ends whatever the lost member left pending),
  *    NCCL_SHRINK_DEFAULT on a revoked one. Otherwise (members added: spares; a revoked
  *    communicator not yet quiescent; an aborted one; no shrink in this NCCL) a fresh communicator, its unique id sent by
@@ -27,19 +27,35 @@
  *    intact one replaced by a fresh one) is freed by ncclCommAbort on a thread of its own
  *    (retire): recovery does not wait its ~0.5 s; each later retire joins those that
  *    ended (collect_reapers), ring_nccl_destroy the rest, bounded.
- * Run on a GPU (an H200, docs/GPU.md); without one tests/test_ring_nccl.c skips.
+ *  - NCCL is found at run time, never linked (ring_nccl_load): a process holds one
+ *    libnccl.so.2, and the one already loaded (torch's, older or newer than the nccl.h
+ *    this was built with) is the one used (dlopen RTLD_NOLOAD first); otherwise the
+ *    loader's search (this library's rpath: the build's NCCL). Each function is taken
+ *    with dlsym: a missing required one makes NCCL unusable, said once, and device
+ *    buffers take the staging path (recover/api_ring_nccl.c); ncclCommShrink (2.27) and
+ *    ncclCommRevoke (2.28) are optional, each used where this process's NCCL has it.
+ *    The NCCL_SHRINK_* and NCCL_REVOKE_* flags are NCCL's ABI values, defined here when
+ *    the build's nccl.h is older.
+ * Run on a GPU (an H200, docs/GPU.md); without one tests/test_ring_nccl.c skips. The
+ * loading at run time was built against NCCL 2.28.9 and has not run on a GPU yet.
  */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ring_internal.h"
 
-#if defined(RK_HAVE_NCCL_SHRINK) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-#define RK_HAVE_NCCL_REVOKE 1 /* ncclCommRevoke */
+#ifndef NCCL_SHRINK_ABORT /* nccl.h < 2.27: NCCL's values */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+#endif
+#ifndef NCCL_REVOKE_DEFAULT /* nccl.h < 2.28 */
+#define NCCL_REVOKE_DEFAULT 0x00
 #endif
 
 /* A revoke not quiescent by then falls back to ncclCommAbort. */
@@ -61,9 +77,90 @@ struct ring_nccl {
                              it must outlive the call that started the shrink */
 };
 
+/* ---- NCCL, found at run time ------------------------------------------------------------ */
+
+/* The process's NCCL: one per process (the dynamic loader's), so one table, filled once. */
+static struct {
+    bool usable;
+    int version;
+    char why[256];      /* why not usable */
+    ncclResult_t (*GetVersion)(int *);
+    const char *(*GetErrorString)(ncclResult_t);
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+    ncclResult_t (*CommInitRankConfig)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*CommFinalize)(ncclComm_t);
+    ncclResult_t (*CommDestroy)(ncclComm_t);
+    ncclResult_t (*CommAbort)(ncclComm_t);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    /* optional: NULL where this NCCL lacks them */
+    ncclResult_t (*CommShrink)(ncclComm_t, int *, int, ncclComm_t *, ncclConfig_t *, int); /* 2.27 */
+    ncclResult_t (*CommRevoke)(ncclComm_t, int);                                          /* 2.28 */
+} nccl;
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+
+static void nccl_open(void)
+{
+    const char *how = "already loaded";
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    if (!h) {
+        how = "loaded";
+        h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+        snprintf(nccl.why, sizeof(nccl.why), "libnccl.so.2 cannot be loaded: %s", dlerror());
+        return;
+    }
+    const struct {
+        const char *name;
+        void **fn;
+        bool optional;
+    } want[] = {
+        {"ncclGetVersion", (void **)&nccl.GetVersion, false},
+        {"ncclGetErrorString", (void **)&nccl.GetErrorString, false},
+        {"ncclGetUniqueId", (void **)&nccl.GetUniqueId, false},
+        {"ncclCommInitRankConfig", (void **)&nccl.CommInitRankConfig, false},
+        {"ncclCommGetAsyncError", (void **)&nccl.CommGetAsyncError, false},
+        {"ncclCommFinalize", (void **)&nccl.CommFinalize, false},
+        {"ncclCommDestroy", (void **)&nccl.CommDestroy, false},
+        {"ncclCommAbort", (void **)&nccl.CommAbort, false},
+        {"ncclAllReduce", (void **)&nccl.AllReduce, false},
+        {"ncclCommShrink", (void **)&nccl.CommShrink, true},
+        {"ncclCommRevoke", (void **)&nccl.CommRevoke, true},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        *want[i].fn = dlsym(h, want[i].name);
+        if (!*want[i].fn && !want[i].optional) {
+            snprintf(nccl.why, sizeof(nccl.why), "the process's libnccl.so.2 has no %s (NCCL older than 2.14?)",
+                     want[i].name);
+            return; /* the handle stays open: dlclose of a library torch may use is not ours */
+        }
+    }
+    if (nccl.GetVersion(&nccl.version) != ncclSuccess) {
+        snprintf(nccl.why, sizeof(nccl.why), "ncclGetVersion failed");
+        return;
+    }
+    nccl.usable = true;
+    RK_LOG_INFO(RK_SUB_RING, "NCCL %d (libnccl.so.2 %s): ncclCommShrink %s, ncclCommRevoke %s", nccl.version, how,
+                nccl.CommShrink ? "found" : "absent", nccl.CommRevoke ? "found" : "absent");
+}
+
+int ring_nccl_load(int *version, const char **why)
+{
+    pthread_once(&nccl_once, nccl_open);
+    if (!nccl.usable) {
+        if (why)
+            *why = nccl.why;
+        return RK_E_NCCL;
+    }
+    if (version)
+        *version = nccl.version;
+    return 0;
+}
+
 static int nccl_fail(ncclResult_t res, int code, const char *what)
 {
-    return rk__fail(RK_SUB_RING, RK_LOG_ERROR, code, "%s: %s", what, ncclGetErrorString(res));
+    return rk__fail(RK_SUB_RING, RK_LOG_ERROR, code, "%s: %s", what, nccl.GetErrorString(res));
 }
 
 static int cuda_fail(cudaError_t e, const char *what)
@@ -76,7 +173,7 @@ static int wait_comm(ring_nccl *g, ncclComm_t comm, const ring_cancel *c, int64_
 {
     for (;;) {
         ncclResult_t st = ncclInProgress;
-        ncclResult_t res = ncclCommGetAsyncError(comm, &st);
+        ncclResult_t res = nccl.CommGetAsyncError(comm, &st);
         if (res != ncclSuccess)
             return nccl_fail(res, RK_E_NCCL, "ncclCommGetAsyncError");
         if (st == ncclSuccess)
@@ -103,7 +200,7 @@ static void *reap_main(void *arg)
 {
     struct reap *x = arg;
     cudaSetDevice(x->device);
-    ncclCommAbort(x->comm);
+    nccl.CommAbort(x->comm);
     free(x);
     return NULL;
 }
@@ -140,7 +237,7 @@ static void retire(ring_nccl *g, ncclComm_t comm)
         }
     }
     free(x);
-    ncclCommAbort(comm);
+    nccl.CommAbort(comm);
 }
 
 /* Joins the retiring threads within timeout_ms in all; one still inside ncclCommAbort then
@@ -179,7 +276,7 @@ static int fresh_comm(ring_nccl *g, ring *r, const ring_cancel *c)
     int64_t deadline = ring__deadline(r, c);
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
-    ncclResult_t res = r->rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+    ncclResult_t res = r->rank == 0 ? nccl.GetUniqueId(&id) : ncclSuccess;
     if (res != ncclSuccess)
         return nccl_fail(res, RK_E_NCCL, "ncclGetUniqueId");
     int rc = ring_share_blob(r, &id, sizeof(id), c);
@@ -188,11 +285,11 @@ static int fresh_comm(ring_nccl *g, ring *r, const ring_cancel *c)
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t comm = NULL;
-    res = ncclCommInitRankConfig(&comm, r->size, id, r->rank, &cfg);
+    res = nccl.CommInitRankConfig(&comm, r->size, id, r->rank, &cfg);
     if (res != ncclSuccess && res != ncclInProgress)
         return nccl_fail(res, RK_E_NCCL, "ncclCommInitRankConfig");
     if ((rc = wait_comm(g, comm, c, deadline)) != 0) {
-        ncclCommAbort(comm);
+        nccl.CommAbort(comm);
         return rc;
     }
     g->comm = comm;
@@ -222,6 +319,9 @@ int ring_nccl_create(ring_nccl **out, ring *r, int device, int timeout_ms, const
     if (!out || !ring_is_member(r))
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_nccl_create: no ring, or not a member");
     *out = NULL;
+    const char *why = NULL;
+    if (ring_nccl_load(NULL, &why) != 0)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_NCCL, "ring_nccl_create: %s", why);
     ring_nccl *g = calloc(1, sizeof(*g));
     if (!g)
         return -ENOMEM;
@@ -267,18 +367,18 @@ void ring_nccl_destroy(ring_nccl **pg)
     ring_nccl *g = *pg;
     if (g->comm) {
         if (g->failed) {
-            ncclCommAbort(g->comm);
+            nccl.CommAbort(g->comm);
         } else {
-            ncclCommFinalize(g->comm);
+            nccl.CommFinalize(g->comm);
             ring_cancel c = {.deadline_ns = rk__deadline_ns(g->timeout_ms)};
             if (wait_comm(g, g->comm, &c, c.deadline_ns) == 0)
-                ncclCommDestroy(g->comm);
+                nccl.CommDestroy(g->comm);
             else
-                ncclCommAbort(g->comm);
+                nccl.CommAbort(g->comm);
         }
     }
     if (g->child) /* a shrink given up on that NCCL finished afterwards */
-        ncclCommAbort(g->child);
+        nccl.CommAbort(g->child);
     join_reapers(g);
     cudaEventDestroy(g->after);
     cudaStreamDestroy(g->stream);
@@ -289,15 +389,12 @@ void ring_nccl_destroy(ring_nccl **pg)
 
 bool ring_nccl_revokes(void)
 {
-#if defined(RK_HAVE_NCCL_REVOKE)
+    if (ring_nccl_load(NULL, NULL) != 0 || !nccl.CommRevoke)
+        return false; /* NCCL < 2.28 in this process */
     const char *e = getenv("RK_NCCL_REVOKE");
     return !e || (strcmp(e, "0") != 0 && strcmp(e, "off") != 0);
-#else
-    return false;
-#endif
 }
 
-#if defined(RK_HAVE_NCCL_REVOKE)
 /* ncclCommRevoke, then the ring's stream polled until it drained (the kernels ended: from
    then on nothing writes the caller's buffer) within REVOKE_BOUND_MS. The communicator
    becomes quiescent later, by itself (~0.5 s: NCCL's proxy thread); a shrink waits for
@@ -306,9 +403,9 @@ bool ring_nccl_revokes(void)
 static bool revoke(ring_nccl *g)
 {
     int64_t t0 = rk__mono_ns(), deadline = rk__deadline_ns(REVOKE_BOUND_MS);
-    ncclResult_t res = ncclCommRevoke(g->comm, NCCL_REVOKE_DEFAULT);
+    ncclResult_t res = nccl.CommRevoke(g->comm, NCCL_REVOKE_DEFAULT);
     if (res != ncclSuccess && res != ncclInProgress) {
-        RK_LOG_WARN(RK_SUB_RING, "ncclCommRevoke: %s: aborting the communicator", ncclGetErrorString(res));
+        RK_LOG_WARN(RK_SUB_RING, "ncclCommRevoke: %s: aborting the communicator", nccl.GetErrorString(res));
         return false;
     }
     for (;;) {
@@ -330,13 +427,12 @@ static bool revoke(ring_nccl *g)
         rk__sleep_ns(20000);
     }
 }
-#endif
 
 /* A revoked communicator is good for a shrink once NCCL says it is quiescent. */
 static bool revoked_quiescent(const ring_nccl *g)
 {
     ncclResult_t st = ncclInProgress;
-    return g->revoked && g->comm && ncclCommGetAsyncError(g->comm, &st) == ncclSuccess && st == ncclSuccess;
+    return g->revoked && g->comm && nccl.CommGetAsyncError(g->comm, &st) == ncclSuccess && st == ncclSuccess;
 }
 
 /* Stops what the communicator has in flight after a failed call, so the kernels end and
@@ -348,13 +444,11 @@ static void fail_comm(ring_nccl *g)
     g->failed = true;
     if (!g->comm || g->revoked)
         return;
-#if defined(RK_HAVE_NCCL_REVOKE)
     if (ring_nccl_revokes() && revoke(g)) {
         g->revoked = true;
         return;
     }
-#endif
-    ncclCommAbort(g->comm);
+    nccl.CommAbort(g->comm);
     g->comm = NULL;
 }
 
@@ -380,14 +474,14 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
         ce = cudaStreamWaitEvent(g->stream, g->after, 0);
     if (ce != cudaSuccess)
         return cuda_fail(ce, "ring_nccl_allreduce: ordering after the caller's stream");
-    ncclResult_t res = ncclAllReduce(buf, buf, count, t, o, g->comm, g->stream);
+    ncclResult_t res = nccl.AllReduce(buf, buf, count, t, o, g->comm, g->stream);
     if (res != ncclSuccess && res != ncclInProgress) {
         fail_comm(g);
         return nccl_fail(res, RK_E_PEER_LOST, "ncclAllReduce");
     }
     for (unsigned polls = 0;; polls++) {
         ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(g->comm, &st);
+        nccl.CommGetAsyncError(g->comm, &st);
         if (st != ncclSuccess && st != ncclInProgress) {
             fail_comm(g);
             return nccl_fail(st, RK_E_PEER_LOST, "ncclAllReduce (asynchronous error)");
@@ -416,7 +510,8 @@ int ring_nccl_allreduce(ring_nccl *g, void *buf, size_t count, rk_dtype dtype, r
 
 bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r)
 {
-#if defined(RK_HAVE_NCCL_SHRINK)
+    if (!nccl.CommShrink)
+        return false; /* NCCL < 2.27 in this process: no ncclCommShrink */
     if (!g || !g->comm || (g->failed && !revoked_quiescent(g)) || !ring_is_member(r))
         return false;
     int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
@@ -426,11 +521,6 @@ bool ring_nccl_can_shrink(const ring_nccl *g, const ring *r)
     free(excl);
     /* A revoked communicator is shrunk, never kept: the same members take a fresh one. */
     return p == RING_NCCL_SHRINK || (p == RING_NCCL_KEEP && !g->failed);
-#else
-    (void)g;
-    (void)r;
-    return false; /* NCCL < 2.27: no ncclCommShrink */
-#endif
 }
 
 int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
@@ -438,61 +528,59 @@ int ring_nccl_rebuild(ring_nccl *g, ring *r, bool shrink, const ring_cancel *c)
     if (!g || !ring_is_member(r))
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_nccl_rebuild: no handle, or not a member");
     int rc;
-#if defined(RK_HAVE_NCCL_SHRINK)
-    int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
-    if (!excl)
-        return -ENOMEM;
-    enum ring_nccl_plan plan = ring_nccl_plan(g->members, g->n, r->members, r->size, excl, &nex);
-    if (shrink && plan == RING_NCCL_KEEP && g->comm && !g->failed) {
-        free(excl);
-        return 0;
-    }
-    if (shrink && plan == RING_NCCL_SHRINK && g->comm && (!g->failed || revoked_quiescent(g))) {
-        int64_t deadline = ring__deadline(r, c);
-        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-        cfg.blocking = 0;
-        ncclComm_t parent = g->comm;
-        g->child = NULL;
-        /* An intact parent may have operations a lost member left pending: terminate them
-           first; a revoked one has none (NCCL's fault-tolerance guide). */
-        ncclResult_t res = ncclCommShrink(parent, excl, nex, &g->child, &cfg,
-                                          g->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
-        free(excl);
-        /* A non-blocking shrink is polled on the parent: the new communicator is NULL
-           until it is done (NCCL's user guide, the non-blocking split). */
-        if (res != ncclSuccess && res != ncclInProgress)
-            rc = nccl_fail(res, RK_E_NCCL, "ncclCommShrink");
-        else
-            rc = wait_comm(g, parent, c, deadline);
-        if (rc == 0 && !g->child)
-            rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_NCCL, "ncclCommShrink: done without a communicator");
-        if (rc == 0)
-            rc = wait_comm(g, g->child, c, deadline); /* ready at once, unless NCCL says otherwise */
-        g->comm = NULL;
-        g->failed = true;
-        g->revoked = false;
-        if (rc != 0) {
-            /* A shrink is stopped by aborting the parent, then the child if NCCL made one. */
-            ncclCommAbort(parent);
-            if (g->child)
-                ncclCommAbort(g->child);
-            g->child = NULL;
-            return rc; /* the caller agrees on a fresh communicator next */
+    if (shrink && nccl.CommShrink) { /* (NCCL >= 2.27 in this process) */
+        int *excl = malloc((size_t)g->n * sizeof(*excl)), nex = 0;
+        if (!excl)
+            return -ENOMEM;
+        enum ring_nccl_plan plan = ring_nccl_plan(g->members, g->n, r->members, r->size, excl, &nex);
+        if (plan == RING_NCCL_KEEP && g->comm && !g->failed) {
+            free(excl);
+            return 0;
         }
-        retire(g, parent);
-        g->comm = g->child;
-        g->child = NULL;
-        g->failed = false;
-        return copy_members(g, r);
+        if (plan == RING_NCCL_SHRINK && g->comm && (!g->failed || revoked_quiescent(g))) {
+            int64_t deadline = ring__deadline(r, c);
+            ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+            cfg.blocking = 0;
+            ncclComm_t parent = g->comm;
+            g->child = NULL;
+            /* An intact parent may have operations a lost member left pending: terminate them
+               first; a revoked one has none (NCCL's fault-tolerance guide). */
+            ncclResult_t res = nccl.CommShrink(parent, excl, nex, &g->child, &cfg,
+                                               g->revoked ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT);
+            free(excl);
+            /* A non-blocking shrink is polled on the parent: the new communicator is NULL
+               until it is done (NCCL's user guide, the non-blocking split). */
+            if (res != ncclSuccess && res != ncclInProgress)
+                rc = nccl_fail(res, RK_E_NCCL, "ncclCommShrink");
+            else
+                rc = wait_comm(g, parent, c, deadline);
+            if (rc == 0 && !g->child)
+                rc = rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_NCCL, "ncclCommShrink: done without a communicator");
+            if (rc == 0)
+                rc = wait_comm(g, g->child, c, deadline); /* ready at once, unless NCCL says otherwise */
+            g->comm = NULL;
+            g->failed = true;
+            g->revoked = false;
+            if (rc != 0) {
+                /* A shrink is stopped by aborting the parent, then the child if NCCL made one. */
+                nccl.CommAbort(parent);
+                if (g->child)
+                    nccl.CommAbort(g->child);
+                g->child = NULL;
+                return rc; /* the caller agrees on a fresh communicator next */
+            }
+            retire(g, parent);
+            g->comm = g->child;
+            g->child = NULL;
+            g->failed = false;
+            return copy_members(g, r);
+        }
+        free(excl);
     }
-    free(excl);
-#else
-    (void)shrink;
-#endif
     if (g->comm && (!g->failed || g->revoked)) /* nothing of ours runs on it: freed off this path */
         retire(g, g->comm);
     else if (g->comm)
-        ncclCommAbort(g->comm);
+        nccl.CommAbort(g->comm);
     g->comm = NULL;
     g->failed = true;
     g->revoked = false;

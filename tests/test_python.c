@@ -156,6 +156,38 @@ START_TEST(relaunch_resumes_from_disk)
 }
 END_TEST
 
+/* The wheel as a user installs it (tests/py/wheel_check.py): built offline from the source
+   tree over this build, installed into a fresh venv, and a 2-worker job run by the venv's
+   `rekindle run` and python with no PYTHONPATH, LD_LIBRARY_PATH or REKINDLE_LIB: the
+   package and librekindle are the wheel's; `rekindle ls/verify` from it on the job's
+   checkpoints. */
+static void package_check(const char *name, const char *want, int bound_s)
+{
+    char *work = th_tmpdir("py-package");
+    char *script = th_py_script(name);
+    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), work, NULL};
+    th_py_expect(argv, 0, want, bound_s);
+    free(script);
+    free(work);
+}
+
+START_TEST(wheel_installed_runs_job)
+{
+    package_check("wheel_check.py", "wheel_check: ok", 540);
+}
+END_TEST
+
+/* librekindle loaded after an NCCL older than its build's, as after `import torch` of a
+   torch whose NCCL is older (tests/py/nccl_load_check.py, stand-in libnccl.so.2 built
+   there, no GPU needed): 2.18 (no ncclCommShrink/Revoke) loads and is used without them,
+   2.12 (no ncclCommInitRankConfig) loads and is refused by name (ring/ring_nccl.c's
+   run-time loading; a CPU-only build has nothing to check and says so). */
+START_TEST(library_loads_beside_older_nccl)
+{
+    package_check("nccl_load_check.py", "nccl_load_check: ok", 240);
+}
+END_TEST
+
 int main(void)
 {
     th_py_setup("import torch, sklearn",
@@ -182,6 +214,11 @@ int main(void)
     tcase_add_test(tc, horovod_style_killed_then_grown_back);
     tcase_add_test(tc, elastic_state_rolls_back);
     tcase_add_test(tc, elastic_loss_in_first_sync);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("package");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, wheel_installed_runs_job);
+    tcase_add_test(tc, library_loads_beside_older_nccl);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

@@ -80,6 +80,7 @@ def _candidates():
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
+        os.path.join(here, "_native", "librekindle.so.1"),  # an installed wheel's (setup.py)
         os.path.join(here, "..", "..", "build", "lib", "librekindle.so.1"),  # the build tree
         os.path.join(here, "..", "..", "..", "librekindle.so.1"),  # PREFIX/lib/python3/dist-packages
         "librekindle.so.1",  # the dynamic loader's search path
@@ -92,7 +93,9 @@ def _torch_first():
     than the one librekindle was built against; loaded second, torch would be bound to
     ours and fail ("libtorch_cuda.so: undefined symbol: ncclCommResume", seen with
     PyTorch 2.15 and NCCL 2.28). The other way round, librekindle runs on torch's (NCCL
-    keeps its ABI within a major version)."""
+    keeps its ABI within a major version). librekindle no longer links NCCL (it finds the
+    process's libnccl.so.2 at its first device allreduce: docs/GPU.md, "NCCL at run
+    time"), so either order now works."""
     try:
         import torch  # noqa: F401
     except ImportError:
