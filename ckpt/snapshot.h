@@ -19,8 +19,8 @@
  *               (a snapshot) or back (a restore);
  *   settle      wait for the copy under way, bounded, and hold its snapshot if it is whole;
  *   turn        the generations before a new snapshot: it goes into old's region (S6);
- *   pin         the one region the writer reads (its job's), never written nor unmapped
- *               while pinned (writer.c W5).
+ *   pin         the one region the writer reads (its job's: job.region), never unmapped
+ *               while pinned nor written while that job may commit (writer.c W5).
  *
  * Invariants (tests/test_ckpt_snap.c and tests/test_ckpt.c name the one each test checks):
  *  S1  Staging is a region a generation (two, g and old, and a third, park, made the first
