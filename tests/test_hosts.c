@@ -104,12 +104,12 @@ START_TEST(host_lost_and_back)
 }
 END_TEST
 
-/* Every worker on two hosts (mpirun on this one, outside them), each host frozen whole
-   (every process SIGSTOPped: no record, no beat, and mpirun, its connections to the
-   frozen daemons still open, never ends): the launcher, which has read their beats,
-   stops mpirun once none has shown a sign of life for its bound (tools/cmd_run.c) and
-   says why, with a failed job's status. (Before: with no record at all, it waited for
-   mpirun for ever.) */
+/* run_loop.c L2, L3: every worker on two hosts (mpirun on this one, outside them), each
+   host frozen whole (every process SIGSTOPped: no record, no beat, and mpirun, its
+   connections to the frozen daemons still open, never ends): the launcher, which has read
+   their beats, stops mpirun once none has shown a sign of life for its bound and says
+   why, with a failed job's status. (Before: with no record at all, it waited for mpirun
+   for ever.) */
 START_TEST(all_workers_silent_launcher_ends)
 {
     need_hosts();

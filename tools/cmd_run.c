@@ -4,39 +4,24 @@
  *
  *   rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]
  *
- * How it works (docs/LAUNCHER.md has the user's view):
- *   1. The environment: RK_JOB_SECRET (32 random bytes as 64 lowercase hex digits, unless
- *      one is set already), RK_SPARES=S, RK_RUN_DIR (a private directory for the run's
- *      records: tools/records.c, which refuses one that is not the job user's alone),
- *      RK_RUN_ATTEMPT (0 for the first launch, 1 for the first relaunch...).
- *      Every RK_* variable is forwarded to the workers with `mpirun -x NAME` (by name:
- *      the secret never appears on a command line).
- *   2. mpirun runs N+S copies of `rekindle run --rk-worker DIR -- PROGRAM ARGS`: a small
- *      wrapper that runs PROGRAM as its child, passes signals on, and when PROGRAM ends
- *      (an exit or a kill, never a stop) first tells the job's other workers at once
- *      (detector/det_parent.c: the child's detector told it, through a pipe passed in
- *      RK_RUN_PARENT, where they listen and the attempt's salt; RK_PARENT_REPORT=0 turns
- *      this off), then records how ("exit C" or "signal S", then "host H pid P": hosts
- *      may share a PID space) in DIR/rank-<R>, then ends the same way.
- *   3. Completion: with `--enable-recovery --mca orte_abort_on_non_zero_status 0`,
- *      mpirun (Open MPI 4.1) exits 0 whatever its processes did, even when every one of
- *      them failed. So the launcher judges by the records: the job completed if at least
- *      one worker's PROGRAM exited 0, a spare's only if it joined the job (workers that
- *      were lost along the way are reported on stderr). Otherwise the job died; with restarts left it is relaunched (and
- *      resumes from its latest checkpoint), else the launcher exits with the job's status:
- *      the exit code of the lowest failing rank, or 128+signal. mpirun itself may never
- *      exit after a process on another host died: once the records say the job is over
- *      (completed or failed: every worker ended, or lost with its host), the launcher
- *      stops it (run_mpirun).
- *   4. Processes: mpirun runs in its own session (setsid); Open MPI gives each worker its
- *      own process group, but all stay in that session. The launcher is a child
- *      subreaper, so orphans come back to it. When mpirun is gone, whatever is left in
- *      the session is SIGKILLed. SIGINT/SIGTERM/SIGHUP are passed to mpirun (a second one,
- *      or RUN_GRACE_MS without an end, escalates to SIGKILL of the whole session); the
- *      exit status is then 128+signal and there is no relaunch.
+ * This file is the command: its arguments, and the environment of the run (docs/LAUNCHER.md
+ * has the user's view): RK_JOB_SECRET (32 random bytes as 64 lowercase hex digits, unless
+ * one is set already: the detector's parser judges it), RK_SPARES=S, RK_RUN_DIR (a
+ * private directory for the run's records, refused unless it is the job user's alone:
+ * tools/records.c), RK_RUN_ATTEMPT (0 for the first launch, 1 for the first relaunch...).
+ * Every RK_* variable is forwarded to the workers with `mpirun -x NAME` (by name: the
+ * secret never appears on a command line). The launcher blocks SIGINT, SIGTERM, SIGHUP
+ * and SIGCHLD to wait for them, and is a child subreaper (orphans of the job come back
+ * to it). Then:
+ *   - tools/run_loop.c: the launcher's loop (its header has the state diagram and the
+ *     invariants L1-L6): each attempt run under mpirun, watched, judged by the records,
+ *     relaunched or ended;
+ *   - tools/run_worker.c: the worker's wrapper (`rekindle run --rk-worker DIR -- PROGRAM`),
+ *     another process on every worker's host;
+ *   - tools/records.c: the records both read and write (R1-R3);
+ *   - tools/run_elastic.c, tools/run_grow.c: an elastic run's hosts and growth.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -44,12 +29,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <poll.h>
-#include <sys/resource.h>
-#include <sys/signalfd.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../detector/det.h"
@@ -57,18 +36,7 @@
 #include "run_elastic.h"
 #include "tools.h"
 
-extern char **environ;
-
-enum {
-    RUN_GRACE_MS = 5000,  /* after a forwarded signal, before SIGKILL of the session */
-    DONE_GRACE_MS = 2000, /* every worker recorded its end: mpirun's time to notice */
-    LATE_GRACE_MS = 5000, /* a worker ended (completed or failed): how long, since the last
-                             record, the others may go without a sign of life (their
-                             wrappers' beat) before they count as lost */
-    STOP_POLL_MS = 20,    /* how often the wrapper looks for DIR/stop (a stop to grow) */
-    SWEEP_MS = 2000,      /* bound on waiting for SIGKILLed leftovers to disappear */
-    MAX_WORKERS = 1 << 16,
-};
+enum { MAX_WORKERS = 1 << 16 };
 
 static void run_usage(FILE *f)
 {
@@ -216,146 +184,6 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
     return 0;
 }
 
-/* ---- the worker wrapper (rekindle run --rk-worker DIR -- PROGRAM ARGS) ------------------ */
-
-/* The channel for reporting the child's death (detector/det_parent.c): a pipe, and the
-   job's key from RK_JOB_SECRET, as the child's detector will derive it. NULL (and pfd
-   -1) when RK_PARENT_REPORT=0 or there is no secret: the others then learn of a death
-   from its silence alone. */
-static det_parent *report_channel(const char *rank, int pfd[2])
-{
-    pfd[0] = pfd[1] = -1;
-    const char *off = getenv("RK_PARENT_REPORT"), *secret = getenv("RK_JOB_SECRET");
-    uint8_t key[DET_KEY_BYTES];
-    if ((off && strcmp(off, "0") == 0) || !secret || det_key_from_secret(secret, key) != 0)
-        return NULL;
-    det_parent *pp = NULL;
-    if (pipe2(pfd, O_CLOEXEC) != 0 || det_parent_open(&pp, pfd[0], key) != 0) {
-        fprintf(stderr, "rekindle: run: rank %s: no channel to report its death (%s): the others will learn "
-                        "it from its silence\n", rank, strerror(errno));
-        for (int i = 0; i < 2; i++)
-            if (pfd[i] >= 0)
-                close(pfd[i]);
-        pfd[0] = pfd[1] = -1;
-    }
-    explicit_bzero(key, sizeof(key));
-    return pp;
-}
-
-static int worker_main(const char *dir, char **prog)
-{
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank)
-        rank = getenv("PMIX_RANK");
-    if (!rank || !*rank || strspn(rank, "0123456789") != strlen(rank) || strlen(rank) > 9)
-        return tool_error(TOOL_USAGE, "run --rk-worker: no OMPI_COMM_WORLD_RANK (not started by mpirun?)");
-    /* The records directory is checked before anything is written there (records.c, R1);
-       one that does not exist on this host (not shared) leaves the worker unrecorded, as a
-       lost one, but one that exists and is not safe stops it here. */
-    struct records rec;
-    char why[PATH_MAX + 160];
-    int orc = rec_open_worker(dir, &rec, why, sizeof(why));
-    if (orc != 0 && orc != -ENOENT)
-        return tool_error(TOOL_USAGE, "run: rank %s: the records directory %s", rank, why);
-    if (orc == -ENOENT)
-        fprintf(stderr, "rekindle: run: rank %s: %s: its end will not be recorded (set RK_RUN_DIR to a directory "
-                        "every host shares)\n", rank, why);
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    int sfd = signalfd(-1, &all, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sfd < 0) {
-        rec_close(&rec);
-        return tool_error(TOOL_USAGE, "run: rank %s: signalfd: %s", rank, strerror(errno));
-    }
-    int pfd[2];
-    det_parent *pp = report_channel(rank, pfd);
-    pid_t wrapper = getpid();
-    pid_t child = fork();
-    if (child < 0) {
-        rec_close(&rec);
-        return tool_error(TOOL_USAGE, "run: rank %s: fork: %s", rank, strerror(errno));
-    }
-    if (child == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* the wrapper lost: its program goes too */
-        if (getppid() != wrapper)
-            raise(SIGKILL); /* it was lost before the line above: as if it had been after */
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        setenv("RK_RUN_RECORDS", dir, 1); /* where a spare notes that it joined (recover/) */
-        char chan[64];
-        int wfd = pfd[1] >= 0 ? fcntl(pfd[1], F_DUPFD, 3) : -1; /* a copy without close-on-exec */
-        snprintf(chan, sizeof(chan), "%d:%ld", wfd, (long)wrapper);
-        if (wfd >= 0)
-            setenv("RK_RUN_PARENT", chan, 1); /* read by rk_init (recover/api_det.c) */
-        else
-            unsetenv("RK_RUN_PARENT");
-        execvp(prog[0], prog);
-        fprintf(stderr, "rekindle: run: rank %s: cannot start %s: %s\n", rank, prog[0], strerror(errno));
-        _exit(127);
-    }
-    if (pfd[1] >= 0)
-        close(pfd[1]);
-    /* Pass on what is sent to the wrapper; end when the program ends (waitpid reports an end,
-       never a stop), telling the others first; beat meanwhile, so the launcher can tell a
-       worker still at work from one whose host is gone. DIR/stop, written by a launcher
-       that stops the job to grow it, ends the program at once (SIGTERM), on every host:
-       mpirun's own forwarding of the launcher's SIGTERM took 1-2 s, steps all lost. */
-    int status = 0;
-    bool pipe_open = pp != NULL, stopping = false;
-    char host[256], addrs[512]; /* for a launcher that learns of a host gone from the beat */
-    rec_this_host(host, sizeof(host), addrs, sizeof(addrs));
-    uint64_t beats = 0;
-    for (int64_t beat_at = 0;;) {
-        if (rk__mono_ns() >= beat_at) {
-            rec_beat(&rec, rank, beats++, host, addrs); /* not written: the launcher sees silence */
-            beat_at = rk__deadline_ns(BEAT_MS);
-        }
-        struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
-        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
-        poll(pf, 2, ms > STOP_POLL_MS ? STOP_POLL_MS : ms > 0 ? ms : 0);
-        if (!stopping && rec_exists(&rec, RUN_STOP_FILE)) {
-            kill(child, SIGTERM);
-            stopping = true;
-        }
-        if (pf[1].revents && det_parent_read(pp) != 0)
-            pipe_open = false; /* closed: the child ended or exec'd a program without a detector */
-        struct signalfd_siginfo si;
-        bool ended = false;
-        while (!ended && read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-            if (si.ssi_signo == SIGCHLD)
-                ended = waitpid(child, &status, WNOHANG) == child;
-            else
-                kill(child, (int)si.ssi_signo);
-        }
-        if (ended)
-            break;
-    }
-    det_parent_report(pp, status); /* before anything slower: the others are waiting */
-    det_parent_close(&pp);
-    if (pfd[0] >= 0)
-        close(pfd[0]);
-    close(sfd);
-    char text[384];
-    snprintf(text, sizeof(text), "%s %d host %s pid %ld\n", WIFSIGNALED(status) ? "signal" : "exit",
-             WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), host, (long)child);
-    int rc = rec_write_end(&rec, rank, text);
-    if (rc != 0)
-        fprintf(stderr, "rekindle: run: rank %s: cannot record its end in %s: %s\n", rank, dir, strerror(-rc));
-    rec_close(&rec);
-    if (WIFSIGNALED(status)) {
-        /* End the same way, so that mpirun sees what happened (no core of the wrapper). */
-        struct rlimit no_core = {0, 0};
-        setrlimit(RLIMIT_CORE, &no_core);
-        signal(WTERMSIG(status), SIG_DFL);
-        sigset_t one;
-        sigemptyset(&one);
-        sigaddset(&one, WTERMSIG(status));
-        sigprocmask(SIG_UNBLOCK, &one, NULL);
-        raise(WTERMSIG(status));
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-}
-
 /* ---- the launcher ------------------------------------------------------------------------ */
 
 static char *find_in_path(const char *name)
@@ -406,247 +234,6 @@ static int job_secret(void)
     return 0;
 }
 
-/* The argv of mpirun for one attempt (malloc'd array; strings from argv, env or static). */
-static char **mpirun_argv(const char *mpirun, const char *self, const struct run_args *a, const char *rec_dir,
-                          char *nbuf)
-{
-    size_t nenv = 0, nprog = 0;
-    for (char **e = environ; *e; e++)
-        nenv += strncmp(*e, "RK_", 3) == 0;
-    while (a->prog[nprog])
-        nprog++;
-    char **v = calloc(28 + 2 * nenv + nprog, sizeof(char *));
-    if (!v)
-        return NULL;
-    size_t k = 0;
-    v[k++] = (char *)mpirun;
-    v[k++] = "-n";
-    v[k++] = nbuf;
-    v[k++] = "--enable-recovery";
-    v[k++] = "--mca";
-    v[k++] = "orte_abort_on_non_zero_status";
-    v[k++] = "0";
-    /* No final barrier in MPI_Finalize: survivors must not wait there for lost peers. */
-    v[k++] = "--mca";
-    v[k++] = "async_mpi_finalize";
-    v[k++] = "1";
-    v[k++] = "--oversubscribe";
-    v[k++] = "--mca";
-    v[k++] = "btl_vader_single_copy_mechanism";
-    v[k++] = "none";
-    if (geteuid() == 0)
-        v[k++] = "--allow-run-as-root";
-    if (a->hostfile) {
-        v[k++] = "--hostfile";
-        v[k++] = (char *)a->hostfile;
-    }
-    for (char **e = environ; *e; e++) {
-        if (strncmp(*e, "RK_", 3) != 0)
-            continue;
-        char *eq = strchr(*e, '=');
-        v[k++] = "-x";
-        v[k++] = eq ? strndup(*e, (size_t)(eq - *e)) : strdup(*e); /* freed by free_argv */
-    }
-    v[k++] = (char *)self;
-    v[k++] = "run";
-    v[k++] = "--rk-worker";
-    v[k++] = (char *)rec_dir;
-    v[k++] = "--";
-    for (size_t i = 0; i < nprog; i++)
-        v[k++] = a->prog[i];
-    v[k] = NULL;
-    return v;
-}
-
-static void free_argv(char **v)
-{
-    for (size_t i = 0; v && v[i]; i++)
-        if (strcmp(v[i], "-x") == 0 && v[i + 1])
-            free(v[++i]);
-    free(v);
-}
-
-/* Reaps what ended among our children: mpirun, and orphans of its session that came
-   back to us (a subreaper). mpirun's status goes to *status once (*reaped): whichever
-   call reaps it, its end is never lost (the loop would wait for it for ever). */
-static void reap(pid_t mpirun, int *status, bool *reaped)
-{
-    int ws = 0;
-    for (pid_t w; (w = waitpid(-1, &ws, WNOHANG)) > 0;)
-        if (w == mpirun && !*reaped) {
-            *status = ws;
-            *reaped = true;
-        }
-}
-
-/* SIGKILLs every process of session `sid` (mpirun's; mpirun is its leader) but ourselves,
-   and reaps. Returns how many were still there (0: the session is empty, zombies aside). */
-static int session_kill(pid_t sid, int *status, bool *reaped)
-{
-    int found = run_procs_signal(sid, true, SIGKILL);
-    reap(sid, status, reaped);
-    return found;
-}
-
-static void session_sweep(pid_t sid)
-{
-    int64_t deadline = rk__deadline_ns(SWEEP_MS);
-    int status = 0;
-    bool reaped = true; /* mpirun was: whatever is left is an orphan */
-    while (session_kill(sid, &status, &reaped) > 0 && !rk__deadline_passed(deadline)) {
-        struct timespec ts = {0, 20 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-}
-
-/* How the workers of one attempt ended, from their records. */
-struct verdict {
-    int recorded;  /* workers that recorded how they ended */
-    int ok;        /* workers whose PROGRAM exited 0 (a spare only if it joined the job) */
-    int unused;    /* spares that exited 0 without having joined: they say nothing of the job */
-    int64_t last_beat_ns; /* the newest sign of life of a worker with no record (0: none) */
-    int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
-    char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
-};
-
-/* with_host: name each lost worker's host (a job started with --hostfile). Ranks from
-   `members` on are the spares: one that exited 0 without having joined (no joined-<R>
-   note, written by the library when recovery brings it in) is unused, and an unused
-   spare's 0 is not the job's completion (its members may all have failed). */
-static void judge(struct records *rec, int nproc, int members, bool with_host, struct verdict *v)
-{
-    memset(v, 0, sizeof(*v));
-    size_t len = 0;
-    int listed = 0;
-    for (int r = 0; r < nproc; r++) {
-        char what[64] = "", on[80] = "", kind[16], host[64];
-        int code = -1, status;
-        rec_read_end(rec, r, kind, &code, host);
-        v->recorded += kind[0] != '\0';
-        if (!kind[0]) {
-            int64_t beat = rec_beat_seen(rec, r);
-            v->last_beat_ns = beat > v->last_beat_ns ? beat : v->last_beat_ns;
-        }
-        if (strcmp(kind, "exit") == 0 && code == 0) {
-            char joined[32];
-            snprintf(joined, sizeof(joined), "joined-%d", r);
-            if (r >= members && !rec_exists(rec, joined))
-                v->unused++;
-            else
-                v->ok++;
-            continue;
-        }
-        if (host[0] && with_host)
-            snprintf(on, sizeof(on), " (%s)", host);
-        if (strcmp(kind, "exit") == 0) {
-            snprintf(what, sizeof(what), "exit %d", code);
-            status = code;
-        } else if (strcmp(kind, "signal") == 0) {
-            snprintf(what, sizeof(what), "killed by signal %d (%s)", code, strsignal(code));
-            status = 128 + code;
-        } else {
-            snprintf(what, sizeof(what), "ended without a record");
-            status = 1;
-        }
-        if (v->job_status == 0)
-            v->job_status = status;
-        if (listed++ < 8 && len < sizeof(v->lost))
-            len += (size_t)snprintf(v->lost + len, sizeof(v->lost) - len, "%srank %d%s: %s", len ? "; " : "", r, on,
-                                    what);
-    }
-    if (listed > 8 && len < sizeof(v->lost))
-        snprintf(v->lost + len, sizeof(v->lost) - len, "; %d more", listed - 8);
-}
-
-/* Runs mpirun to its end. Returns its wait status; *stop_sig is the first stopping
-   signal received (0: none). Signals in `watch` are blocked by the caller.
-   mpirun (Open MPI 4.1 with --enable-recovery) never exits once a process on another
-   host has died, even after every other one ended: so when the records of rec_dir say
-   the job is over (every one of nproc workers recorded its end: DONE_GRACE_MS; or some
-   recorded it, completed or failed, and for LATE_GRACE_MS since the last record no other
-   has shown a sign of life: the rest were lost with their hosts), mpirun is stopped as
-   on SIGTERM. A worker still at work after another ended (rank 0 committing the last
-   checkpoint, the program's own export, survivors training on in place after a loss)
-   beats, and is waited for. */
-static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
-                      struct records *rec, int nproc, int members, struct grow *g)
-{
-    pid_t pid = fork();
-    if (pid < 0)
-        return -errno;
-    if (pid == 0) {
-        setsid(); /* its own session and process group: see the header, point 4 */
-        sigprocmask(SIG_SETMASK, old_mask, NULL);
-        execv(argv[0], argv);
-        fprintf(stderr, "rekindle: run: cannot start %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    int status = 0, recorded = 0;
-    int64_t kill_at = INT64_MAX, end_at = INT64_MAX, record_at = 0, all_since = 0;
-    bool done = false, killed = false, ended = false;
-    while (!done) {
-        struct timespec tick = {0, 100 * 1000 * 1000};
-        siginfo_t si;
-        int sig = sigtimedwait(watch, &si, &tick);
-        if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
-            if (*stop_sig == 0) {
-                *stop_sig = sig;
-                kill(pid, sig == SIGHUP ? SIGTERM : sig);
-                kill_at = rk__deadline_ns(RUN_GRACE_MS);
-            } else {
-                kill_at = 0; /* a second one: no more waiting */
-            }
-        }
-        reap(pid, &status, &done);
-        if (!done && !ended && *stop_sig == 0) {
-            struct verdict v;
-            judge(rec, nproc, members, false, &v);
-            if (v.recorded != recorded) {
-                recorded = v.recorded;
-                record_at = rk__mono_ns();
-            }
-            if (v.recorded == nproc && !all_since)
-                all_since = rk__mono_ns();
-            int64_t life = v.last_beat_ns > record_at ? v.last_beat_ns : record_at; /* of the rest */
-            end_at = all_since ? all_since + DONE_GRACE_MS * 1000000LL
-                     : v.recorded > 0 ? life + LATE_GRACE_MS * 1000000LL
-                     : v.last_beat_ns > 0 ? v.last_beat_ns + LATE_GRACE_MS * 1000000LL /* all silent */
-                                         : INT64_MAX;
-            if (rk__mono_ns() >= end_at) {
-                if (v.recorded == 0)
-                    fprintf(stderr, "rekindle: run: no worker has recorded its end and none has shown a sign of life "
-                                    "for %d ms (lost with their hosts), but mpirun is still running: stopping it\n",
-                            LATE_GRACE_MS);
-                else if (v.recorded == nproc)
-                    fprintf(stderr, "rekindle: run: every worker has ended, but mpirun is still running: stopping it\n");
-                else
-                    fprintf(stderr,
-                            "rekindle: run: %s: %d of %d workers ended (%d completed), the other %d show no sign "
-                            "of life for %d ms (lost with their hosts), but mpirun is still running: stopping it\n",
-                            v.ok > 0 ? "the job completed" : "the job failed", v.recorded, nproc, v.ok,
-                            nproc - v.recorded, LATE_GRACE_MS);
-                kill(pid, SIGTERM);
-                kill_at = rk__deadline_ns(RUN_GRACE_MS);
-                ended = true;
-            }
-        }
-        if (g && !done && !ended && *stop_sig == 0 && grow_tick(g)) {
-            kill(pid, SIGTERM);
-            kill_at = rk__deadline_ns(RUN_GRACE_MS);
-            ended = true;
-        }
-        if (!done && !killed && rk__mono_ns() >= kill_at) {
-            fprintf(stderr, "rekindle: run: workers still running %d ms after the signal: killing them\n",
-                    RUN_GRACE_MS);
-            kill(-pid, SIGKILL);
-            session_kill(pid, &status, &done);
-            killed = true;
-        }
-    }
-    session_sweep(pid);
-    return status;
-}
-
 /* RK_RUN_DIR, given (made 0700 if missing) or a fresh mkdtemp directory, held open and
    checked (records.c, R1). */
 static int make_run_dir(struct records *run, bool *created)
@@ -672,50 +259,10 @@ static int make_run_dir(struct records *run, bool *created)
     return 0;
 }
 
-/* One launch: records into RUN_DIR/attempt-K. Returns 0 and fills *v, or the launcher's
-   exit status when it cannot tell (mpirun did not start, or a stopping signal). */
-static int attempt(const char *mpirun, const char *self, const struct run_args *a, const struct records *run, int k,
-                   const sigset_t *watch, const sigset_t *old, int *stop_sig, struct verdict *v, struct grow *g)
-{
-    char nbuf[16], kbuf[16], why[PATH_MAX + 160];
-    struct records rec;
-    if (rec_open_attempt(run, k, a->n + a->spares, &rec, why, sizeof(why)) != 0)
-        return tool_error(TOOL_USAGE, "run: the records directory %s", why);
-    snprintf(nbuf, sizeof(nbuf), "%d", a->n + a->spares);
-    snprintf(kbuf, sizeof(kbuf), "%d", k);
-    setenv("RK_RUN_ATTEMPT", kbuf, 1);
-    char **argv = mpirun_argv(mpirun, self, a, rec.path, nbuf);
-    if (!argv) {
-        rec_close(&rec);
-        return tool_error(TOOL_USAGE, "run: out of memory");
-    }
-    if (g)
-        g->rec = &rec;
-    int status = run_mpirun(argv, watch, old, stop_sig, &rec, a->n + a->spares, a->n, g);
-    free_argv(argv);
-    if (g)
-        g->rec = NULL;
-    if (status < 0) {
-        rec_close(&rec);
-        return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
-    }
-    judge(&rec, a->n + a->spares, a->n, a->hostfile != NULL, v);
-    rec_close(&rec);
-    if (*stop_sig)
-        return 128 + *stop_sig;
-    if (v->recorded == 0) {
-        /* no worker recorded its end: mpirun itself failed (its own message is above) */
-        int ms = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        v->job_status = ms ? ms : 1;
-        snprintf(v->lost, sizeof(v->lost), "no worker recorded its end; mpirun exit status %d", ms);
-    }
-    return 0;
-}
-
 int cmd_run(int argc, char **argv)
 {
     if (argc >= 4 && strcmp(argv[1], "--rk-worker") == 0 && strcmp(argv[3], "--") == 0 && argc >= 5)
-        return worker_main(argv[2], argv + 4);
+        return run_worker(argv[2], argv + 4);
 
     struct run_args a;
     int rc = parse_run_args(argc, argv, &a);
@@ -753,7 +300,7 @@ int cmd_run(int argc, char **argv)
     sigprocmask(SIG_BLOCK, &watch, &old);
     prctl(PR_SET_CHILD_SUBREAPER, 1);
 
-    int status = 0, stop_sig = 0, restarts = 0, first_n = a.n;
+    int status = 0;
     struct elastic *el = a.discovery ? calloc(1, sizeof(*el)) : NULL;
     if (a.discovery && !el)
         status = tool_error(TOOL_USAGE, "run: out of memory");
@@ -763,46 +310,10 @@ int cmd_run(int argc, char **argv)
         el->max_np = a.max_np;
         el->cooldown_ms = (int)(a.cooldown_s * 1000);
     }
-    char hostfile[PATH_MAX];
-    for (int k = 0; status == 0; k++) {
-        struct verdict v;
-        struct grow g = {.el = el, .a = &a, .ckpt_dir = getenv("RK_CKPT_DIR"), .run = &run, .base = -2};
-        if (el) {
-            if ((status = elastic_size(&a, el, first_n, &run, k, &watch, hostfile, sizeof(hostfile))) != 0)
-                break;
-            g.workers = g.alive = a.n;
-            if (g.ckpt_dir && !*g.ckpt_dir)
-                g.ckpt_dir = NULL;
-            if (!(g.seen = calloc((size_t)a.n, sizeof(bool)))) {
-                status = tool_error(TOOL_USAGE, "run: out of memory");
-                break;
-            }
-        }
-        status = attempt(mpirun, self, &a, &run, k, &watch, &old, &stop_sig, &v, el ? &g : NULL);
-        free(g.seen);
-        if (status != 0)
-            break; /* stopped, or could not launch */
-        if (g.regrow && v.ok == 0) {
-            fprintf(stderr, "rekindle: run: launching again to grow (not a restart)\n");
-            continue;
-        }
-        if (v.ok > 0) {
-            if (v.lost[0])
-                fprintf(stderr, "rekindle: run: job completed by %d of %d workers; lost: %s\n", v.ok,
-                        a.n + a.spares - v.unused, v.lost);
-            status = 0;
-            break;
-        }
-        status = v.job_status ? v.job_status : 1;
-        if (restarts >= a.max_restarts) {
-            fprintf(stderr, "rekindle: run: job failed (%s)%s\n", v.lost,
-                    a.max_restarts ? ": no restarts left" : "");
-            break;
-        }
-        restarts++;
-        fprintf(stderr, "rekindle: run: job failed (%s): relaunching, restart %d of %d\n", v.lost, restarts,
-                a.max_restarts);
-        status = 0;
+    if (status == 0) {
+        struct run_ctx c = {.a = &a, .mpirun = mpirun, .self = self, .run = &run, .el = el, .watch = &watch,
+                            .old = &old};
+        status = run_loop(&c);
     }
     free(el);
     sigprocmask(SIG_SETMASK, &old, NULL);

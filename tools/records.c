@@ -6,7 +6,7 @@
  * scheduler asks for a discovery (grow, in RK_RUN_DIR). The launcher (tools/cmd_run.c),
  * its growth (tools/run_grow.c) and the wrapper use nothing else to reach these files.
  *
- * Invariants (tests/test_run.c names the one each test checks):
+ * Invariants (tests/test_run_records.c names the one each test checks):
  *  R1. A records directory is used only if it is a directory (not a symbolic link) owned
  *      by this process's user and closed to group and other writes; checked on the open
  *      descriptor (fstat), so what was checked is what is used. The refusal names it.

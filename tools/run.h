@@ -18,7 +18,7 @@
 #include "run_elastic.h"
 
 /* In an attempt's directory: written by the launcher that stops the job to grow it; each
-   worker's wrapper, looking for it every STOP_POLL_MS, ends its program (tools/cmd_run.c). */
+   worker's wrapper, looking for it every STOP_POLL_MS, ends its program (tools/run_worker.c). */
 #define RUN_STOP_FILE "stop"
 
 enum {
@@ -85,6 +85,22 @@ int rec_touch(const struct records *d, const char *name);
 bool rec_take(const struct records *d, const char *name);
 /* A new file name, written by the caller (hostfile-K); NULL with errno set. */
 FILE *rec_create_file(const struct records *d, const char *name);
+
+/* What every attempt of a run shares (tools/run_loop.c). */
+struct run_ctx {
+    struct run_args *a;       /* an elastic run's size and hostfile change per launch */
+    const char *mpirun, *self; /* paths of mpirun and of this program */
+    struct records *run;      /* RK_RUN_DIR, open */
+    struct elastic *el;       /* NULL: not elastic */
+    const sigset_t *watch, *old; /* the signals the loop waits for (blocked), the mask before */
+};
+/* Launches the job, attempt after attempt, until it completed, failed with no restarts
+   left, or a signal stopped the launcher; returns the launcher's exit status. */
+int run_loop(const struct run_ctx *c);
+
+/* The worker's wrapper: rekindle run --rk-worker DIR -- PROGRAM ARGS (tools/run_worker.c);
+   the process's exit status. */
+int run_worker(const char *dir, char **prog);
 
 /* Sends sig (0: none) to every process of session id (by_session) or process group id,
    zombies and this process aside; returns how many there were (tools/run_procs.c). */
