@@ -28,6 +28,9 @@ class Error(Exception):
         text = "%s: %s" % (what, message) if what else message
         super().__init__("%s (%s)" % (text, self.name or "errno %d" % -code) if code else text)
 
+    def __reduce__(self):  # pickled whole (from a worker process: DCP, multiprocessing)
+        return (type(self), (self.code, self.message, self.what))
+
 
 class Recovered(Exception):
     """A member of the job was lost and the survivors recovered: the ring was rebuilt and
