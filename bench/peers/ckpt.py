@@ -9,6 +9,9 @@ Run by bench/peers/run, each method under its own launcher, as its documentation
                                                           of O_DIRECT through io_uring)
     torchrun --standalone --nproc-per-node 2 ckpt.py M DIR G
         M = dcp-save        torch.distributed.checkpoint.save
+            rekindle-dcp    torch.distributed.checkpoint.save with rekindle.dcp.Writer
+                            (Rekindle's checkpoint through DCP's planner; restore:
+                            dcp.load with rekindle.dcp.Reader)
             dcp-async       torch.distributed.checkpoint.async_save (its default stager)
             dcp-async-pin   async_save with DefaultStager(StagingOptions()): pinned and
                             shared memory, staging in the background, non-blocking
@@ -82,8 +85,11 @@ def fsync_path(path):
         os.close(fd)
 
 
+PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+
+
 def rekindle_job():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    sys.path.insert(0, PACKAGE)
     import rekindle
     root = os.path.join(DIR, "rekindle")
     io = "buffered" if BASE == "rekindle-buffered" else "auto"
@@ -140,6 +146,11 @@ def save_once(method, root, sd, kwargs, rank):
     if method == "dcp-save":
         dcp.save(sd, checkpoint_id=root)
         return time.perf_counter()
+    if method == "rekindle-dcp":
+        sys.path.insert(0, PACKAGE)
+        import rekindle.dcp
+        dcp.save(sd, storage_writer=rekindle.dcp.Writer(root, keep=1))
+        return time.perf_counter()
     save = dcp.async_save(sd, checkpoint_id=root, **kwargs)
     t1 = time.perf_counter()
     # With background staging the call returns an AsyncSaveResponse: staging, then upload.
@@ -186,6 +197,11 @@ def torch_job():
                 t.copy_(loaded[k])
             del loaded
             times = [time.perf_counter() - t0, float(not check(sd))]
+        elif RESTORE and BASE == "rekindle-dcp":
+            sys.path.insert(0, PACKAGE)
+            import rekindle.dcp
+            dcp.load(sd, storage_reader=rekindle.dcp.Reader(root))
+            times = [time.perf_counter() - t0, float(not check(sd))]
         elif RESTORE:
             dcp.load(sd, checkpoint_id=root)
             times = [time.perf_counter() - t0, float(not check(sd))]
@@ -203,4 +219,4 @@ def torch_job():
     dist.destroy_process_group()
 
 
-rekindle_job() if BASE.startswith("rekindle") else torch_job()
+rekindle_job() if BASE in ("rekindle", "rekindle-buffered") else torch_job()
