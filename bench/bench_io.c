@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../formats/vfd_uring.h"
+#include "raw_uring.h"
 
 #define PAGE 4096
 #define MAXR 16
@@ -65,38 +66,6 @@ static void path_of(const bench *b, const char *name, char *out, size_t cap)
 }
 
 /* ---- raw O_DIRECT through io_uring --------------------------------------------------------- */
-
-/* Moves len bytes between buf and fd (O_DIRECT) with qd pieces of piece bytes in flight. */
-static void raw_xfer(int fd, bool rd, char *buf, size_t len, unsigned qd, size_t piece)
-{
-    struct io_uring ring;
-    if (io_uring_queue_init(qd, &ring, 0) < 0)
-        die("io_uring_queue_init");
-    size_t pos = 0;
-    unsigned inflight = 0;
-    while (pos < len || inflight > 0) {
-        while (pos < len && inflight < qd) {
-            size_t n = len - pos < piece ? len - pos : piece;
-            struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
-            if (rd)
-                io_uring_prep_read(sqe, fd, buf + pos, (unsigned)n, (off_t)pos);
-            else
-                io_uring_prep_write(sqe, fd, buf + pos, (unsigned)n, (off_t)pos);
-            sqe->user_data = n;
-            pos += n;
-            inflight++;
-        }
-        io_uring_submit(&ring);
-        struct io_uring_cqe *cqe;
-        if (io_uring_wait_cqe(&ring, &cqe) < 0)
-            die("io_uring_wait_cqe");
-        if (cqe->res < 0 || (uint64_t)cqe->res != cqe->user_data)
-            die("raw transfer failed or was short");
-        io_uring_cqe_seen(&ring, cqe);
-        inflight--;
-    }
-    io_uring_queue_exit(&ring);
-}
 
 static double raw_write(const bench *b, unsigned qd, size_t piece)
 {
