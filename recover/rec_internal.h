@@ -9,8 +9,9 @@
  *                 (rec_membership_changed, rec_ring_changed)
  *   api_ring.c  - allreduce ring:   rk_allreduce, rk_broadcast, rec_ring_open/close
  * api.c holds what is common: rk_init, rk_finalize, rk_step_done, rk_rank/world/next_step.
- * Recovery: recovery.c (the rounds), coord.c (the decision), rollback.c (the rollback, its
- * design in its header), rebuild.c (the pure plan of a rollback of sharded state).
+ * Recovery: recovery.c (the rounds), rec_msg.c (their messages), coord.c (the decision),
+ * rollback.c (the rollback, its design in its header), rebuild.c (the pure plan of a
+ * rollback of sharded state).
  */
 #ifndef RK_REC_INTERNAL_H
 #define RK_REC_INTERNAL_H
@@ -74,7 +75,7 @@ struct rk_ctx {
     bool change_pending;      /* the detector's view differs from the agreed one */
     int64_t loss_ns;          /* CLOCK_MONOTONIC when the detector declared the loss not yet
                                  recovered (0: none): the rounds' schedule starts there */
-    struct rec_xfer *xfers;   /* messages MPI may still be sending (recovery.c) */
+    struct rec_xfer *xfers;   /* messages MPI may still be sending (rec_msg.c) */
     int nxfers, cap_xfers;
     struct ckpt_engine *ckpt; /* NULL: checkpoints off or engine not built */
     int64_t disk_newest;      /* the checkpoint directory's newest committed step at rk_init,
@@ -149,6 +150,20 @@ void rec_recovery_fini(rk_ctx *ctx);
 bool rec_membership_changed(rk_ctx *ctx);
 bool rec_ring_changed(void *ctx);
 int rec_recover(rk_ctx *ctx);
+/* The recovery's messages (rec_msg.c; recovery.c R1, R6). rec_msg_send sends a copy and
+   returns at once: 0; REC_AGAIN if MPI refused the send (nothing held then); -ENOMEM.
+   rec_msg_recv takes one message of `tag` already waiting, from anyone, never blocking:
+   its length (copied into buf, cap bytes at most) and *src; 0 if none waits or none could
+   be taken now; REC_DROPPED if one was taken but not delivered (too long, or incomplete at
+   the deadline). rec_msgs_progress frees the copies of sends completed; rec_msgs_settle
+   waits for the sends until the deadline (0: test once) and keeps the rest's copies. */
+#define REC_AGAIN 2              /* start the next round (distinct from RK_OK and RK_RECOVERED) */
+#define REC_DROPPED (-1)
+#define REC_POLL_NS (200 * 1000) /* between polls of MPI and the detector */
+int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag);
+int rec_msg_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline);
+void rec_msgs_progress(rk_ctx *ctx);
+void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
 /* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
    ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
 int rec_spare_wait(rk_ctx *ctx);

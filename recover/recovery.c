@@ -49,7 +49,8 @@
  *   R6 A message's bytes are a copy (MPI_Alloc_mem) listed in ctx->xfers until MPI is
  *      done with it: freed once its send completed, freed at once if MPI_Isend failed,
  *      and kept for the life of the process (rk__retain_forever) if a request to a dead
- *      peer may still read it. Received messages land in such a copy too.
+ *      peer may still read it. Received messages land in such a copy too. (R1's sends and
+ *      receives and R6 are rec_msg.c's.)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -67,9 +68,7 @@
 #define REC_TAG_DECIDE 0x5e02
 #define REC_TAG_RELEASE 0x5e03
 #define REC_MAGIC 0x524b5231u /* "RKR1" */
-#define REC_AGAIN 2 /* internal: start the next round (distinct from RK_OK and RK_RECOVERED) */
 #define REC_ROUNDS 3          /* rounds of RK_TIMEOUT_MS each, counted from the loss (R5) */
-#define POLL_NS (200 * 1000)  /* between polls of MPI and the detector */
 
 struct msg_report {
     uint32_t magic;
@@ -84,12 +83,6 @@ struct msg_decide {
     uint64_t base_epoch;
     rec_decision d; /* only the first nmembers entries of d.members are sent; with
                        RK_E_TIMEOUT they name the members whose report never came */
-};
-
-/* A message MPI may still be sending: the request and the copy it reads (R6). */
-struct rec_xfer {
-    MPI_Request rq;
-    void *buf; /* MPI_Alloc_mem */
 };
 
 static size_t decide_bytes(int nmembers)
@@ -143,8 +136,6 @@ static int64_t grace_ns(const rk_ctx *ctx)
 
 /* ---- initial state and the cheap change test ------------------------------------------- */
 
-static void xfers_settle(rk_ctx *ctx, int64_t deadline);
-
 int rec_recovery_init(rk_ctx *ctx)
 {
     ctx->nview = ctx->world;
@@ -179,129 +170,10 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->spares);
     ctx->spares = NULL;
     ctx->nspares = 0;
-    xfers_settle(ctx, 0);
+    rec_msgs_settle(ctx, 0);
     free(ctx->xfers);
     ctx->xfers = NULL;
     ctx->cap_xfers = 0;
-}
-
-/* ---- messages (R1, R6) ------------------------------------------------------------------ */
-
-/* MPI is done with a transfer's copy (completed, or failed without a request): free it. A
-   request still pending is handed back to MPI and its copy kept for the life of the
-   process: a dead peer's transfer may touch it whenever. */
-static void xfer_release(MPI_Request *rq, void *buf)
-{
-    if (*rq != MPI_REQUEST_NULL) {
-        RK_MPI(MPI_Request_free(rq));
-        rk__retain_forever(buf);
-    } else {
-        MPI_Free_mem(buf);
-    }
-}
-
-/* Tests every send in flight once; frees the copies of those completed. */
-static void xfers_progress(rk_ctx *ctx)
-{
-    for (int i = 0; i < ctx->nxfers; i++) {
-        int done = 0;
-        struct rec_xfer *x = &ctx->xfers[i];
-        int mrc = RK_MPI(MPI_Test(&x->rq, &done, MPI_STATUS_IGNORE));
-        if (mrc == MPI_SUCCESS && !done)
-            continue;
-        if (mrc != MPI_SUCCESS && x->rq != MPI_REQUEST_NULL)
-            continue; /* not completed: kept until it does or xfers_settle gives up */
-        xfer_release(&x->rq, x->buf);
-        ctx->xfers[i--] = ctx->xfers[--ctx->nxfers];
-    }
-}
-
-/* Waits until every send completed or the deadline (0: test once), then gives up on the
-   rest (xfer_release keeps their copies). */
-static void xfers_settle(rk_ctx *ctx, int64_t deadline)
-{
-    for (;;) {
-        xfers_progress(ctx);
-        if (ctx->nxfers == 0 || rk__deadline_passed(deadline))
-            break;
-        rk__sleep_ns(POLL_NS);
-    }
-    for (int i = 0; i < ctx->nxfers; i++)
-        xfer_release(&ctx->xfers[i].rq, ctx->xfers[i].buf);
-    ctx->nxfers = 0;
-}
-
-/* Sends a copy of len bytes to dst and returns at once: the copy stays in ctx->xfers until
-   MPI is done with it. 0; REC_AGAIN if MPI refused the send (nothing is held then: the
-   caller sends again in the next round, or the detector declares dst dead); -ENOMEM. */
-static int xfer_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
-{
-    if (ctx->nxfers == ctx->cap_xfers) {
-        int cap = ctx->cap_xfers ? 2 * ctx->cap_xfers : 8;
-        struct rec_xfer *x = realloc(ctx->xfers, (size_t)cap * sizeof(*x));
-        if (!x)
-            return -ENOMEM;
-        ctx->xfers = x;
-        ctx->cap_xfers = cap;
-    }
-    void *copy = NULL;
-    if (MPI_Alloc_mem((MPI_Aint)len, MPI_INFO_NULL, &copy) != MPI_SUCCESS)
-        return -ENOMEM;
-    memcpy(copy, msg, len);
-    MPI_Request rq = MPI_REQUEST_NULL;
-    int mrc = RK_MPI(MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq));
-    if (mrc != MPI_SUCCESS) {
-        MPI_Free_mem(copy); /* a failed MPI_Isend holds nothing */
-        RK_LOG_DEBUG(RK_SUB_REC, "recovery: send (tag %#x) to rank %d refused (MPI error %d)", tag, dst, mrc);
-        return REC_AGAIN;
-    }
-    ctx->xfers[ctx->nxfers++] = (struct rec_xfer){.rq = rq, .buf = copy};
-    return 0;
-}
-
-/* Receives one message of `tag` already waiting, from anyone, without ever blocking:
-   MPI_Iprobe finds it (its sender and length), its copy is allocated, and only then
-   MPI_Improbe matches it (the first message of that sender and tag: the same one, MPI
-   does not reorder them), and MPI_Imrecv receives it into the copy, polled until the
-   deadline (a sender that dies mid-message leaves the copy to MPI, kept). Returns its
-   length (copied into buf) and *src; 0 if none waits, or none could be taken now (no
-   memory for the copy: it stays queued for a later call); REC_DROPPED if one was taken
-   but not delivered (longer than cap, or incomplete at the deadline): the caller goes on
-   with the next. */
-#define REC_DROPPED (-1)
-static int try_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline)
-{
-    int flag = 0, count = 0, done = 0;
-    MPI_Message msg;
-    MPI_Status st;
-    if (RK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &st)) != MPI_SUCCESS || !flag)
-        return 0;
-    if (MPI_Get_count(&st, MPI_BYTE, &count) != MPI_SUCCESS || count < 0)
-        count = 0;
-    void *copy = NULL;
-    if (MPI_Alloc_mem((MPI_Aint)(count > 0 ? count : 1), MPI_INFO_NULL, &copy) != MPI_SUCCESS) {
-        rk__fail(RK_SUB_REC, RK_LOG_WARN, -ENOMEM, "recovery: no memory to receive a message of %d bytes yet", count);
-        return 0; /* not matched: it waits for a later call; every wait for it is bounded */
-    }
-    if (RK_MPI(MPI_Improbe(st.MPI_SOURCE, tag, ctx->comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag) {
-        MPI_Free_mem(copy); /* gone meanwhile (its sender's request cancelled): nothing taken */
-        return 0;
-    }
-    MPI_Request rq = MPI_REQUEST_NULL;
-    if (RK_MPI(MPI_Imrecv(copy, count, MPI_BYTE, &msg, &rq)) != MPI_SUCCESS) {
-        MPI_Free_mem(copy);
-        return REC_DROPPED;
-    }
-    while (RK_MPI(MPI_Test(&rq, &done, MPI_STATUS_IGNORE)) == MPI_SUCCESS && !done && !rk__deadline_passed(deadline))
-        rk__sleep_ns(POLL_NS);
-    int n = REC_DROPPED;
-    if (done && (size_t)count <= cap && count > 0) {
-        memcpy(buf, copy, (size_t)count);
-        *src = st.MPI_SOURCE;
-        n = count;
-    }
-    xfer_release(&rq, copy);
-    return n;
 }
 
 /* ---- one recovery: what a worker holds during the rounds of one base view --------------- */
@@ -360,7 +232,7 @@ static void pump(rk_ctx *ctx, struct rounds *st)
 {
     struct msg_report m;
     int src, n, i;
-    while ((n = try_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
+    while ((n = rec_msg_recv(ctx, REC_TAG_REPORT, &m, sizeof(m), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
         if (n == REC_DROPPED)
             RK_LOG_DEBUG(RK_SUB_REC, "dropped a report that could not be received whole");
         else if ((size_t)n == sizeof(m) && m.magic == REC_MAGIC && of_base(st, m.base_epoch) && m.r.rank0 == src &&
@@ -374,7 +246,7 @@ static void pump(rk_ctx *ctx, struct rounds *st)
     struct msg_decide *d = malloc(sizeof(*d));
     if (!d)
         return;
-    while ((n = try_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
+    while ((n = rec_msg_recv(ctx, REC_TAG_DECIDE, d, sizeof(*d), &src, rk__mono_ns() + grace_ns(ctx))) != 0) {
         if (n == REC_DROPPED)
             RK_LOG_DEBUG(RK_SUB_REC, "dropped a decision that could not be received whole");
         else if (decision_well_formed(d, n) && of_base(st, d->base_epoch) && d->d.epoch >= st->min_epoch) {
@@ -431,7 +303,7 @@ static int send_decision(rk_ctx *ctx, const struct rounds *st, int error, const 
     int rc = 0;
     for (int i = 0; i < nto && rc >= 0; i++)
         if (to[i] != ctx->rank0)
-            rc = xfer_send(ctx, m, decide_bytes(d->nmembers), to[i], REC_TAG_DECIDE);
+            rc = rec_msg_send(ctx, m, decide_bytes(d->nmembers), to[i], REC_TAG_DECIDE);
     free(m);
     return rc < 0 ? rc : 0;
 }
@@ -504,7 +376,7 @@ static int give_up(rk_ctx *ctx, struct rounds *st, const det_view *v)
                 d->members[d->nmembers++] = ctx->view[i];
         }
         rc = send_decision(ctx, st, RK_E_TIMEOUT, d, to, nto);
-        xfers_settle(ctx, rk__mono_ns() + grace_ns(ctx));
+        rec_msgs_settle(ctx, rk__mono_ns() + grace_ns(ctx));
         if (rc == 0)
             rc = timed_out(ctx, d);
     }
@@ -632,7 +504,7 @@ int rec_recover(rk_ctx *ctx)
         rec_ckpt_abandon(ctx); /* stopped: never wait for the lost member's shard */
     /* Sends to live members are done (they received, or stopped); the rest went to the
        dead: kept, never freed (R6). */
-    xfers_settle(ctx, 0);
+    rec_msgs_settle(ctx, 0);
     return rc;
 }
 
@@ -652,7 +524,7 @@ static int recover_rounds(rk_ctx *ctx)
                 (unsigned long long)ctx->agreed_epoch, rk__ms_since(st.start_ns));
     while (rc == 0) {
         pump(ctx, &st);
-        xfers_progress(ctx);
+        rec_msgs_progress(ctx);
         if (det_fenced(ctx->det)) {
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED, "this worker was declared dead by the others");
             break;
@@ -679,7 +551,7 @@ static int recover_rounds(rk_ctx *ctx)
                 break;
             }
             if (missing > 0) {
-                rk__sleep_ns(POLL_NS);
+                rk__sleep_ns(REC_POLL_NS);
                 continue;
             }
             if (me >= 0) {
@@ -697,7 +569,7 @@ static int recover_rounds(rk_ctx *ctx)
                 my_report(ctx, &v, &m.r);
                 sent_to = coord;
                 sent_round = round;
-                if ((rc = xfer_send(ctx, &m, sizeof(m), coord, REC_TAG_REPORT)) == REC_AGAIN)
+                if ((rc = rec_msg_send(ctx, &m, sizeof(m), coord, REC_TAG_REPORT)) == REC_AGAIN)
                     rc = 0; /* again next round */
                 if (rc)
                     break;
@@ -709,7 +581,7 @@ static int recover_rounds(rk_ctx *ctx)
                                   coord, REC_ROUNDS, ctx->opt.timeout_ms);
                     break;
                 }
-                rk__sleep_ns(POLL_NS);
+                rk__sleep_ns(REC_POLL_NS);
                 continue;
             }
             rc = follow(ctx, &st, dec);
@@ -776,7 +648,7 @@ int rec_spare_wait(rk_ctx *ctx)
     for (;;) {
         int src, n;
         char token[16];
-        if (try_recv(ctx, REC_TAG_RELEASE, token, sizeof(token), &src, rk__mono_ns() + grace_ns(ctx)) > 0) {
+        if (rec_msg_recv(ctx, REC_TAG_RELEASE, token, sizeof(token), &src, rk__mono_ns() + grace_ns(ctx)) > 0) {
             rk__set_last_error("the job finished without needing this spare worker");
             rc = RK_E_SPARE_UNUSED;
             break;
@@ -784,7 +656,7 @@ int rec_spare_wait(rk_ctx *ctx)
         /* A decision naming this spare, from whichever member coordinates (R2 does not
            apply: a spare takes no part in rounds, so it has no base epoch to match). */
         bool got = false;
-        while (!got && (n = try_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) != 0)
+        while (!got && (n = rec_msg_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) != 0)
             got = n > 0 && decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
         if (got) {
             rec_decision *dec = malloc(sizeof(*dec));
@@ -839,7 +711,7 @@ void rec_release_spares(rk_ctx *ctx)
 {
     static const char token[] = "release";
     for (int i = 0; i < ctx->nspares; i++)
-        if (xfer_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE) != 0)
+        if (rec_msg_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE) != 0)
             RK_LOG_INFO(RK_SUB_REC, "could not tell spare %d it is not needed (gone?)", ctx->spares[i]);
-    xfers_settle(ctx, rk__deadline_ns(1000)); /* all at once, one bound */
+    rec_msgs_settle(ctx, rk__deadline_ns(1000)); /* all at once, one bound */
 }
