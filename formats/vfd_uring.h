@@ -4,6 +4,8 @@
  * Private to formats/ (only the .c files of formats/ include it).
  *
  * What the driver does with a file (see vfd_uring.c for the details):
+ *  - Before raw data is written past the file's end, the file is sized (ftruncate) up to
+ *    the end of allocation: no O_DIRECT write extends the file.
  *  - The fapl it returns aligns every object of 4 KiB or more on a 4 KiB boundary
  *    (H5Pset_alignment) and keeps metadata in 1 MiB blocks away from raw data
  *    (H5Pset_meta_block_size), so a raw-data write has a page-aligned interior.
@@ -17,6 +19,9 @@
  *  - In-flight writes are drained before every read, truncate, flush and close; flush and
  *    close end with fdatasync (through io_uring): a file whose H5Fclose returned >= 0 is
  *    durable (its name still needs the directory fsync after a rename).
+ *  - The buffered path (RK_IO=buffered, or io_uring refused) writes as dd would, leaner:
+ *    large pwrites, the write-back started every 32 MiB (sync_file_range), one fdatasync,
+ *    then the file's pages dropped from the page cache (POSIX_FADV_DONTNEED).
  *  - Any I/O error, real or injected (fio.h), is sticky: it is kept in stats->error and
  *    makes the current or next H5Dwrite / H5Fflush / H5Fclose / fmt_vfd_close fail (close
  *    with fmt_vfd_close: see there why).
@@ -51,6 +56,7 @@ typedef struct fmt_vfd_stats {
     uint64_t max_inflight;   /* most writes in flight at once */
     uint64_t bytes_zero_copy; /* of bytes_direct, written straight from the caller's memory */
     uint64_t bytes_read_direct, bytes_read_buffered;
+    uint64_t writebacks;     /* buffered path: write-backs started while writing (sync_file_range) */
     int error;               /* first I/O error seen (-errno), 0 if none */
 } fmt_vfd_stats;
 
@@ -67,6 +73,8 @@ typedef struct fmt_vfd_opts {
     size_t split_max;      /* 0: 1 GiB; the most one kernel write or read is asked to move
                               (io_uring lengths are 32-bit, pwrite stops near 2 GiB); tests
                               lower it to exercise the splitting of huge tensors */
+    size_t writeback;      /* 0: 32 MiB; the buffered path starts the write-back of what it
+                              wrote every `writeback` bytes (and writes pieces of at most that) */
 } fmt_vfd_opts;
 
 /* Closes a file opened through the driver's fapl: H5Fflush, then H5Fclose, and returns

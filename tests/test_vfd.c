@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +37,19 @@ static void clear_env(void)
 }
 
 /* Byte j of dataset k: a fixed pseudo-random pattern. */
+/* Faults as spec says (none when NULL) on path alone, quiet logs, counts from zero. */
+static void fault_env(const char *path, const char *spec)
+{
+    if (spec)
+        setenv("RK_FAULT", spec, 1);
+    else
+        unsetenv("RK_FAULT");
+    setenv("RK_FAULT_PATH", path, 1);
+    setenv("RK_LOG", "error", 1);
+    rk__log_reload();
+    rk__fault_reset();
+}
+
 static void pattern(unsigned char *p, size_t n, unsigned k)
 {
     uint64_t x = 0x9E3779B97F4A7C15ULL * (k + 1);
@@ -458,6 +473,89 @@ START_TEST(rk_io_buffered)
 }
 END_TEST
 
+/* Pages of the file at path resident in the page cache, and its pages in all. */
+static size_t resident_pages(const char *path, size_t *pages)
+{
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    struct stat sb;
+    ck_assert_int_eq(fstat(fd, &sb), 0);
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), n = ((size_t)sb.st_size + pg - 1) / pg, in = 0;
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    unsigned char *vec = malloc(n);
+    ck_assert_int_eq(mincore(m, (size_t)sb.st_size, vec), 0);
+    for (size_t i = 0; i < n; i++)
+        in += vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)sb.st_size);
+    close(fd);
+    *pages = n;
+    return in;
+}
+
+static const size_t lean_sizes[] = {16 * MIB + 12, 4097, 5 * MIB, 100000, 9 * MIB + 3};
+
+/* Invariant 9: the buffered path starts the write-back every `writeback` bytes while it
+   writes, and leaves none of the file's pages in the page cache after the close (a plain
+   pwrite + fdatasync left all of them). */
+START_TEST(buffered_path_starts_writeback_and_drops_pages)
+{
+    scratch sc = scratch_begin("lean", "l.h5");
+    setenv("RK_IO", "buffered", 1);
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.stats = &st, .zero_copy = true, .writeback = MIB};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    layout l = {lean_sizes, (int)RK_ARRAY_LEN(lean_sizes), true};
+    ck_assert_int_eq(write_file(sc.path, fapl, &l), 0);
+    ck_assert_str_eq(st.io_path, "buffered");
+    /* 30 MiB of tensors in pieces of at most 1 MiB: a write-back started at least every
+       MiB written */
+    ck_assert_uint_ge(st.writes, 30);
+    ck_assert_uint_ge(st.writebacks, 25);
+    struct statfs fs;
+    ck_assert_int_eq(statfs(sc.dir, &fs), 0);
+    if ((unsigned long)fs.f_type != 0x01021994UL) { /* on tmpfs the pages are the file */
+        size_t pages, in = resident_pages(sc.path, &pages);
+        ck_assert_msg(in * 100 < pages, "%zu of the file's %zu pages still in the page cache", in, pages);
+    }
+    check_file(sc.path, H5P_DEFAULT, &l);
+    H5Pclose(fapl);
+    scratch_end(&sc);
+}
+END_TEST
+
+/* Invariants 9 and 5: a write that fails halfway through the buffered path, after
+   write-backs were started, fails the file (sticky): a write-back started is no
+   durability. RK_FAULT point: write (fio.h's pwrite), at the middle index. */
+START_TEST(buffered_write_fault_after_writeback_fails)
+{
+    scratch sc = scratch_begin("leanf", "f.h5");
+    setenv("RK_IO", "buffered", 1);
+    fault_env(sc.path, NULL);
+    fmt_vfd_stats st;
+    fmt_vfd_opts o = {.stats = &st, .zero_copy = true, .writeback = MIB};
+    hid_t fapl = fmt_vfd_fapl(&o);
+    layout l = {lean_sizes, (int)RK_ARRAY_LEN(lean_sizes), true};
+    ck_assert_int_eq(write_file(sc.path, fapl, &l), 0);
+    uint64_t count = rk__fault_count(RK_FAULT_OP_WRITE), wb = st.writebacks;
+    ck_assert_uint_gt(count, 20);
+    char spec[64];
+    snprintf(spec, sizeof spec, "write@%llu=eio", (unsigned long long)(count / 2));
+    fault_env(sc.path, spec);
+    capture c;
+    cap_begin(&c);
+    int rc = write_file(sc.path, fapl, &l);
+    free(cap_end(&c));
+    ck_assert_msg(rc < 0, "%s: the write succeeded", spec);
+    ck_assert_int_eq(st.error, -EIO);
+    ck_assert_uint_gt(st.writebacks, 0); /* the fault came after write-backs had started */
+    ck_assert_uint_lt(st.writebacks, wb);
+    H5Pclose(fapl);
+    scratch_end(&sc);
+}
+END_TEST
+
 /* Fallbacks are loud (one warning naming the reason) and recorded in io_path. */
 static const struct {
     const char *dir, *fault, *io_path, *warn;
@@ -527,14 +625,7 @@ static const size_t fault_sizes[] = {3 * MIB + 100, 4097, 70000, 10};
 /* Writes the fault test file under RK_FAULT=spec; returns write_file's result. */
 static int faulty_write(const char *path, const char *spec, int qd, bool zero_copy, fmt_vfd_stats *st)
 {
-    if (spec)
-        setenv("RK_FAULT", spec, 1);
-    else
-        unsetenv("RK_FAULT");
-    setenv("RK_FAULT_PATH", path, 1);
-    setenv("RK_LOG", "error", 1);
-    rk__log_reload();
-    rk__fault_reset();
+    fault_env(path, spec);
     fmt_vfd_opts o = {.queue_depth = qd, .zero_copy = zero_copy, .piece = 256 << 10, .stats = st};
     hid_t fapl = fmt_vfd_fapl(&o);
     layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
@@ -899,6 +990,8 @@ int main(void)
     tcase_add_test(tc, reads_sec2_files);
     tcase_add_test(tc, split_large_writes);
     tcase_add_test(tc, rk_io_buffered);
+    tcase_add_test(tc, buffered_path_starts_writeback_and_drops_pages);
+    tcase_add_test(tc, buffered_write_fault_after_writeback_fails);
     tcase_add_loop_test(tc, fallback_recorded_and_logged, 0, (int)RK_ARRAY_LEN(fb_cfg));
     suite_add_tcase(s, tc);
 
