@@ -31,7 +31,7 @@
 #include "raw_uring.h"
 #include "rekindle.h"
 
-#define MIB ((size_t)1 << 20)
+#define MIB       ((size_t)1 << 20)
 #define MAXROUNDS 64
 
 enum prep { PREP_NONE, PREP_TRUNC, PREP_FALLOC, PREP_OVER };
@@ -69,7 +69,8 @@ static void pwrite_all(int fd, const char *buf, size_t len, size_t bs, bool lean
 }
 
 /* Seconds from open to the end of fdatasync. */
-static double write_file(const char *path, char *buf, size_t len, size_t bs, unsigned qd, enum way w, enum prep p)
+static double write_file(const char *path, char *buf, size_t len, size_t bs, unsigned qd, enum way w,
+                         enum prep p)
 {
     bool direct = w == W_DIRECT;
     if (p != PREP_OVER)
@@ -104,7 +105,8 @@ static bool drop_caches(void)
     return ok;
 }
 
-static double read_file(const char *path, char *buf, size_t len, size_t bs, unsigned qd, bool direct, bool *cold)
+static double read_file(const char *path, char *buf, size_t len, size_t bs, unsigned qd, bool direct,
+                        bool *cold)
 {
     *cold = drop_caches();
     double t0 = now_s();
@@ -154,7 +156,8 @@ static int matrix(const char *dir, size_t len, int rounds)
             size_t bs = bss[i / 6] * MIB;
             unsigned qd = qds[i / 2 % 3];
             bool direct = i % 2 == 0;
-            w[i][k] = (double)len / 1e9 / write_file(path, buf, len, bs, qd, direct ? W_DIRECT : W_BUFFERED, PREP_FALLOC);
+            w[i][k] = (double)len / 1e9 /
+                      write_file(path, buf, len, bs, qd, direct ? W_DIRECT : W_BUFFERED, PREP_FALLOC);
             r[i][k] = (double)len / 1e9 / read_file(path, buf, len, bs, qd, direct, &c);
             cold = cold && c;
         }
@@ -166,26 +169,29 @@ static int matrix(const char *dir, size_t len, int rounds)
         }
         for (int j = 0; j < 2; j++) {
             int v = (j + k) % 2;
-            pb[v][k] = (double)len / 1e9 / write_file(path, buf, len, 4 * MIB, 1, v ? W_LEAN : W_DD, PREP_NONE);
+            pb[v][k] =
+                (double)len / 1e9 / write_file(path, buf, len, 4 * MIB, 1, v ? W_LEAN : W_DD, PREP_NONE);
         }
     }
     unlink(path);
-    printf("disk: %s, %.2f GiB per file, median of %d rounds (order rotated), io_uring, files fallocated first (as fio), GB/s\n", dir,
-           (double)len / (1 << 30), rounds);
-    printf("  %-9s %-6s %-8s %12s %12s\n", "block", "depth", "mode", "write+fsync", cold ? "cold read" : "read (WARM)");
+    printf("disk: %s, %.2f GiB per file, median of %d rounds (order rotated), io_uring, files fallocated "
+           "first (as fio), GB/s\n",
+           dir, (double)len / (1 << 30), rounds);
+    printf("  %-9s %-6s %-8s %12s %12s\n", "block", "depth", "mode", "write+fsync",
+           cold ? "cold read" : "read (WARM)");
     double bw = 0, br = 0;
     int iw = 0, ir = 0;
     for (int i = 0; i < NC; i++) {
         double mw = median(w[i], rounds), mr = median(r[i], rounds);
-        printf("  %3zu MiB   %-6u %-8s %12.2f %12.2f\n", bss[i / 6], qds[i / 2 % 3], i % 2 == 0 ? "O_DIRECT" : "buffered",
-               mw, mr);
+        printf("  %3zu MiB   %-6u %-8s %12.2f %12.2f\n", bss[i / 6], qds[i / 2 % 3],
+               i % 2 == 0 ? "O_DIRECT" : "buffered", mw, mr);
         if (mw > bw)
             bw = mw, iw = i;
         if (mr > br)
             br = mr, ir = i;
     }
-    printf("  best write %.2f GB/s (%zu MiB x %u, %s, fdatasync at the end)\n", bw, bss[iw / 6], qds[iw / 2 % 3],
-           iw % 2 == 0 ? "O_DIRECT" : "buffered");
+    printf("  best write %.2f GB/s (%zu MiB x %u, %s, fdatasync at the end)\n", bw, bss[iw / 6],
+           qds[iw / 2 % 3], iw % 2 == 0 ? "O_DIRECT" : "buffered");
     printf("  best read  %.2f GB/s (%zu MiB x %u, %s, %s)\n", br, bss[ir / 6], qds[ir / 2 % 3],
            ir % 2 == 0 ? "O_DIRECT" : "buffered",
            cold ? "page cache dropped before each" : "page cache NOT dropped (not root): warm reads");
@@ -193,7 +199,8 @@ static int matrix(const char *dir, size_t len, int rounds)
     for (int p = 0; p < 4; p++)
         printf(" %s %.2f%s", prep_name[p], median(pw[p], rounds), p < 3 ? "," : "\n");
     printf("  4 MiB pwrite, buffered: dd-like (then fdatasync) %.2f, lean (sync_file_range every 32 MiB, "
-           "fdatasync, FADV_DONTNEED) %.2f\n", median(pb[0], rounds), median(pb[1], rounds));
+           "fdatasync, FADV_DONTNEED) %.2f\n",
+           median(pb[0], rounds), median(pb[1], rounds));
     printf("RESULT best_write_gbs=%.3f best_read_gbs=%.3f\n", bw, br);
     free(buf);
     return 0;
@@ -232,8 +239,8 @@ static int persist(const char *dir, size_t len, int rounds, int nt)
         }
     double t[3][MAXROUNDS], ratio[MAXROUNDS], stall[MAXROUNDS], wr[MAXROUNDS], wratio[MAXROUNDS];
     const char *io = getenv("RK_IO");
-    printf("persist: %.2f GiB in %d tensors, RK_IO=%s, GB/s per round (order rotated)\n", (double)total / (1 << 30),
-           nt, io && *io ? io : "auto");
+    printf("persist: %.2f GiB in %d tensors, RK_IO=%s, GB/s per round (order rotated)\n",
+           (double)total / (1 << 30), nt, io && *io ? io : "auto");
     for (int k = 0; k < rounds; k++) {
         for (int j = 0; j < 3; j++) {
             int m = (j + k) % 3;
@@ -252,24 +259,31 @@ static int persist(const char *dir, size_t len, int rounds, int nt)
             } else {
                 /* the same bytes rounded up to a page (O_DIRECT), the file sized first */
                 size_t n = (total + 4095) & ~(size_t)4095;
-                t[m][k] = (double)total / 1e9 / write_file(raw, state, n, 4 * MIB, 32, m == 0 ? W_DIRECT : W_DD,
-                                                           m == 0 ? PREP_TRUNC : PREP_NONE);
+                t[m][k] = (double)total / 1e9 /
+                          write_file(raw, state, n, 4 * MIB, 32, m == 0 ? W_DIRECT : W_DD,
+                                     m == 0 ? PREP_TRUNC : PREP_NONE);
                 unlink(raw);
             }
         }
         double best = t[0][k] > t[1][k] ? t[0][k] : t[1][k];
         ratio[k] = t[2][k] / best;
         wratio[k] = wr[k] / best;
-        printf("  round %d: raw O_DIRECT %.2f, raw buffered %.2f, persist %.2f = %.3f x best raw; stall %.3f s, "
-               "write after it %.2f = %.3f x best raw\n",
-               k + 1, t[0][k], t[1][k], t[2][k], ratio[k], stall[k], wr[k], wratio[k]);
+        printf(
+            "  round %d: raw O_DIRECT %.2f, raw buffered %.2f, persist %.2f = %.3f x best raw; stall %.3f s, "
+            "write after it %.2f = %.3f x best raw\n",
+            k + 1, t[0][k], t[1][k], t[2][k], ratio[k], stall[k], wr[k], wratio[k]);
     }
     double md = median(t[0], rounds), mb = median(t[1], rounds), mp = median(t[2], rounds);
-    double mr = median(ratio, rounds), ms = median(stall, rounds), mw = median(wr, rounds), mwr = median(wratio, rounds);
-    printf("  median: raw O_DIRECT %.2f, raw buffered %.2f, persist %.2f; persist/best raw %.3f; stall %.3f s; "
-           "write after the stall %.2f = %.3f x best raw\n", md, mb, mp, mr, ms, mw, mwr);
-    printf("RESULT persist_gbs=%.3f raw_direct_gbs=%.3f raw_buffered_gbs=%.3f ratio=%.3f stall_s=%.3f write_gbs=%.3f "
-           "write_ratio=%.3f\n", mp, md, mb, mr, ms, mw, mwr);
+    double mr = median(ratio, rounds), ms = median(stall, rounds), mw = median(wr, rounds),
+           mwr = median(wratio, rounds);
+    printf(
+        "  median: raw O_DIRECT %.2f, raw buffered %.2f, persist %.2f; persist/best raw %.3f; stall %.3f s; "
+        "write after the stall %.2f = %.3f x best raw\n",
+        md, mb, mp, mr, ms, mw, mwr);
+    printf("RESULT persist_gbs=%.3f raw_direct_gbs=%.3f raw_buffered_gbs=%.3f ratio=%.3f stall_s=%.3f "
+           "write_gbs=%.3f "
+           "write_ratio=%.3f\n",
+           mp, md, mb, mr, ms, mw, mwr);
     rk_finalize(&ctx);
     free(state);
     return 0;

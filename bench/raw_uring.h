@@ -37,9 +37,12 @@ static inline void raw_xfer(int fd, bool rd, char *buf, size_t len, unsigned qd,
         }
         io_uring_submit(&ring);
         struct io_uring_cqe *cqe;
-        if ((rc = io_uring_wait_cqe(&ring, &cqe)) < 0 || cqe->res < 0 || (uint64_t)cqe->res != cqe->user_data) {
+        if ((rc = io_uring_wait_cqe(&ring, &cqe)) < 0 || cqe->res < 0 ||
+            (uint64_t)cqe->res != cqe->user_data) {
             fprintf(stderr, "raw_xfer: %s failed or was short: %s\n", rd ? "read" : "write",
-                    strerror(rc < 0 ? -rc : cqe->res < 0 ? -cqe->res : EIO));
+                    strerror(rc < 0         ? -rc
+                             : cqe->res < 0 ? -cqe->res
+                                            : EIO));
             exit(2);
         }
         io_uring_cqe_seen(&ring, cqe);
