@@ -285,6 +285,36 @@ START_TEST(failed_job_with_silent_worker_ends)
 }
 END_TEST
 
+/* L2, L3, L4: mpirun cannot start the workers (a host it cannot reach: here its agent,
+   standing for ssh, never returns): no wrapper ever beats, and mpirun would wait for the
+   host for ever. The launcher stops it --start-timeout after the launch, says why, fails
+   the job, and leaves nothing of it behind. (Before: it waited for mpirun for ever; a
+   launch whose namespace hosts went away under a timed-out test ran on for 36 minutes.) */
+START_TEST(no_worker_started_launch_stopped)
+{
+    char *dir = th_tmpdir("run-nostart"), path[4096], *out = NULL;
+    snprintf(path, sizeof(path), "%s/agent", dir);
+    th_assert_rc(th_write_file(path, "#!/bin/sh\nsleep 1000\n", 22), 0);
+    chmod(path, 0755);
+    char agent[4200], hostfile[4096];
+    snprintf(agent, sizeof(agent), "OMPI_MCA_plm_rsh_agent=%s", path);
+    snprintf(hostfile, sizeof(hostfile), "%s/hosts", dir);
+    th_assert_rc(th_write_file(hostfile, "rk-unreachable slots=2\n", 23), 0);
+    const char *env[] = {agent, "OMPI_MCA_plm_rsh_no_tree_spawn=1", NULL};
+    int rc = LAUNCH(env, &out, "env", dir, "-n", "2", "--hostfile", hostfile, "--start-timeout", "2");
+    ck_assert_msg(rc == 1, "launcher status %d, want 1:\n%s", rc, out ? out : "(timed out)");
+    ck_assert_msg(strstr(out, "no worker has started within 2 s of the launch"), "the stop is not explained:\n%s", out);
+    char *left = NULL;
+    snprintf(path, sizeof(path), "pgrep -f '%s/agen[t]' || true", dir); /* [t]: not this shell */
+    th_sh(path, 10, &left);
+    ck_assert_msg(left && !*left, "the agent outlived the launcher: %s", left ? left : "");
+    free(left);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* L1: a PROGRAM that cannot be started fails like a job that died (exit 127), no hang. */
 START_TEST(missing_program_fails)
 {
@@ -522,6 +552,7 @@ static Suite *run_suite(void)
     tcase_add_test(jobs, unused_spares_do_not_complete_a_failed_job);
     tcase_add_test(jobs, failed_job_with_silent_worker_ends);
     tcase_add_test(jobs, missing_program_fails);
+    tcase_add_test(jobs, no_worker_started_launch_stopped);
     tcase_add_test(jobs, sigint_leaves_nothing_behind);
     tcase_add_test(jobs, secret_upper_case_as_the_detector_takes_it);
     suite_add_tcase(s, jobs);

@@ -41,7 +41,7 @@ enum { MAX_WORKERS = 1 << 16 };
 static void run_usage(FILE *f)
 {
     fprintf(f,
-            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]\n"
+            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] [--start-timeout SEC] -- PROGRAM [ARGS...]\n"
             "       rekindle run --host-discovery-script S [--min-np N] [--max-np M] [-n N] [...] -- PROGRAM\n\n"
             "Launches PROGRAM on N workers with Open MPI (mpirun) so that survivors outlive a\n"
             "lost worker, and relaunches a job that died as a whole so it resumes from its\n"
@@ -52,7 +52,10 @@ static void run_usage(FILE *f)
             "                    default 0)\n"
             "  --hostfile F      Open MPI hostfile, passed to mpirun (multi-host: set RK_RUN_DIR\n"
             "                    to a directory every host shares)\n"
-            "  --max-restarts R  relaunch a job that died up to R times (default 0)\n\n"
+            "  --max-restarts R  relaunch a job that died up to R times (default 0)\n"
+            "  --start-timeout SEC  a launch in which no worker has started (no beat of its\n"
+            "                    wrapper) within SEC is stopped: mpirun could not reach its\n"
+            "                    hosts (default 120)\n\n"
             "Elastic (docs/LAUNCHER.md): the hosts come from a script, as with horovodrun.\n"
             "  --host-discovery-script S  a command printing one 'host:slots' (or 'host')\n"
             "                    line per host it may run on; run before every launch and\n"
@@ -111,7 +114,7 @@ enum { RUN_HELP_SHOWN = -1 };
 static int parse_run_args(int argc, char **argv, struct run_args *a)
 {
     *a = (struct run_args){.n = -1, .min_np = 1, .max_np = MAX_WORKERS, .interval_s = 3, .cooldown_s = 30,
-                           .elastic_timeout_s = 600};
+                           .elastic_timeout_s = 600, .start_timeout_s = 120};
     bool min_given = false, max_given = false;
     int i = 1;
     for (; i < argc; i++) {
@@ -158,6 +161,8 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
             rc = parse_seconds(o, v, 0, 86400, &a->cooldown_s);
         else if (strcmp(o, "--elastic-timeout") == 0)
             rc = parse_seconds(o, v, 0, 86400, &a->elastic_timeout_s);
+        else if (strcmp(o, "--start-timeout") == 0)
+            rc = parse_seconds(o, v, 0.5, 86400, &a->start_timeout_s);
         else
             return tool_error(TOOL_USAGE, "run: unknown option '%s' (see rekindle run --help)", o);
         if (rc != 0)

@@ -36,6 +36,7 @@ struct run_args {
     const char *discovery;
     int min_np, max_np;
     double interval_s, cooldown_s, elastic_timeout_s;
+    double start_timeout_s; /* --start-timeout: no wrapper beat within it of a launch -> stop */
 };
 
 /* A records directory held open (tools/records.c: its invariants R1-R3): RK_RUN_DIR, or

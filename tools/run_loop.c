@@ -19,8 +19,10 @@
  *      and growth aside): every worker recorded its end (DONE_GRACE_MS later); or some did
  *      and for LATE_GRACE_MS since the last record no other showed a sign of life; or none
  *      did and none showed a sign of life for LATE_GRACE_MS since the newest beat read
- *      (a sign of life: a beat read new, by the launcher's clock: records.c R3). A worker
- *      that beats is waited for, however long.
+ *      (a sign of life: a beat read new, by the launcher's clock: records.c R3); or none
+ *      ever beat within --start-timeout of the launch (mpirun could not start the workers:
+ *      a host it cannot reach, or one lost while it started them). A worker that beats is
+ *      waited for, however long.
  *  L3. Bounded: once stopping, the session is SIGKILLed at most RUN_GRACE_MS later (at
  *      once on a second signal); mpirun's end is kept by whichever call reaps it (reap);
  *      the sweep of what is left is bounded by SWEEP_MS.
@@ -241,6 +243,8 @@ struct watch {
     int recorded;       /* workers whose end was recorded, at the last read */
     int64_t record_at;  /* when that count last changed */
     int64_t all_since;  /* when every worker had recorded (0: not yet) */
+    int64_t launched;   /* when mpirun was started */
+    int64_t start_by;   /* no beat of any worker by then: mpirun could not start them (L2) */
     struct records *rec;
     int nproc, members;
 };
@@ -283,10 +287,15 @@ static void watch_records(struct watch *w)
     int64_t end_at = w->all_since ? w->all_since + DONE_GRACE_MS * 1000000LL
                      : v.recorded > 0 ? life + LATE_GRACE_MS * 1000000LL
                      : v.last_beat_ns > 0 ? v.last_beat_ns + LATE_GRACE_MS * 1000000LL /* all silent */
-                                         : INT64_MAX;
+                                         : w->start_by;                                 /* none started */
     if (now < end_at)
         return;
-    if (v.recorded == 0)
+    if (v.recorded == 0 && v.last_beat_ns == 0)
+        fprintf(stderr, "rekindle: run: no worker has started within %.3g s of the launch (no beat of any "
+                        "worker's wrapper: mpirun could not start them on their hosts), but mpirun is still "
+                        "running: stopping it (--start-timeout)\n",
+                (double)(w->start_by - w->launched) / 1e9);
+    else if (v.recorded == 0)
         fprintf(stderr, "rekindle: run: no worker has recorded its end and none has shown a sign of life for %d ms "
                         "(lost with their hosts), but mpirun is still running: stopping it\n",
                 LATE_GRACE_MS);
@@ -324,9 +333,11 @@ static void watch_escalate(struct watch *w)
    -errno if it could not be started; *stop_sig: the stopping signal received (0: none).
    Signals in `watch` are blocked by the caller. */
 static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_mask, int *stop_sig,
-                      struct records *rec, int nproc, int members, struct grow *g)
+                      struct records *rec, int nproc, int members, double start_timeout_s, struct grow *g)
 {
-    struct watch w = {.state = RUNNING, .kill_at = INT64_MAX, .rec = rec, .nproc = nproc, .members = members};
+    int64_t launched = rk__mono_ns();
+    struct watch w = {.state = RUNNING, .kill_at = INT64_MAX, .rec = rec, .nproc = nproc, .members = members,
+                      .launched = launched, .start_by = launched + (int64_t)(start_timeout_s * 1e9)};
     w.mpirun = fork();
     if (w.mpirun < 0)
         return -errno;
@@ -377,7 +388,7 @@ static int attempt(const struct run_ctx *c, int k, int *stop_sig, struct verdict
     }
     if (g)
         g->rec = &rec;
-    int status = run_mpirun(argv, c->watch, c->old, stop_sig, &rec, a->n + a->spares, a->n, g);
+    int status = run_mpirun(argv, c->watch, c->old, stop_sig, &rec, a->n + a->spares, a->n, a->start_timeout_s, g);
     free_argv(argv);
     if (g)
         g->rec = NULL;
