@@ -210,7 +210,10 @@ class Job:
         env.update(MPI_ENV)
         if self.hosts:
             env.update(self.hosts.env)
-        os.makedirs(env["RK_RUN_DIR"], exist_ok=True)
+        # The launcher refuses a records directory open to group or other writes
+        # (docs/LAUNCHER.md): 0700 whatever the umask.
+        os.makedirs(env["RK_RUN_DIR"], mode=0o700, exist_ok=True)
+        os.chmod(env["RK_RUN_DIR"], 0o700)
         self._out_off, self._out_part = 0, ""
         self.attempt = 0
         self.out_path = os.path.join(self.dir, "stdout.%d" % self.phase)

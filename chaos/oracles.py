@@ -396,6 +396,8 @@ def replay_hash(build, src, ckpt_from, step, world, train_args, scratch, mark, e
     `world` workers; (hash, detail). With env_extra's RK_CKPT_EVERY set to the final step,
     the replay leaves a checkpoint of it in scratch/ckpt."""
     shutil.rmtree(scratch, ignore_errors=True)
+    os.makedirs(scratch, mode=0o700)  # also the replay's RK_RUN_DIR: the job user's alone
+    os.chmod(scratch, 0o700)
     ck = os.path.join(scratch, "ckpt")
     os.makedirs(ck)
     if step > 0:
