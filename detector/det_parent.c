@@ -8,7 +8,7 @@
  *   `rekindle run` the worker is the child of a wrapper, and waitpid tells the wrapper at
  *   once. This file is both ends of what lets the wrapper tell the members:
  *
- *   worker (det.c calls detpar_tell_*)          wrapper (tools/cmd_run.c calls det_parent_*)
+ *   worker (det.c calls detpar_tell_*)          wrapper (tools/run_worker.c calls det_parent_*)
  *     det_start:     START {slot, nslots, salt}  ->  derives the attempt's MAC key (detw_init)
  *                    ADDR {slot, address} x n    ->  from the job's key it holds and the salt
  *     det_set_addr:  ADDR                        ->  where a spare listens
@@ -33,7 +33,7 @@
  *       the members then learn of the death by silence, as without a parent. The pipe
  *       always has its reader while the worker writes: the wrapper keeps it open until
  *       waitpid returned the worker, and a wrapper that dies takes the worker with it
- *       (the parent-death signal, tools/cmd_run.c), so no write can raise SIGPIPE.
+ *       (the parent-death signal, tools/run_worker.c), so no write can raise SIGPIPE.
  */
 #include <arpa/inet.h>
 #include <errno.h>

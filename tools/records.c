@@ -3,7 +3,7 @@
  * (RK_RUN_DIR) and each attempt's (attempt-K), where the workers' wrappers record how
  * their program ended (rank-<R>) and beat (alive-<R>), a spare notes that it joined
  * (joined-<R>, by the library), the launcher asks the wrappers to stop (stop) and a
- * scheduler asks for a discovery (grow, in RK_RUN_DIR). The launcher (tools/cmd_run.c),
+ * scheduler asks for a discovery (grow, in RK_RUN_DIR). The launcher (tools/cmd_run.c, run_loop.c),
  * its growth (tools/run_grow.c) and the wrapper use nothing else to reach these files.
  *
  * Invariants (tests/test_run_records.c names the one each test checks):

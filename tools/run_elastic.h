@@ -1,7 +1,7 @@
 /*
  * tools/run_elastic.h - `rekindle run --host-discovery-script`: the hosts a job may run
  * on, as a discovery script reports them (Horovod's format), with a cool-down for hosts
- * that lost workers. tools/cmd_run.c sizes every launch from it and grows a running job
+ * that lost workers. tools/run_loop.c sizes every launch from it and grows a running job
  * (docs/LAUNCHER.md, "Elastic: hosts that come and go").
  */
 #ifndef RK_RUN_ELASTIC_H
