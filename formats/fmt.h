@@ -295,18 +295,6 @@ void fmt_io_activity_fini(fmt_io_activity *a);
 /* "fsync of PATH, started N ms ago" into buf; false if nothing was recorded yet. */
 bool fmt_io_activity_describe(fmt_io_activity *a, char *buf, size_t cap);
 
-/* The fault points of RK_FAULT outside the file operations moved to common/ (fault.c,
-   rk__fault_point and rk__fault_fail, common.h has the syntax); these two names stay only
-   until ring/ and recover/ call those. */
-static inline void fmt_fault_point(const char *op)
-{
-    rk__fault_point(op);
-}
-static inline int fmt_fault_fail(const char *op)
-{
-    return rk__fault_fail(op);
-}
-
 /* XXH3-64 of a buffer (fmt_types.c). */
 uint64_t fmt_xxh3(const void *p, size_t n);
 

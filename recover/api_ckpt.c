@@ -113,7 +113,7 @@ int rec_ckpt_tensors(rk_ctx *ctx, ckpt_tensor **out)
 }
 
 /* Whether the job has state of one rank alone (sharded or per-rank tensors): then its
-   snapshot is partnered (ckpt.c I14, rec_report.partnered). */
+   snapshot is partnered (ckpt/snapshot.h S4, rec_report.partnered). */
 int rec_ckpt_partnered(const rk_ctx *ctx)
 {
     for (size_t i = 0; i < ctx->ntensors; i++)
@@ -122,7 +122,7 @@ int rec_ckpt_partnered(const rk_ctx *ctx)
     return false;
 }
 
-/* The partner copy (ckpt.c I14): every member sends its snapshot's out region (its sharded
+/* The partner copy (ckpt/snapshot.h S4): every member sends its snapshot's out region (its sharded
    and per-rank pieces) to its right ring neighbour and keeps its left neighbour's. Collective
    over the ring, called by every member at the same points (after every snapshot of a job
    with such state); a failure leaves no partner copy (recovery then goes to disk). */

@@ -18,7 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../formats/fmt.h"
 #include "../ring/ring.h"
 #include "rec_internal.h"
 
@@ -59,7 +58,7 @@ int rk_allreduce(rk_ctx *ctx, void *buf, size_t count, rk_dtype dtype, rk_op op)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, RK_E_STATE, "rk_allreduce: a spare worker must wait in rk_resume");
     if (rec_membership_changed(ctx))
         return rec_recover(ctx);
-    fmt_fault_point("allreduce"); /* tests: RK_FAULT=allreduce@N=crash, a member lost in its Nth call */
+    rk__fault_point("allreduce"); /* tests: RK_FAULT=allreduce@N=crash, a member lost in its Nth call */
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
 #if defined(RK_HAVE_NCCL)
     /* Device memory: NCCL (api_ring_nccl.c); any other buffer: the MPI ring, as below. */

@@ -19,9 +19,9 @@ typedef struct rec_report {
     int64_t committed_step; /* newest committed checkpoint it knows of, -1: none */
     int partnered;          /* 1: the job has sharded or per-rank state; held_step is then
                                offered only with the left neighbour's pieces of that step
-                               beside it (ckpt.c I14), and a lost member's pieces are in
+                               beside it (ckpt/snapshot.h S4), and a lost member's pieces are in
                                its right neighbour's memory only */
-    int64_t older_step;     /* step of the older generation it holds whole (ckpt.c I16),
+    int64_t older_step;     /* step of the older generation it holds whole (ckpt/snapshot.h S6),
                                offered like held_step; -1: none */
 } rec_report;
 

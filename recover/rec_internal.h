@@ -174,7 +174,7 @@ void rec_release_spares(rk_ctx *ctx);
    (-1: none); and the rollback to a decision's step over the rebuilt ring. */
 struct rec_decision;
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
-/* Both generations' (ckpt.c I16): the held snapshot's step as rec_ckpt_held_step, and the
+/* Both generations' (ckpt/snapshot.h S6): the held snapshot's step as rec_ckpt_held_step, and the
    older one's if it is offered the same way (else -1). */
 void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older);
 int64_t rec_ckpt_committed_step(rk_ctx *ctx);
@@ -197,7 +197,7 @@ int64_t rec_registration_hash(const struct rec_tensor *t);
 /* A collective among the current members over the ring, abandoned as soon as the
    detector sees another member go (api_ckpt.c). */
 int rec_ckpt_call(rk_ctx *ctx, void *v, size_t count, rk_dtype dtype, rk_op op);
-/* The partner copy of the held snapshot (api_ckpt.c; ckpt.c I14): collective over the
+/* The partner copy of the held snapshot (api_ckpt.c; ckpt/snapshot.h S4): collective over the
    ring, after every snapshot of a job with sharded or per-rank state. */
 int rec_ckpt_mirror(rk_ctx *ctx);
 /* The copy of the last snapshot into staging is done (a snapshot's copy, and a

@@ -81,7 +81,7 @@ static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
 static int64_t offered(rk_ctx *ctx, const ckpt_snapshot *s)
 {
     /* Sharded and per-rank state is each rank's own: offered only with the left
-       neighbour's pieces of the same step and membership beside it (ckpt.c I14), so that
+       neighbour's pieces of the same step and membership beside it (ckpt/snapshot.h S4), so that
        a lost member's are in its right neighbour's memory. */
     if (s->step < 0 || (rec_ckpt_partnered(ctx) && !s->partnered))
         return -1;
@@ -359,7 +359,7 @@ static int check_sizes(const rk_ctx *ctx, const struct rec_plan *p, const ckpt_t
 
 /* The rollback from memory of a job with sharded or per-rank state (docs/SHARDING.md):
    each survivor holds its own pieces of the decision's step and its left neighbour's
-   (ckpt.c I14), and rec_decide made sure that every lost member's right neighbour
+   (ckpt/snapshot.h S4), and rec_decide made sure that every lost member's right neighbour
    survived; a spare brought in holds nothing. Tensor by tensor (struct rec_plan), each
    member copies what it holds of its new range, then sends every other member the parts
    of its pieces that member takes, point to point: shifts at distance 1 .. w-1
@@ -383,7 +383,7 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     size_t n = ctx->ntensors;
     int w = ctx->world, cap = ctx->world0, me = s->rank; /* no old world is larger than the job */
     bool fresh = s->step < 0 && dec->joined > 0;         /* a spare: holds nothing yet */
-    int rc = trc, fault = fmt_fault_fail("rollback");
+    int rc = trc, fault = rk__fault_fail("rollback");
     if (!rc && fault)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, fault, "rollback: injected failure (RK_FAULT=rollback)");
     if (!rc && !fresh && (s->step != dec->step || s->left_step != dec->step || n != s->n || s->world > cap))
@@ -543,7 +543,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
     ckpt_tensor *t = NULL;
     int trc = rec_ckpt_tensors(ctx, &t);
     bool own = rec_ckpt_partnered(ctx), memory = dec->source == REC_FROM_MEMORY;
-    /* The generation of that step becomes the held one where it is the older (ckpt.c I16). */
+    /* The generation of that step becomes the held one where it is the older (ckpt/snapshot.h S6). */
     if (memory && ckpt_snapshot_held(ctx->ckpt)->step != dec->step &&
         ckpt_snapshot_older(ctx->ckpt)->step == dec->step)
         ckpt_snapshot_select(ctx->ckpt, dec->step);

@@ -60,7 +60,6 @@
 #include <sched.h>
 #include <string.h>
 
-#include "../formats/fmt.h"
 #include "ring_internal.h"
 
 struct xfer {
@@ -124,7 +123,7 @@ static unsigned char *chunk_at(const struct xfer *x, size_t t, bool send, size_t
 static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_error)
 {
     rk__mpi_enter();
-    fmt_fault_point("progress"); /* tests: RK_FAULT=progress@N=hang, a call that never returns */
+    rk__fault_point("progress"); /* tests: RK_FAULT=progress@N=hang, a call that never returns */
     int rc = rk__mpi_left(MPI_Test(req, done, st ? st : MPI_STATUS_IGNORE));
     if (rc == MPI_SUCCESS)
         return 0;

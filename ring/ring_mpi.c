@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../formats/fmt.h"
 #include "ring_internal.h"
 
 int64_t ring__deadline(const ring *r, const ring_cancel *c)
@@ -345,7 +344,7 @@ int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, cons
     }
     /* Between the handshake and the end of the rebuild (chaos kind kill_in_rebuild): a
        member that dies here costs the survivors at most their next call's deadline. */
-    fmt_fault_point("rebuild");
+    rk__fault_point("rebuild");
     adopt(r, list, nmembers, epoch);
     return 0;
 }
