@@ -157,6 +157,18 @@ int fmt_io_ftruncate(int fd, off_t len, const char *path)
     return rc < 0 ? -errno : 0;
 }
 
+int fmt_io_fallocate(int fd, off_t len, const char *path)
+{
+    int f = fmt_fault(RK_FAULT_OP_TRUNCATE, path);
+    if (f)
+        return fmt_fault_apply(f);
+    int rc;
+    do
+        rc = fallocate(fd, 0, 0, len);
+    while (rc < 0 && errno == EINTR);
+    return rc < 0 ? -errno : 0;
+}
+
 int fmt_io_rename(const char *from, const char *to)
 {
     int f = fmt_fault(RK_FAULT_OP_RENAME, to);

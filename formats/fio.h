@@ -42,6 +42,10 @@ int fmt_io_pwrite_all(int fd, const void *buf, size_t len, off_t off, const char
 int fmt_io_pread_all(int fd, void *buf, size_t len, off_t off, const char *path); /* -EIO on EOF */
 int fmt_io_fsync(int fd, const char *path);          /* fdatasync */
 int fmt_io_ftruncate(int fd, off_t len, const char *path);
+/* fallocate(fd, 0, 0, len): the blocks of [0, len) allocated and the size at least len;
+   counted and faulted as "truncate" (both size a file). -EOPNOTSUPP where the file system
+   cannot (the caller sizes the file another way). */
+int fmt_io_fallocate(int fd, off_t len, const char *path);
 int fmt_io_fsync_dir(const char *dir);
 int fmt_io_unlink(const char *path);
 int fmt_io_rmdir(const char *path);                  /* counted as "unlink" */

@@ -148,6 +148,15 @@ void fmt_h5_quiet(void);
 typedef struct fmt_write_stats {
     char io_path[FMT_IO_PATH_LEN]; /* the I/O path really used */
     uint64_t bytes;
+    uint64_t prealloc;             /* bytes of the file allocated before its data (fallocate) */
+    uint64_t extends;              /* raw-data writes that had to size the file first (0 when
+                                      the preallocation covered it) */
+    /* RK_IO=auto (formats/fio_probe.c): the choice and the figures it rests on; io_auto is
+       "" when RK_IO forced the way. auto_first: the first choice for the directory's device
+       in this process (auto_measured: measured during this write). */
+    char io_auto[16];              /* "uring" or "buffered" */
+    double auto_direct_gbs, auto_buffered_gbs;
+    bool auto_first, auto_measured;
 } fmt_write_stats;
 
 /* Writes shard file `path` holding m->t[0..n), fills in each m->t[i].xxh3 (computed while

@@ -50,14 +50,51 @@
 
 /* ---- the shard file --------------------------------------------------------------------- */
 
-/* The one place that chooses the driver of shard files: the io_uring driver, handed the
-   staging memory without a copy (it stays untouched until H5Fclose returns). A file it
-   closed successfully is durable. */
-static hid_t shard_fapl(const char *io_mode, fmt_vfd_stats *vst)
+/* The shard file's final size, or a little more (vfd_uring.c invariant 10: the driver
+   allocates it whole before the first tensor's bytes; HDF5 truncates it to its end of
+   allocation at close): every tensor of 4 KiB or more on a 4 KiB boundary (the driver's
+   alignment), smaller ones packed, the metadata (superblock, groups, each dataset's object
+   header, attribute and link: under 1 KiB plus its name twice) in 1 MiB blocks. */
+static uint64_t shard_size_estimate(const fmt_manifest *m)
 {
-    fmt_vfd_opts o = {.mode = FMT_IO_AUTO, .zero_copy = true, .stats = vst};
-    if (fmt_io_mode_parse(io_mode, &o.mode) != 0)
-        o.mode = FMT_IO_AUTO;
+    const uint64_t page = 4096, block = (uint64_t)1 << 20;
+    uint64_t data = 0, meta = 4 * page;
+    for (size_t i = 0; i < m->n; i++) {
+        uint64_t nb = m->t[i].nbytes;
+        data += nb >= page ? (nb + page - 1) / page * page : nb;
+        meta += 1024 + 2 * strlen(m->t[i].name);
+    }
+    return data + (meta + block - 1) / block * block + block;
+}
+
+/* The one place that chooses the driver of shard files: the io_uring driver, handed the
+   staging memory without a copy (it stays untouched until H5Fclose returns), the file
+   allocated whole first. RK_IO=auto (io_mode, else the variable) is the way measured on
+   the device of the shard's directory (fio_probe.c). A file it closed successfully is
+   durable. */
+static hid_t shard_fapl(const char *path, const char *io_mode, const fmt_manifest *m, fmt_vfd_stats *vst,
+                        fmt_write_stats *st)
+{
+    fmt_vfd_opts o = {.mode = FMT_IO_AUTO, .zero_copy = true, .stats = vst, .prealloc = shard_size_estimate(m)};
+    if (fmt_io_mode_parse(io_mode, &o.mode) != 0 || o.mode == FMT_IO_AUTO)
+        if (fmt_io_mode_parse(getenv("RK_IO"), &o.mode) != 0)
+            o.mode = FMT_IO_AUTO;
+    if (o.mode == FMT_IO_AUTO) {
+        char dir[4096];
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+            snprintf(dir, sizeof(dir), ".");
+        else
+            snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        fmt_io_probe p;
+        fmt_io_auto(dir, &p);
+        o.mode = p.mode;
+        snprintf(st->io_auto, sizeof(st->io_auto), "%s", p.mode == FMT_IO_BUFFERED ? "buffered" : "uring");
+        st->auto_direct_gbs = p.direct_gbs;
+        st->auto_buffered_gbs = p.buffered_gbs;
+        st->auto_first = p.first;
+        st->auto_measured = p.measured;
+    }
     return fmt_vfd_fapl(&o);
 }
 
@@ -182,7 +219,7 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
     memset(st, 0, sizeof(*st));
     fmt_vfd_stats vst;
     memset(&vst, 0, sizeof(vst));
-    hid_t fapl = shard_fapl(io_mode, &vst), lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t fapl = shard_fapl(path, io_mode, m, &vst, st), lcpl = H5Pcreate(H5P_LINK_CREATE), dcpl = H5Pcreate(H5P_DATASET_CREATE);
     hid_t f = -1;
     if (fapl < 0 || lcpl < 0 || dcpl < 0 || H5Pset_create_intermediate_group(lcpl, 1) < 0 ||
         H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0 || H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0) {
@@ -216,6 +253,8 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
        crashes the process at exit (formats/vfd_uring.h). */
     int cc = fmt_vfd_close(&f);
     f = -1;
+    st->prealloc = vst.prealloc;
+    st->extends = vst.extends;
     if (cc < 0 || vst.error) {
         rc = vst.error ? vst.error : cc;
         rc = rk__fail(RK_SUB_FMT, RK_LOG_ERROR, rc, "shard %s: close (flush) failed: %s", path, rk_strerror(rc));

@@ -40,16 +40,20 @@
  *     copied, one fdatasync at flush/close (6), then the file's clean pages dropped from
  *     the page cache (POSIX_FADV_DONTNEED): a checkpoint does not evict the job's memory.
  *     Durability rests on the fdatasync alone; the hint's failure is not an error.
- * 10. No O_DIRECT write extends the file: before the first raw-data write past the file's
- *     end, the size is set to the end of allocation (ftruncate). ext4 and XFS make a direct
- *     write that extends the file wait for its completion (a queue of 32 runs as a queue
- *     of one): bench/disk.sh, 4 MiB x 32 O_DIRECT, a new file 0.34-0.91 GB/s, ftruncate
- *     first 1.05-1.49. Allocating the blocks too (fallocate KEEP_SIZE over the same range,
- *     dataset by dataset) was measured and dropped: the write after the checkpoint's copy
- *     reached 0.86x the best raw write against 1.12x with ftruncate alone (medians of 15
- *     rounds each, bench/disk.sh --against); each fallocate runs while the previous
- *     dataset's writes are in flight (that it waits for them is a guess, not checked). A
- *     raw file fallocated whole before any write: 1.58-1.62 GB/s.
+ * 10. No O_DIRECT write extends the file, and none waits for another one's allocation:
+ *     given the file's expected size (opts.prealloc), the file is allocated whole, blocks
+ *     and size (fallocate, once, before its first raw-data write, when nothing is in
+ *     flight); without it, where the file system cannot fallocate, or past that size, the
+ *     size is set to the end of allocation (ftruncate) before the first raw-data write past
+ *     the file's end. ext4 and XFS make a direct write that extends the file wait for its
+ *     completion (a queue of 32 runs as a queue of one), and their fallocate and ftruncate
+ *     wait for every direct write in flight on the file (inode_dio_wait): sized per
+ *     dataset, the queue was drained at each dataset. bench/disk.sh, 4 MiB x 32 O_DIRECT:
+ *     a new file 0.34-0.91 GB/s, ftruncate first 1.05-1.49, fallocate first 1.58-1.62;
+ *     fallocate per dataset (KEEP_SIZE, each waiting for the previous dataset's writes)
+ *     reached 0.86x the best raw write against 1.12x with ftruncate alone. HDF5 truncates
+ *     the file to its end of allocation at flush and close, so an estimate too large costs
+ *     nothing on disk; fallocate's ENOSPC fails the file before any data is written.
  *
  * I/O paths, chosen at open (and named in stats->io_path):
  *   "uring+odirect"  io_uring with O_DIRECT for raw-data interiors (the fast path);
@@ -116,6 +120,7 @@ typedef struct vfd {
     int fd, dfd;
     bool writable, ring_ok, dirty;
     bool stuck; /* an operation never completed: the kernel may still use the buffers (8) */
+    bool presized; /* opts.prealloc was served (or tried): invariant 10 */
     enum vfd_path vp;
     haddr_t eoa, eof;
     dev_t dev;
@@ -706,14 +711,33 @@ static herr_t vfd_read(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr, 
     return 0;
 }
 
-/* Invariant 10: raw data is about to be written past the file's end: set the size to the
-   end of allocation at once, before its first write is queued. */
-static int grow(vfd *f, uint64_t end)
+/* Invariant 10: raw data [.., end) is about to be written and nothing is in flight yet, or
+   it lies past the file's end: the whole file allocated at once (opts.prealloc, the first
+   time), else the size set to the end of allocation before its first write is queued. */
+static int presize(vfd *f, uint64_t end)
 {
     uint64_t want = f->eoa > end ? f->eoa : end;
+    if (!f->presized && f->o.prealloc) {
+        f->presized = true;
+        want = f->o.prealloc > want ? f->o.prealloc : want;
+        int rc = f->inflight ? drain(f) : 0;
+        if (rc == 0)
+            rc = fmt_io_fallocate(f->fd, (off_t)want, f->path);
+        if (rc == 0) {
+            f->st->prealloc = want;
+            f->eof = want > f->eof ? want : f->eof;
+            return 0;
+        }
+        if (rc != -EOPNOTSUPP && rc != -ENOSYS)
+            return set_error(f, rc, "fallocate", want);
+        RK_LOG_DEBUG(RK_SUB_FMT, "%s: fallocate not supported: sized by ftruncate", f->path);
+    }
+    if (end <= f->eof || f->vp == VP_BUFFERED)
+        return 0;
     int rc = fmt_io_ftruncate(f->fd, (off_t)want, f->path);
     if (rc < 0)
         return set_error(f, rc, "ftruncate", want);
+    f->st->extends++;
     f->eof = want;
     return 0;
 }
@@ -731,8 +755,9 @@ static herr_t vfd_write(H5FD_t *file, H5FD_mem_t type, hid_t dxpl, haddr_t addr,
     f->dirty = true;
     if (rc && (f->quiet || (f->reported && type != H5FD_MEM_DRAW)))
         return 0; /* metadata of a lost file, from H5Fclose: the caller was told already */
-    if (rc == 0 && type == H5FD_MEM_DRAW && size >= VFD_ASYNC_MIN && addr + size > f->eof && f->vp != VP_BUFFERED)
-        rc = grow(f, addr + size);
+    if (rc == 0 && type == H5FD_MEM_DRAW &&
+        ((size >= VFD_ASYNC_MIN && addr + size > f->eof) || (f->o.prealloc && !f->presized)))
+        rc = presize(f, addr + size);
     if (rc == 0)
         rc = xfer(f, false, type, addr, size, (char *)buf);
     if (report(f, rc, false)) {

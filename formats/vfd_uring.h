@@ -4,8 +4,10 @@
  * Private to formats/ (only the .c files of formats/ include it).
  *
  * What the driver does with a file (see vfd_uring.c for the details):
- *  - Before raw data is written past the file's end, the file is sized (ftruncate) up to
- *    the end of allocation: no O_DIRECT write extends the file.
+ *  - No O_DIRECT write extends the file: given its expected size (opts.prealloc), the file
+ *    is allocated whole (fallocate) before its first raw-data write; otherwise, or past
+ *    that size, it is sized (ftruncate) up to the end of allocation before raw data is
+ *    written past its end. HDF5 truncates it to the end of allocation at flush and close.
  *  - The fapl it returns aligns every object of 4 KiB or more on a 4 KiB boundary
  *    (H5Pset_alignment) and keeps metadata in 1 MiB blocks away from raw data
  *    (H5Pset_meta_block_size), so a raw-data write has a page-aligned interior.
@@ -48,6 +50,22 @@ enum fmt_io_mode { FMT_IO_AUTO, FMT_IO_URING, FMT_IO_BUFFERED }; /* RK_IO=auto|u
 /* "auto", "uring", "buffered" -> *mode; RK_E_OPTION otherwise (NULL or "" is auto). */
 int fmt_io_mode_parse(const char *s, enum fmt_io_mode *mode);
 
+/* RK_IO=auto (fio_probe.c): the choice for the device of directory dir, measured there at
+   its first use (each way written through this driver) and kept per device, or read from
+   where it was kept. Never fails: where nothing can be measured it chooses uring, with a
+   warning. *p says what the choice rests on. */
+typedef struct fmt_io_probe {
+    enum fmt_io_mode mode;         /* FMT_IO_URING or FMT_IO_BUFFERED */
+    double direct_gbs, buffered_gbs; /* each way's best round (0: not measured) */
+    char direct_path[48];          /* the driver's io_path of the direct way ("uring+odirect") */
+    bool measured;                 /* measured in this call */
+    bool first;                    /* the first choice for this device in this process */
+    double age_s;                  /* of a measurement read from the cache */
+    char cache[512];               /* the cache file it is kept in, "" if not kept */
+    char why[160];                 /* "" or "; " and why it is not kept or not measured */
+} fmt_io_probe;
+int fmt_io_auto(const char *dir, fmt_io_probe *p);
+
 typedef struct fmt_vfd_stats {
     char io_path[48];        /* set at open: "uring+odirect", "uring+buffered", "buffered" */
     uint64_t bytes_direct;   /* bytes written with O_DIRECT */
@@ -57,6 +75,8 @@ typedef struct fmt_vfd_stats {
     uint64_t bytes_zero_copy; /* of bytes_direct, written straight from the caller's memory */
     uint64_t bytes_read_direct, bytes_read_buffered;
     uint64_t writebacks;     /* buffered path: write-backs started while writing (sync_file_range) */
+    uint64_t prealloc;       /* bytes allocated (fallocate) before the first raw-data write, 0 if none */
+    uint64_t extends;        /* raw-data writes past the file's end that sized it first (ftruncate) */
     int error;               /* first I/O error seen (-errno), 0 if none */
 } fmt_vfd_stats;
 
@@ -75,6 +95,9 @@ typedef struct fmt_vfd_opts {
                               lower it to exercise the splitting of huge tensors */
     size_t writeback;      /* 0: 32 MiB; the buffered path starts the write-back of what it
                               wrote every `writeback` bytes (and writes pieces of at most that) */
+    uint64_t prealloc;     /* 0: none; the file's expected final size (an estimate; more is
+                              fine): before its first raw-data write the file is allocated
+                              whole, [0, prealloc) (fallocate, invariant 10), on every path */
 } fmt_vfd_opts;
 
 /* Closes a file opened through the driver's fapl: H5Fflush, then H5Fclose, and returns

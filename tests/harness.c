@@ -6,6 +6,7 @@
 #include <ftw.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +124,40 @@ int th_write_file(const char *path, const void *data, size_t len)
     size_t w = fwrite(data, 1, len, f);
     int rc = fclose(f);
     return w == len && rc == 0 ? 0 : -EIO;
+}
+
+void th_capture_begin(th_capture *c)
+{
+    char *dir = th_tmpdir("cap");
+    snprintf(c->path, sizeof c->path, "%s/stderr", dir);
+    free(dir);
+    fflush(stderr);
+    c->saved = dup(2);
+    int fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    dup2(fd, 2);
+    close(fd);
+}
+
+char *th_capture_end(th_capture *c)
+{
+    fflush(stderr);
+    dup2(c->saved, 2);
+    close(c->saved);
+    char *s = th_read_file(c->path, NULL);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+void th_pattern(unsigned char *p, size_t n, unsigned k)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ULL * (k + 1);
+    for (size_t j = 0; j < n; j++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[j] = (unsigned char)x;
+    }
 }
 
 static int64_t now_ms(void)

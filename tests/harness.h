@@ -36,6 +36,16 @@ int th_dot_entries(const char *dir);
 /* Whole file into a NUL-terminated malloc'd buffer; NULL if unreadable. */
 char *th_read_file(const char *path, size_t *len);
 int th_write_file(const char *path, const void *data, size_t len);
+/* What the process writes to stderr (its log lines) from th_capture_begin on, returned
+   (malloc'd) by th_capture_end, which puts stderr back. */
+typedef struct th_capture {
+    int saved;
+    char path[512];
+} th_capture;
+void th_capture_begin(th_capture *c);
+char *th_capture_end(th_capture *c);
+/* n bytes of a fixed pseudo-random pattern, its k-th (xorshift64). */
+void th_pattern(unsigned char *p, size_t n, unsigned k);
 
 /* RK_TEST_TIME_SCALE (1..99, default 1; tests/run sets 4 under TSan): the factor th_run
    applies to its bounds and, unless the caller's environment or envp_extra sets one, to

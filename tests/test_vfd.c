@@ -36,7 +36,6 @@ static void clear_env(void)
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
 }
 
-/* Byte j of dataset k: a fixed pseudo-random pattern. */
 /* Faults as spec says (none when NULL) on path alone, quiet logs, counts from zero. */
 static void fault_env(const char *path, const char *spec)
 {
@@ -50,53 +49,11 @@ static void fault_env(const char *path, const char *spec)
     rk__fault_reset();
 }
 
-static void pattern(unsigned char *p, size_t n, unsigned k)
-{
-    uint64_t x = 0x9E3779B97F4A7C15ULL * (k + 1);
-    for (size_t j = 0; j < n; j++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p[j] = (unsigned char)x;
-    }
-}
-
 static void *alloc_aligned(size_t n)
 {
     void *p = NULL;
     ck_assert_int_eq(posix_memalign(&p, 4096, n ? n : 1), 0);
     return p;
-}
-
-/* ---- capturing stderr (log lines) --------------------------------------------------------- */
-
-typedef struct {
-    int saved;
-    char path[512];
-} capture;
-
-static void cap_begin(capture *c)
-{
-    char *dir = th_tmpdir("cap");
-    snprintf(c->path, sizeof c->path, "%s/stderr", dir);
-    free(dir);
-    fflush(stderr);
-    c->saved = dup(2);
-    int fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ck_assert_int_ge(fd, 0);
-    dup2(fd, 2);
-    close(fd);
-}
-
-static char *cap_end(capture *c)
-{
-    fflush(stderr);
-    dup2(c->saved, 2);
-    close(c->saved);
-    size_t n;
-    char *s = th_read_file(c->path, &n);
-    ck_assert_ptr_nonnull(s);
-    return s;
 }
 
 /* ---- writing and reading test files ------------------------------------------------------- */
@@ -141,7 +98,7 @@ static int write_file(const char *path, hid_t fapl, const layout *l)
         hid_t sp = H5Screate_simple(1, &dim, NULL);
         hid_t d = H5Dcreate2(f, name, H5T_NATIVE_UINT8, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         bufs[k] = src_alloc(l->sizes[k], l->aligned);
-        pattern(bufs[k], l->sizes[k], (unsigned)k);
+        th_pattern(bufs[k], l->sizes[k], (unsigned)k);
         if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bufs[k]) < 0)
             bad = -1;
         if (d >= 0)
@@ -172,7 +129,7 @@ static void check_file(const char *path, hid_t fapl, const layout *l)
         ck_assert_int_eq(H5Sget_simple_extent_npoints(sp), (hssize_t)l->sizes[k]);
         H5Sclose(sp);
         unsigned char *want = malloc(l->sizes[k] + 1), *got = malloc(l->sizes[k] + 1);
-        pattern(want, l->sizes[k], (unsigned)k);
+        th_pattern(want, l->sizes[k], (unsigned)k);
         memset(got, 0xA5, l->sizes[k]);
         ck_assert_int_ge(H5Dread(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, got), 0);
         ck_assert_msg(memcmp(want, got, l->sizes[k]) == 0, "%s: dataset %s (%zu bytes) differs", path, name,
@@ -204,7 +161,7 @@ static void check_h5py(const char *path, const layout *l)
     ck_assert_ptr_nonnull(all);
     for (int k = 0; k < l->n; k++) {
         unsigned char *want = malloc(l->sizes[k] + 1);
-        pattern(want, l->sizes[k], (unsigned)k);
+        th_pattern(want, l->sizes[k], (unsigned)k);
         ck_assert_uint_le(off + l->sizes[k], len);
         ck_assert_msg(memcmp(want, all + off, l->sizes[k]) == 0, "h5py: dataset d%d differs", k);
         off += l->sizes[k];
@@ -317,10 +274,10 @@ START_TEST(fio_bad_spec_ignored_with_log)
 {
     clear_env();
     setenv("RK_FAULT", bad_specs[_i], 1);
-    capture c;
-    cap_begin(&c);
+    th_capture c;
+    th_capture_begin(&c);
     int rc = rk__fault_reset();
-    char *log = cap_end(&c);
+    char *log = th_capture_end(&c);
     th_assert_rc(rc, RK_E_OPTION);
     ck_assert_msg(strstr(log, "RK_FAULT") != NULL, "no log line naming RK_FAULT: '%s'", log);
     free(log);
@@ -381,10 +338,10 @@ START_TEST(roundtrip_odd_sizes)
     hid_t fapl = fmt_vfd_fapl(&o);
     ck_assert_int_ge(fapl, 0);
     layout l = {odd_sizes, N_ODD, rt_cfg[_i].aligned};
-    capture c;
-    cap_begin(&c);
+    th_capture c;
+    th_capture_begin(&c);
     int rc = write_file(path, fapl, &l);
-    char *log = cap_end(&c);
+    char *log = th_capture_end(&c);
     ck_assert_msg(rc == 0, "%s: write failed", rt_cfg[_i].name);
     ck_assert_msg(log[0] == '\0', "the success path printed: '%s'", log);
     free(log);
@@ -543,10 +500,10 @@ START_TEST(buffered_write_fault_after_writeback_fails)
     char spec[64];
     snprintf(spec, sizeof spec, "write@%llu=eio", (unsigned long long)(count / 2));
     fault_env(sc.path, spec);
-    capture c;
-    cap_begin(&c);
+    th_capture c;
+    th_capture_begin(&c);
     int rc = write_file(sc.path, fapl, &l);
-    free(cap_end(&c));
+    free(th_capture_end(&c));
     ck_assert_msg(rc < 0, "%s: the write succeeded", spec);
     ck_assert_int_eq(st.error, -EIO);
     ck_assert_uint_gt(st.writebacks, 0); /* the fault came after write-backs had started */
@@ -586,10 +543,10 @@ START_TEST(fallback_recorded_and_logged)
     hid_t fapl = fmt_vfd_fapl(&o);
     static const size_t sizes[] = {MIB + 12, 4097, 7};
     layout l = {sizes, 3, false};
-    capture c;
-    cap_begin(&c);
+    th_capture c;
+    th_capture_begin(&c);
     int rc = write_file(path, fapl, &l);
-    char *log = cap_end(&c);
+    char *log = th_capture_end(&c);
     ck_assert_int_eq(rc, 0);
     const char *want = fb_cfg[_i].io_path;
     if (!want) /* whatever this kernel does on tmpfs, it is recorded and logged consistently */
@@ -629,10 +586,10 @@ static int faulty_write(const char *path, const char *spec, int qd, bool zero_co
     fmt_vfd_opts o = {.queue_depth = qd, .zero_copy = zero_copy, .piece = 256 << 10, .stats = st};
     hid_t fapl = fmt_vfd_fapl(&o);
     layout l = {fault_sizes, (int)RK_ARRAY_LEN(fault_sizes), true};
-    capture c;
-    cap_begin(&c);
+    th_capture c;
+    th_capture_begin(&c);
     int rc = write_file(path, fapl, &l);
-    free(cap_end(&c));
+    free(th_capture_end(&c));
     H5Pclose(fapl);
     return rc;
 }
@@ -807,9 +764,9 @@ static void write_ckpt(written *w)
     ck_assert_ptr_nonnull(w->f = malloc((size_t)sum_rows(f_rows) * 4));
     ck_assert_ptr_nonnull(w->wide = malloc((size_t)sum_rows(wide_rows) * WIDE));
     ck_assert_ptr_nonnull(w->big = malloc(BIG));
-    pattern(w->f, (size_t)sum_rows(f_rows) * 4, 1);
-    pattern(w->wide, (size_t)sum_rows(wide_rows) * WIDE, 2);
-    pattern(w->big, BIG, 3);
+    th_pattern(w->f, (size_t)sum_rows(f_rows) * 4, 1);
+    th_pattern(w->wide, (size_t)sum_rows(wide_rows) * WIDE, 2);
+    th_pattern(w->big, BIG, 3);
     for (int r = 0; r < NRANK; r++) {
         fmt_manifest *m = calloc(1, sizeof(*m));
         ck_assert_ptr_nonnull(m);
@@ -950,13 +907,13 @@ START_TEST(refused_submission_waits_for_none)
     ck_assert_int_ge(i, 0);
     unsigned char *buf = malloc(BIG);
     ck_assert_ptr_nonnull(buf);
-    capture cap;
-    cap_begin(&cap);
+    th_capture cap;
+    th_capture_begin(&cap);
     int64_t t0 = rk__mono_ns();
     int rc = fmt_ckpt_read(c, (size_t)i, buf);
     double ms = rk__ms_since(t0);
     uint64_t submits = rk__fault_count(RK_FAULT_OP_URING);
-    char *log = cap_end(&cap);
+    char *log = th_capture_end(&cap);
     th_assert_rc(rc, 0);
     ck_assert_msg(ms < 10000, "the read took %.0f ms", ms);
     ck_assert(memcmp(buf, w.big, BIG) == 0);
