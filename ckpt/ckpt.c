@@ -494,13 +494,6 @@ bool ckpt_abandon(ckpt_engine *e)
     return done;
 }
 
-void ckpt_request_clean(ckpt_engine *e)
-{
-    pthread_mutex_lock(&e->mu);
-    e->clean_pending = true;
-    pthread_mutex_unlock(&e->mu);
-}
-
 void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
 {
     ckpt_abandon(e); /* the commit in flight belongs to the old membership */
@@ -510,6 +503,7 @@ void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch)
     e->epoch = epoch;
     /* Manifests of an attempt under another membership never match this one's. */
     e->nonce = e->base_nonce ^ (epoch * 0x9e3779b97f4a7c15ull);
+    e->clean_pending |= rank == 0; /* ckpt.h: rank 0's writer cleans before its next job */
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -519,8 +513,9 @@ int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     return ckpt__hold(e, step, t, n);
 }
 
-int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where)
+int ckpt_hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
+                   const ckpt_snapshot **before)
 {
     ckpt_abandon(e);
-    return ckpt__hold_open(e, t, n, where);
+    return ckpt__hold_open(e, step, t, n, where, before);
 }

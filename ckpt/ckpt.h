@@ -75,7 +75,7 @@ int ckpt_destroy(ckpt_engine **e, int64_t deadline_ns);
 
 /* Removes the temporary directories of dead attempts ('.tmp-step-…', '.trash-…') in dir,
    each renamed to a '.trash-' name first (ckpt_dir.c). Called by one rank while no
-   checkpoint of this job is being written (rk_init); recovery uses ckpt_request_clean.
+   checkpoint of this job is being written (rk_init); recovery has the writer do it (ckpt_set_membership).
    -errno if dir cannot be listed. */
 int ckpt_clean_dir(const char *dir);
 
@@ -155,19 +155,24 @@ typedef struct ckpt_snapshot {
    (after a restore: the state every survivor can roll back to). A checkpoint in flight is
    abandoned first (never waited for). The partner copy is left as it is. */
 int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
-/* A new held snapshot built in place (the rebuild of sharded state from memory): room for
-   t[0..n) (their ptr unused) in a new staging region, where[i] = where tensor i goes. The
-   snapshot held until now, and what ckpt_snapshot_held said of it, stay readable until
-   ckpt_hold_seal or ckpt_hold_cancel; nothing is held in between. RK_E_BUSY while an
-   abandoned writer still reads two older regions, -ENOMEM; a failure changes nothing (the
-   snapshot stays held). */
-int ckpt_hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where);
+/* A new held snapshot built in place (a rollback from memory: the survivors' pieces moved
+   into it, recover/rollback.c): the snapshot of `step` becomes the held one first where the
+   older generation holds it (ckpt_snapshot_select; where neither does, the held one stays),
+   *before = what ckpt_snapshot_held says of it (set even when the open fails), then room
+   for t[0..n) (their ptr unused) in a new staging region, where[i] = where tensor i goes.
+   The snapshot held until now, and *before, stay readable until ckpt_hold_seal or
+   ckpt_hold_cancel; nothing is held in between. RK_E_BUSY while an abandoned writer still
+   reads two older regions, -ENOMEM; a failure changes nothing (the snapshot stays held). */
+int ckpt_hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
+                   const ckpt_snapshot **before);
 /* Undoes ckpt_hold_open (the rebuild failed): the new region goes, the snapshot held
    before is held again, as it was (its partner copy too). Nothing if none is open. */
 void ckpt_hold_cancel(ckpt_engine *e);
 /* The region filled since ckpt_hold_open becomes the held snapshot of `step` (of this
-   membership); the old snapshot's region becomes the partner copy's inbox. */
-void ckpt_hold_seal(ckpt_engine *e, int64_t step);
+   membership; the old snapshot's region becomes the partner copy's inbox), then goes to
+   the buffers of t[0..n) as ckpt_restore_held does; returns what that returns (the
+   snapshot stays held whatever it returns). */
+int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* The held snapshot (never NULL; step -1 when none). */
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);
 /* The generation before it (snapshot.h S6): the snapshot held until the newest was taken,
@@ -177,6 +182,21 @@ const ckpt_snapshot *ckpt_snapshot_older(ckpt_engine *e);
    the newer one is no longer offered). RK_E_NOCKPT if neither holds it, RK_E_TIMEOUT
    while a copy into the newest generation still runs (nothing selected). */
 int ckpt_snapshot_select(ckpt_engine *e, int64_t step);
+/* What a member offers a recovery (recover/rollback.c's report), in one look: the step of
+   the held snapshot and of the older generation (S6) where each can restore t[0..n)
+   (ckpt_snapshot_matches) and, with `partnered` (the job has sharded or per-rank state),
+   holds its partner copy of the current membership (S4); -1 where not, older -1 too where
+   it is the held step. t NULL with n > 0 (the caller could not list its tensors): nothing
+   offered. committed: ckpt_last_committed. */
+typedef struct ckpt_offer {
+    int64_t held, older, committed;
+} ckpt_offer;
+ckpt_offer ckpt_snapshot_offer(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool partnered);
+/* The rollback of a member that holds the snapshot of `step` itself: that snapshot
+   becomes the held one (ckpt_snapshot_select) and is copied back into t[0..n)
+   (ckpt_restore_held). RK_E_NOCKPT if neither generation holds it, RK_E_TIMEOUT as
+   ckpt_snapshot_select, else what ckpt_restore_held returns. */
+int ckpt_snapshot_restore(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Whether s has the layout of t[0..n): as many tensors, of the same sizes (tensors are
    registered in order, never removed). False when none is held. A snapshot taken before
    a tensor was registered is not one the job can roll back to. */
@@ -199,14 +219,12 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n);
    when a member is lost (its shard will never come), on fencing, and at a membership
    change. The writer stays busy until it notices: a new checkpoint waits for it (ckpt.c J2). */
 bool ckpt_abandon(ckpt_engine *e);
-/* The writer removes what dead attempts left in the directory (ckpt_clean_dir, sparing
-   its own attempt) before it writes its next checkpoint, so that the training thread
-   never waits on the disk for it, and before that checkpoint can be committed: a stale
-   writer of an earlier membership then finds its directory gone and commits nothing.
-   Called by rank 0 once a recovery agreed on the new membership. */
-void ckpt_request_clean(ckpt_engine *e);
-/* The job's membership changed: abandons the commit in flight (never waits), then writes
-   as `rank` of `world` under a nonce derived from `epoch`. */
+/* The job's membership changed (a recovery agreed on it): abandons the commit in flight
+   (never waits), then writes as `rank` of `world` under a nonce derived from `epoch`. On
+   rank 0 the writer then removes what dead attempts left in the directory (ckpt_clean_dir,
+   sparing its own attempt) before it writes its next checkpoint, so that the training
+   thread never waits on the disk for it, and before that checkpoint can be committed: a
+   stale writer of an earlier membership then finds its directory gone and commits nothing. */
 void ckpt_set_membership(ckpt_engine *e, int rank, int world, uint64_t epoch);
 
 /* ---- the checkpoint directory (ckpt_dir.c): order, retention, dead attempts -------------- */

@@ -83,7 +83,7 @@ struct ckpt_engine {
     enum ckpt_state state;
     bool stop;
     bool orphaned;       /* ckpt_destroy gave up on a stuck writer, which now owns the engine */
-    bool clean_pending;  /* ckpt_request_clean: the writer cleans before its next job */
+    bool clean_pending;  /* ckpt_set_membership on rank 0: the writer cleans before its next job */
     int64_t busy_since_ns; /* when the job in flight was handed to the writer */
     fmt_io_activity act; /* the writer's last file operation (for "stuck in fsync of …") */
     struct ckpt_job job;
@@ -136,7 +136,7 @@ void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, con
    (bounded by deadline) and had a quarter of a second to be read. */
 void ckpt__drop_skipped(ckpt_engine *e, int64_t deadline_ns);
 /* ---- the directory's (ckpt_dir.c) ---- */
-/* Removes the temporary directories of every attempt but j's (ckpt_request_clean). */
+/* Removes the temporary directories of every attempt but j's (ckpt_set_membership on rank 0). */
 void ckpt__clean_for(ckpt_engine *e, const struct ckpt_job *j);
 /* At the end of the job: removes the temporary directories names[0..n) (attempts nobody
    will commit), and every '.trash-' directory (a removal that a killed worker left half

@@ -63,6 +63,8 @@ static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
     free(g->held_len);
 }
 
+static void was_end(ckpt_engine *e);
+
 int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream)
 {
     struct ckpt_gen *gens[] = {&e->s.g, &e->s.old, &e->s.park};
@@ -94,7 +96,7 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
     gen_free(e, &e->s.park);
     if (e->s.prev)
         unmap_region(e, e->s.prev, e->s.prev_cap);
-    free(e->s.was.save);
+    was_end(e);
     free(e->s.ops);
     return rc;
 }
@@ -465,14 +467,43 @@ static void was_copy(ckpt_engine *e, bool save)
     }
 }
 
-int ckpt__hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where)
+/* The end of an open (sealed, cancelled, or failed): what it saved goes. */
+static void was_end(ckpt_engine *e)
+{
+    free(e->s.was.save);
+    e->s.was.save = NULL;
+    free(e->s.was.pieces);
+    e->s.was.pieces = NULL;
+    e->s.was.open = false;
+}
+
+int ckpt__hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
+                    const ckpt_snapshot **before)
 {
     struct ckpt_gen *g = &e->s.g;
     ckpt_hold_cancel(e); /* an earlier open neither sealed nor cancelled */
+    if (step >= 0 && g->held_step != step && e->s.old.held_step == step)
+        ckpt_snapshot_select(e, step); /* S6; where it fails, *before says what is held */
+    const ckpt_snapshot *s = ckpt_snapshot_held(e);
+    e->s.was.view = *s;
+    *before = &e->s.was.view;
+    e->s.was.pieces = malloc((2 * s->n + 1) * sizeof(ckpt_piece));
+    if (!e->s.was.pieces) {
+        e->s.was.view = (ckpt_snapshot){.step = -1, .left_step = -1};
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "the pieces of the held snapshot (%zu tensors)", s->n);
+    }
+    if (s->n)
+        memcpy(e->s.was.pieces, s->own, s->n * sizeof(ckpt_piece));
+    if (s->n && s->left)
+        memcpy(e->s.was.pieces + s->n, s->left, s->n * sizeof(ckpt_piece));
+    e->s.was.view.own = e->s.was.pieces;
+    e->s.was.view.left = s->left ? e->s.was.pieces + s->n : NULL;
     size_t m = g->held_n;
     e->s.was.save = malloc(m ? m * (sizeof(size_t) + sizeof(uint64_t) + sizeof(int64_t) + sizeof(bool)) : 1);
-    if (!e->s.was.save)
+    if (!e->s.was.save) {
+        was_end(e);
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "the layout of the held snapshot (%zu tensors)", m);
+    }
     e->s.was.n = m;
     e->s.was.step = g->held_step;
     e->s.was.hdr = g->held_hdr;
@@ -480,8 +511,7 @@ int ckpt__hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned cha
     was_copy(e, true);
     int rc = stage(e, t, n, true); /* on failure nothing changed: the snapshot stays held */
     if (rc) {
-        free(e->s.was.save);
-        e->s.was.save = NULL;
+        was_end(e);
         return rc;
     }
     e->s.was.open = true;
@@ -510,29 +540,26 @@ void ckpt_hold_cancel(ckpt_engine *e)
     g->held_hdr = e->s.was.hdr;
     g->held_out = e->s.was.out;
     g->held_step = e->s.was.step;
-    free(e->s.was.save);
-    e->s.was.save = NULL;
-    e->s.was.open = false;
+    was_end(e);
 }
 
-void ckpt_hold_seal(ckpt_engine *e, int64_t step)
+int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     struct ckpt_gen *g = &e->s.g;
     ckpt__seal(e, step);
-    free(e->s.was.save);
-    e->s.was.save = NULL;
-    e->s.was.open = false;
-    if (!e->s.prev)
-        return; /* retired: the abandoned writer's until it is idle */
-    /* The old snapshot's region is the next partner copy's inbox: that one is usually
-       as large, so a partner copy after a rebuild grows it in place, not anew. */
-    unmap_region(e, g->partner, g->partner_cap);
-    g->partner = e->s.prev;
-    g->partner_cap = e->s.prev_cap;
-    g->partner_len = 0;
-    g->left_step = -1;
-    e->s.prev = NULL;
-    e->s.prev_cap = 0;
+    was_end(e);
+    if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
+        /* The old snapshot's region is the next partner copy's inbox: that one is usually
+           as large, so a partner copy after a rebuild grows it in place, not anew. */
+        unmap_region(e, g->partner, g->partner_cap);
+        g->partner = e->s.prev;
+        g->partner_cap = e->s.prev_cap;
+        g->partner_len = 0;
+        g->left_step = -1;
+        e->s.prev = NULL;
+        e->s.prev_cap = 0;
+    }
+    return ckpt_restore_held(e, t, n);
 }
 
 int ckpt__hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
@@ -593,6 +620,30 @@ int ckpt_snapshot_select(ckpt_engine *e, int64_t step)
     RK_LOG_INFO(RK_SUB_CKPT, "the snapshot of step %" PRId64 " is the held one again (the newer one, of step %" PRId64
                 ", is not offered)", step, e->s.old.held_step);
     return 0;
+}
+
+/* The step s offers a recovery of t[0..n) (ckpt_snapshot_offer), -1 if none. */
+static int64_t offered(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n, bool partnered)
+{
+    if (s->step < 0 || (partnered && !s->partnered) || (!t && n))
+        return -1;
+    return ckpt_snapshot_matches(s, t, n) ? s->step : -1;
+}
+
+ckpt_offer ckpt_snapshot_offer(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool partnered)
+{
+    ckpt_offer o = {.held = offered(ckpt_snapshot_held(e), t, n, partnered),
+                    .older = offered(ckpt_snapshot_older(e), t, n, partnered)};
+    if (o.older == o.held)
+        o.older = -1;
+    o.committed = ckpt_last_committed(e);
+    return o;
+}
+
+int ckpt_snapshot_restore(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    int rc = ckpt_snapshot_select(e, step);
+    return rc ? rc : ckpt_restore_held(e, t, n);
 }
 
 bool ckpt_snapshot_matches(const ckpt_snapshot *s, const ckpt_tensor *t, size_t n)

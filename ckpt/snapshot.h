@@ -83,7 +83,8 @@
  *                              --ckpt__settle at its bound: give_up--> given up (g: -1, old:
  *                                s; later settles only look; the turn waits for its end)
  *     g: -1, old: s --ckpt__snapshot_begin (nothing whole in g: no turn)--> g: -1 (copying)
- *     g: -1 or t, old: s --ckpt_snapshot_select(s)--> g: s, old: the other (not offered)
+ *     g: -1 or t, old: s --ckpt_snapshot_select(s) (ckpt_snapshot_restore, ckpt__hold_open of s)-->
+ *                                g: s, old: the other (not offered)
  *     old pinned --the turn--> park: old's region (nothing offered), old: park's region
  *     any --ckpt__hold_space (ckpt_load) / ckpt__hold_open--> g: -1 (filled by other means)
  *         --ckpt__seal / ckpt_hold_seal--> g: the step read or rebuilt; ckpt_hold_cancel:
@@ -144,6 +145,9 @@ struct ckpt_snapshots {
         int64_t step;
         size_t n, hdr, out;
         void *save;      /* one block: off, len, row0 (n each), then have (n) */
+        ckpt_piece *pieces; /* the held snapshot's own then left pieces (n each), for view */
+        ckpt_snapshot view;  /* what ckpt_hold_open's *before says: the arrays above, not
+                                own_p / left_p, which the new layout may move */
     } was;
     ckpt_snapshot snap, snap_old; /* views of g and old (ckpt_snapshot_held, _older) */
     /* The copy engines (ckpt/copy.h): host tensors' and device tensors' (the CUDA engine,
@@ -209,6 +213,7 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 void ckpt__seal(ckpt_engine *e, int64_t step);
 /* ckpt_hold and ckpt_hold_open without the abandon of the job in flight (ckpt.c's). */
 int ckpt__hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
-int ckpt__hold_open(ckpt_engine *e, const ckpt_tensor *t, size_t n, unsigned char **where);
+int ckpt__hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
+                    const ckpt_snapshot **before);
 
 #endif

@@ -169,15 +169,16 @@ void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
 int rec_spare_wait(rk_ctx *ctx);
 /* rk_finalize on rank 0: tells the spares still waiting that they are not needed. */
 void rec_release_spares(rk_ctx *ctx);
-/* What a member offers the coordinator (rollback.c): the step of the complete snapshot
-   held in memory, if it covers every tensor registered now, and the newest committed one
-   (-1: none); and the rollback to a decision's step over the rebuilt ring. */
+/* What a member offers the coordinator (rollback.c), in r: the steps of both generations
+   held in memory (ckpt/snapshot.h S6) where they cover every tensor registered now (and,
+   for sharded or per-rank state, their partner copy: S4), -1 where not or without
+   `memory` (RK_ROLLBACK=disk); the newest committed step (-1: none); whether the job has
+   sharded or per-rank state. rec_ckpt_held_step: the held one's alone. Then the rollback
+   to a decision's step over the rebuilt ring. */
 struct rec_decision;
+struct rec_report;
+void rec_ckpt_offer(rk_ctx *ctx, bool memory, struct rec_report *r);
 int64_t rec_ckpt_held_step(rk_ctx *ctx);
-/* Both generations' (ckpt/snapshot.h S6): the held snapshot's step as rec_ckpt_held_step, and the
-   older one's if it is offered the same way (else -1). */
-void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older);
-int64_t rec_ckpt_committed_step(rk_ctx *ctx);
 /* Whether the job has sharded or per-rank state (rec_report.partnered). */
 int rec_ckpt_partnered(const rk_ctx *ctx);
 /* *from: where the state came from (enum rec_source): the decision's, or disk when the

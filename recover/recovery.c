@@ -268,11 +268,7 @@ static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
     r->epoch = v->epoch;
     r->next_step = ctx->next_step;
     /* RK_ROLLBACK=disk: offer no snapshot, so the decision restores from disk. */
-    r->held_step = r->older_step = -1;
-    if (strcmp(ctx->opt.rollback, "disk") != 0)
-        rec_ckpt_held_steps(ctx, &r->held_step, &r->older_step);
-    r->committed_step = rec_ckpt_committed_step(ctx);
-    r->partnered = rec_ckpt_partnered(ctx);
+    rec_ckpt_offer(ctx, strcmp(ctx->opt.rollback, "disk") != 0, r);
 }
 
 /* After the decision rule: live spares take the places of lost members (up to the size of

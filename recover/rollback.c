@@ -9,7 +9,7 @@
  * The five branches (the decision's source, coord.c I5) and who performs them:
  *   memory, sharded or per-rank state   rebuild_partnered: the pieces moved as rebuild.c's
  *                                       plan says (pure), point to point over the ring
- *   memory, every member holds the step ckpt_restore_held, each from its own memory
+ *   memory, every member holds the step ckpt_snapshot_restore, each from its own memory
  *   memory, some members hold it        spread_held: the root's bytes to every member
  *   disk                                from_disk (rec_restore_newest, below the step + 1)
  *   nothing                             RK_E_NOCKPT
@@ -38,15 +38,17 @@
  *
  * STATES of one member (the function performing each transition)
  *
- *   ENTER --(spares brought in: their registrations agreed, join)--> SPLIT
+ *   ENTER --(spares brought in: their registrations agreed, join; the engine writes as
+ *            the new membership, ckpt_set_membership: rank 0's writer cleans what dead
+ *            attempts left before its next write)--> SPLIT
  *   SPLIT --(sharded tensors split over the new world: resplit)--> DECIDE
  *   DECIDE --(memory, partnered: rebuild_partnered, which mirrors itself)--> MIRRORED
- *   DECIDE --(memory, all hold: ckpt_restore_held)--> RESTORED
+ *   DECIDE --(memory, all hold: ckpt_snapshot_restore)--> RESTORED
  *   DECIDE --(memory, some hold: spread_held)--> RESTORED
  *   DECIDE --(disk: from_disk)--> RESTORED
  *   DECIDE --(nothing)--> FAILED (RK_E_NOCKPT, after the first round)
  *   RESTORED --(rec_ckpt_mirror: the partner copy)--> MIRRORED
- *   MIRRORED --(round 1, all OK)--> DONE (rank 0's writer cleans old attempts)
+ *   MIRRORED --(round 1, all OK)--> DONE
  *   MIRRORED --(round 1, memory failed on some member)--> FALLBACK
  *   MIRRORED --(round 1, the ring broke on some member)--> AGAIN
  *   FALLBACK --(from_disk, rec_ckpt_mirror, round 2)--> DONE | AGAIN | FAILED
@@ -77,40 +79,37 @@ static int agree(rk_ctx *ctx, void *v, rk_dtype dtype, rk_op op)
 
 /* ---- what a member offers (recovery.c's report) ------------------------------------- */
 
-/* The step of snapshot s if the job can roll back to it, else -1. */
-static int64_t offered(rk_ctx *ctx, const ckpt_snapshot *s)
+/* The steps of both generations that the job can roll back to (ckpt/snapshot.h S4, S6:
+   sharded and per-rank state only with the left neighbour's pieces of the same step and
+   membership beside it, so that a lost member's are in its right neighbour's memory; a
+   snapshot taken before a tensor was registered is not offered). */
+static ckpt_offer offer(rk_ctx *ctx, bool partnered)
 {
-    /* Sharded and per-rank state is each rank's own: offered only with the left
-       neighbour's pieces of the same step and membership beside it (ckpt/snapshot.h S4), so that
-       a lost member's are in its right neighbour's memory. */
-    if (s->step < 0 || (rec_ckpt_partnered(ctx) && !s->partnered))
-        return -1;
-    /* A snapshot taken before a tensor was registered cannot restore it: not offered. */
     ckpt_tensor *t = NULL;
-    if (rec_ckpt_tensors(ctx, &t))
-        return -1;
-    int64_t step = ckpt_snapshot_matches(s, t, ctx->ntensors) ? s->step : -1;
+    int trc = rec_ckpt_tensors(ctx, &t); /* without them (t NULL): nothing offered */
+    (void)trc;
+    ckpt_offer o = ckpt_snapshot_offer(ctx->ckpt, t, ctx->ntensors, partnered);
     free(t);
-    return step;
+    return o;
 }
 
 int64_t rec_ckpt_held_step(rk_ctx *ctx)
 {
-    return ctx->ckpt ? offered(ctx, ckpt_snapshot_held(ctx->ckpt)) : -1;
+    return ctx->ckpt ? offer(ctx, rec_ckpt_partnered(ctx)).held : -1;
 }
 
-void rec_ckpt_held_steps(rk_ctx *ctx, int64_t *held, int64_t *older)
+void rec_ckpt_offer(rk_ctx *ctx, bool memory, struct rec_report *r)
 {
-    *held = rec_ckpt_held_step(ctx);
-    *older = ctx->ckpt ? offered(ctx, ckpt_snapshot_older(ctx->ckpt)) : -1;
-    if (*older == *held)
-        *older = -1;
-}
-
-int64_t rec_ckpt_committed_step(rk_ctx *ctx)
-{
-    int64_t c = ctx->ckpt ? ckpt_last_committed(ctx->ckpt) : -1;
-    return c > ctx->disk_newest ? c : ctx->disk_newest; /* before rk_resume: the directory's */
+    ckpt_offer o = {.held = -1, .older = -1, .committed = -1};
+    r->partnered = rec_ckpt_partnered(ctx);
+    if (ctx->ckpt && memory)
+        o = offer(ctx, r->partnered);
+    else if (ctx->ckpt)
+        o.committed = ckpt_last_committed(ctx->ckpt);
+    r->held_step = o.held;
+    r->older_step = o.older;
+    /* Before rk_resume: the directory's newest. */
+    r->committed_step = o.committed > ctx->disk_newest ? o.committed : ctx->disk_newest;
 }
 
 /* ---- the disk: the newest checkpoint that verifies everywhere ------------------------ */
@@ -173,7 +172,7 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
         if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change */
             *step = s;
             ckpt_note_committed(ctx->ckpt, s);
-            rc = ckpt_restore_held(ctx->ckpt, t, ctx->ntensors);
+            rc = ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
             break;
         }
         if (worst == TRY_MISMATCH) {
@@ -263,15 +262,15 @@ static int join(rk_ctx *ctx)
 
 /* Every member gets the root's held snapshot (rec_spread, B4), in
    a new held snapshot (ckpt_hold_open), which then goes to the buffers through the copy
-   engines (device tensors too); a failure leaves the snapshot held before. */
+   engines (device tensors too: ckpt_hold_seal); a failure leaves the snapshot held before. */
 static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
     size_t n = ctx->ntensors;
     bool root = ctx->rank0 == dec->root;
-    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
-    bool have = !trc && root && s->step == dec->step && ckpt_snapshot_matches(s, t, n);
+    const ckpt_snapshot *s = NULL;
     unsigned char **where = trc ? NULL : calloc(n, sizeof(*where));
-    int orc = trc ? trc : !where ? -ENOMEM : ckpt_hold_open(ctx->ckpt, t, n, where);
+    int orc = trc ? trc : !where ? -ENOMEM : ckpt_hold_open(ctx->ckpt, dec->step, t, n, where, &s);
+    bool have = !orc && root && s->step == dec->step && ckpt_snapshot_matches(s, t, n);
     int bad = orc ? 1 : 0, arc = agree(ctx, &bad, RK_I32, RK_MAX); /* room is needed everywhere */
     if (arc || bad) {
         if (!orc)
@@ -297,8 +296,7 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
         ckpt_hold_cancel(ctx->ckpt);
         return rc;
     }
-    ckpt_hold_seal(ctx->ckpt, dec->step);
-    return ckpt_restore_held(ctx->ckpt, t, n);
+    return ckpt_hold_seal(ctx->ckpt, dec->step, t, n);
 }
 
 /* One tensor's part of the rebuild on this member: what it holds of its own range
@@ -379,17 +377,11 @@ static int check_sizes(const rk_ctx *ctx, const struct rec_plan *p, const ckpt_t
    another error when the rebuild cannot be done (the caller goes to disk). */
 static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
-    const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
     size_t n = ctx->ntensors;
-    int w = ctx->world, cap = ctx->world0, me = s->rank; /* no old world is larger than the job */
-    bool fresh = s->step < 0 && dec->joined > 0;         /* a spare: holds nothing yet */
+    int w = ctx->world, cap = ctx->world0; /* no old world is larger than the job */
     int rc = trc, fault = rk__fault_fail("rollback");
     if (!rc && fault)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, fault, "rollback: injected failure (RK_FAULT=rollback)");
-    if (!rc && !fresh && (s->step != dec->step || s->left_step != dec->step || n != s->n || s->world > cap))
-        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
-                      " and its partner copy are no longer held (held %" PRId64 ", left %" PRId64 ", %zu of %zu tensors)",
-                      dec->step, s->step, s->left_step, s->n, n);
     /* What the members agree on (MAX): each old rank's new rank + 1 (cap), each tensor's
        piece of each old rank (n x cap: from it, and from its right neighbour's partner
        copy, the same size), each new rank's size of each tensor (n x w). */
@@ -400,11 +392,19 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     unsigned char **where = calloc(n ? n : 1, sizeof(*where));
     if (!rc && (!v || !at || !lo || !hi || !nr || !old || !where))
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, -ENOMEM, "rollback: the plan of %zu tensors over %d ranks", n, cap);
-    /* The new snapshot is built in a new staging region; the old one (s) stays readable. */
+    /* The new snapshot is built in a new staging region; the old one (s: the snapshot of
+       the decision's step, its partner copy beside it) stays readable. */
     int64_t t0 = rk__mono_ns();
-    bool open = !rc && (rc = ckpt_hold_open(ctx->ckpt, t, n, where)) == 0, sealed = false;
+    const ckpt_snapshot *s = NULL;
+    bool open = !rc && (rc = ckpt_hold_open(ctx->ckpt, dec->step, t, n, where, &s)) == 0, sealed = false;
+    bool fresh = s && s->step < 0 && dec->joined > 0; /* a spare: holds nothing yet */
+    int me = s ? s->rank : 0;
+    if (!rc && !fresh && (s->step != dec->step || s->left_step != dec->step || n != s->n || s->world > cap))
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
+                      " and its partner copy are no longer held (held %" PRId64 ", left %" PRId64 ", %zu of %zu tensors)",
+                      dec->step, s->step, s->left_step, s->n, n);
     /* The failed share: whether every member can go on, and the old world. */
-    int64_t a[2] = {rc ? 1 : 0, fresh ? 0 : s->world};
+    int64_t a[2] = {rc ? 1 : 0, rc || fresh ? 0 : s->world};
     int arc = rec_ckpt_call(ctx, a, 2, RK_I64, RK_MAX);
     if (arc || a[0]) {
         if (!rc)
@@ -488,9 +488,8 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     /* The new snapshot replaces the old, and goes to the buffers (a slice whose size
        changed waits for rk_rebind). */
     int64_t t1 = rk__mono_ns(), t2ns = t1, t3 = t1;
-    ckpt_hold_seal(ctx->ckpt, dec->step);
     sealed = true;
-    if ((rc = ckpt_restore_held(ctx->ckpt, t, n)) == 0) {
+    if ((rc = ckpt_hold_seal(ctx->ckpt, dec->step, t, n)) == 0) {
         t2ns = rk__mono_ns();
         int m = rec_ckpt_mirror(ctx);
         if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
@@ -536,26 +535,25 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
     if (!ctx->ckpt)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT,
                         "a member was lost and there is no snapshot to roll back to (set RK_CKPT_DIR)");
-    /* The commit in flight belonged to the old membership: cancel it, write as the new one. */
+    /* The commit in flight belonged to the old membership: cancel it, write as the new one
+       (rank 0's writer removes what dead attempts left before it writes again: never the
+       training thread, recovery does not wait on the disk). */
     ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
     resplit(ctx);
     /* rec_ckpt_tensors' failure goes into the first collective of each path (a failed share). */
     ckpt_tensor *t = NULL;
     int trc = rec_ckpt_tensors(ctx, &t);
     bool own = rec_ckpt_partnered(ctx), memory = dec->source == REC_FROM_MEMORY;
-    /* The generation of that step becomes the held one where it is the older (ckpt/snapshot.h S6). */
-    if (memory && ckpt_snapshot_held(ctx->ckpt)->step != dec->step &&
-        ckpt_snapshot_older(ctx->ckpt)->step == dec->step)
-        ckpt_snapshot_select(ctx->ckpt, dec->step);
+    /* The generation of that step becomes the held one where it is the older
+       (ckpt/snapshot.h S6): ckpt_hold_open and ckpt_snapshot_restore select it. */
     if (memory && own) {
         rc = rebuild_partnered(ctx, dec, t, trc); /* takes its own partner copy */
         ctx->next_step = dec->step;
     } else if (memory && dec->all_hold) {
-        rc = trc                                            ? trc
-             : ckpt_snapshot_held(ctx->ckpt)->step == dec->step ? ckpt_restore_held(ctx->ckpt, t, ctx->ntensors)
-                                                                : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL,
-                                                                           "rollback: the snapshot of step %" PRId64
-                                                                           " is no longer held", dec->step);
+        rc = trc ? trc : ckpt_snapshot_restore(ctx->ckpt, dec->step, t, ctx->ntensors);
+        if (rc == RK_E_NOCKPT)
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
+                          " is no longer held", dec->step);
         ctx->next_step = dec->step;
     } else if (memory) {
         rc = spread_held(ctx, dec, t, trc);
@@ -586,10 +584,6 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
         worst = roll_class(rc);
         arc = agree(ctx, &worst, RK_I32, RK_MAX); /* round 2 */
     }
-    /* Rank 0's writer removes what dead attempts left before it writes again (never the
-       training thread: recovery does not wait on the disk). */
-    if (!rc && !arc && !worst && ctx->rank == 0)
-        ckpt_request_clean(ctx->ckpt);
     free(t);
     if (rc)
         return rc;

@@ -40,8 +40,11 @@ START_TEST(cancelled_hold_keeps_the_held_snapshot)
     ckpt_tensor t2[2] = {{.name = "w", .dtype = RK_F64, .ndim = 1, .shape = big, .nbytes = 4096 * 8},
                          {.name = "x", .dtype = RK_U8, .ndim = 1, .shape = big, .nbytes = 4096}};
     unsigned char *where[2];
+    const ckpt_snapshot *before = NULL;
     for (int round = 0; round < 2; round++) { /* the second open finds the first one neither sealed nor cancelled */
-        th_assert_rc(ckpt_hold_open(e, t2, 2, where), 0);
+        th_assert_rc(ckpt_hold_open(e, 5, t2, 2, where, &before), 0);
+        ck_assert_int_eq(before->step, 5); /* what was held, readable until the seal or the cancel */
+        ck_assert(memcmp(before->own[0].data, v, sizeof(v)) == 0);
         memset(where[0], 0xEE, t2[0].nbytes);
         ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
     }
@@ -55,10 +58,13 @@ START_TEST(cancelled_hold_keeps_the_held_snapshot)
     th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
     ck_assert(memcmp(out, v, sizeof(v)) == 0);
     /* and a later open and seal still works from it */
-    th_assert_rc(ckpt_hold_open(e, &t, 1, where), 0);
+    th_assert_rc(ckpt_hold_open(e, 6, &t, 1, where, &before), 0);
+    ck_assert(before->step == 5 && before->own[0].data == s->own[0].data);
     memcpy(where[0], s->own[0].data, sizeof(v));
-    ckpt_hold_seal(e, 6);
+    memset(out, 0, sizeof(out));
+    th_assert_rc(ckpt_hold_seal(e, 6, &t, 1), 0); /* sealed, then in the buffers */
     ck_assert_int_eq(ckpt_snapshot_held(e)->step, 6);
+    ck_assert(memcmp(out, v, sizeof(v)) == 0);
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     th_rmrf(dir);
     free(dir);
@@ -266,6 +272,15 @@ START_TEST(failed_snapshot_leaves_the_one_before)
     copy_faults(NULL, NULL);
     ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
     ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
+    /* What a recovery is offered: the older generation only; with sharded state, nothing
+       (no partner copy, S4); a layout that is not t's, nothing. */
+    ckpt_offer o = ckpt_snapshot_offer(e, &t, 1, false);
+    ck_assert(o.held == -1 && o.older == 2 && o.committed == -1);
+    o = ckpt_snapshot_offer(e, &t, 1, true);
+    ck_assert(o.held == -1 && o.older == -1);
+    o = ckpt_snapshot_offer(e, NULL, 1, false);
+    ck_assert(o.held == -1 && o.older == -1);
+    th_assert_rc(ckpt_snapshot_restore(e, 4, &t, 1), RK_E_NOCKPT);
     th_assert_rc(ckpt_snapshot_select(e, 4), RK_E_NOCKPT);
     th_assert_rc(ckpt_snapshot_select(e, 2), 0);
     ck_assert_int_eq(ckpt_snapshot_held(e)->step, 2);
@@ -279,6 +294,11 @@ START_TEST(failed_snapshot_leaves_the_one_before)
     ck_assert_int_eq(ckpt_snapshot_held(e)->step, 5);
     ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
     ck_assert(((const double *)ckpt_snapshot_older(e)->own[0].data)[1023] == 2);
+    /* the rollback of a member that holds step 2 itself: selected, then restored */
+    v[0] = v[1023] = -1;
+    th_assert_rc(ckpt_snapshot_restore(e, 2, &t, 1), 0);
+    ck_assert(v[0] == 2 && v[1023] == 2);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 2);
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     th_rmrf(dir);
     free(dir);
