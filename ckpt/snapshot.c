@@ -65,6 +65,58 @@ static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
 
 static void was_end(ckpt_engine *e);
 
+/* ---- S9: the next region mapped ahead ------------------------------------------------- */
+
+static void *prep_main(void *arg)
+{
+    ckpt_engine *e = arg;
+    e->s.prep.p = rk__map(e->s.prep.cap);
+    return NULL;
+}
+
+/* Joins the thread preparing a region by deadline_ns; its region, or NULL (none, it could
+   not map one, or it still runs: then it is left detached and what it maps stays). */
+static void *prep_join(ckpt_engine *e, int64_t deadline_ns, size_t *cap)
+{
+    if (!e->s.prep.running)
+        return NULL;
+    int64_t end = rk__real_ns() + (deadline_ns - rk__mono_ns()); /* timedjoin's clock */
+    struct timespec until = {.tv_sec = end / 1000000000, .tv_nsec = end % 1000000000};
+    e->s.prep.running = false;
+    if (pthread_timedjoin_np(e->s.prep.thr, NULL, &until) != 0) {
+        RK_LOG_WARN(RK_SUB_CKPT, "staging of %zu bytes mapped ahead is not ready in time: mapped again",
+                    e->s.prep.cap);
+        pthread_detach(e->s.prep.thr);
+        return NULL;
+    }
+    *cap = e->s.prep.cap;
+    return e->s.prep.p;
+}
+
+/* Starts mapping a region of `cap` bytes for the next turn, unless one is being mapped. */
+static void prepare(ckpt_engine *e, size_t cap)
+{
+    if (e->s.prep.running)
+        return;
+    e->s.prep.cap = cap;
+    e->s.prep.p = NULL;
+    e->s.prep.running = pthread_create(&e->s.prep.thr, NULL, prep_main, e) == 0;
+}
+
+/* A region of at least `need` bytes: the one mapped ahead if it fits, else a new one. */
+static void *region(ckpt_engine *e, size_t need, size_t *cap)
+{
+    size_t pcap = 0;
+    void *p = prep_join(e, rk__deadline_ns(e->timeout_ms / 4), &pcap);
+    if (p && pcap >= need) {
+        *cap = pcap;
+        return p;
+    }
+    rk__unmap(p, pcap);
+    *cap = need;
+    return rk__map(need);
+}
+
 int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream)
 {
     struct ckpt_gen *gens[] = {&e->s.g, &e->s.old, &e->s.park};
@@ -97,6 +149,8 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
     if (e->s.prev)
         unmap_region(e, e->s.prev, e->s.prev_cap);
     was_end(e);
+    size_t pcap = 0;
+    rk__unmap(prep_join(e, deadline_ns, &pcap), pcap);
     free(e->s.ops);
     return rc;
 }
@@ -135,7 +189,8 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_BUSY,
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
     int f = rk__fault_fail("stage");
-    void *p = f ? NULL : rk__map(need);
+    size_t cap = need;
+    void *p = f ? NULL : region(e, need, &cap);
     if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, f ? f : -errno, "checkpoint staging of %zu bytes: %s", need,
                         strerror(f ? -f : errno));
@@ -151,7 +206,9 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         unmap_region(e, g->staging, g->staging_cap);
     }
     g->staging = p;
-    g->staging_cap = need;
+    g->staging_cap = cap;
+    if (!keep && e->s.old.staging_cap < need)
+        prepare(e, need); /* S9: the other generation's, for the next turn */
     return 0;
 }
 
@@ -386,8 +443,36 @@ static void turn(ckpt_engine *e)
     e->s.g.left_step = -1;
 }
 
+/* S8: whether the copy under way is a snapshot of `step` with t[0..n)'s layout that a
+   checkpoint can write from (not given up on, not already a job's). */
+static bool copying(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    const struct ckpt_gen *g = &e->s.g;
+    if (!e->s.cp.pending || e->s.cp.torn || e->s.cp.job || e->s.cp.step != step || g->held_n != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (g->held_len[i] != t[i].nbytes)
+            return false;
+    return true;
+}
+
+/* The job's side of the copy into g (its pin, what it waits for). */
+static void job_copy(ckpt_engine *e, size_t n, struct ckpt_job_copy *job)
+{
+    e->s.cp.job = true;
+    for (size_t i = 0; i < n; i++)
+        job->at[i] = ckpt__tensor_at(e, i);
+    job->region = e->s.g.staging;
+    job->host_gen = e->s.cp.host_gen;
+    job->dev_gen = e->s.cp.dev_gen;
+}
+
 int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, struct ckpt_job_copy *job)
 {
+    if (job && copying(e, step, t, n)) { /* S8: one copy, not two */
+        job_copy(e, n, job);
+        return 0;
+    }
     if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->s.cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "snapshot: the copy of step %" PRId64 " into staging still runs", e->s.cp.step);
@@ -397,14 +482,8 @@ int ckpt__snapshot_begin(ckpt_engine *e, int64_t step, const ckpt_tensor *t, siz
         rc = copy_in(e, step, t, n);
     if (rc)
         return rc;
-    e->s.cp.job = job != NULL;
-    if (job) {
-        for (size_t i = 0; i < n; i++)
-            job->at[i] = ckpt__tensor_at(e, i);
-        job->region = e->s.g.staging;
-        job->host_gen = e->s.cp.host_gen;
-        job->dev_gen = e->s.cp.dev_gen;
-    }
+    if (job)
+        job_copy(e, n, job);
     return 0;
 }
 

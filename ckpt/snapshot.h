@@ -73,6 +73,17 @@
  *  S7  An RK_FROZEN tensor is copied once into each generation and kept there (frozen_ok)
  *      while its place in the layout stays; a copy of that generation that fails or is
  *      given up on clears the marks, so the next snapshot there copies it again.
+ *  S8  A checkpoint of the step whose snapshot is still being copied into g (rk_checkpoint
+ *      right after rk_step_done took it: the registered buffers may not change before the
+ *      copy is waited for, rekindle.h) writes from that copy: its job takes the copy as its
+ *      own (the writer waits for it, is told how it ended: S5), and nothing is copied a
+ *      second time (ckpt__snapshot_begin). A snapshot already settled is never reused: the
+ *      buffers may have changed since.
+ *  S9  A new region is mapped and populated ahead, off the training thread (mem.c: a
+ *      first touch of 1 GiB costs 0.04-2.5 s here): when g gets a region of a size the other
+ *      generation lacks, a thread maps one for the next turn (prepare), which stage() takes
+ *      (waiting for the thread at most timeout_ms / 4, else mapping its own). Nothing but
+ *      the thread touches the region until it is joined.
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *
@@ -98,6 +109,7 @@
 #ifndef RK_CKPT_SNAPSHOT_H
 #define RK_CKPT_SNAPSHOT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -154,6 +166,12 @@ struct ckpt_snapshots {
        made at the first device tensor, ordered after cuda_stream). */
     ckpt_copy *host_copy, *dev_copy;
     void *cuda_stream;
+    struct {             /* S9: the next generation's region, mapped ahead off this thread */
+        pthread_t thr;
+        bool running;    /* started, not yet joined */
+        size_t cap;
+        void *p;         /* the thread's result (NULL: not mapped); read once joined */
+    } prep;
     ckpt_copy_op *ops;   /* a batch being built */
     size_t ops_cap;
     struct {             /* the copy into staging under way (S5) */

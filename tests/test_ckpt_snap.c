@@ -4,7 +4,8 @@
  * it, the host copy engine (ckpt/copy.h: batches, waits with a deadline, a copy failing
  * halfway), a snapshot copied before the caller's update, and the two generations of
  * ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region the writer reads is
- * put aside; a frozen tensor copied once a generation). The public API's side is
+ * put aside; a frozen tensor copied once a generation), a checkpoint writing from the
+ * snapshot in flight (S8) and the next region mapped ahead (S9). The public API's side is
  * tests/test_ckpt.c.
  */
 #include <errno.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
+#include "../ckpt/ckpt_internal.h" /* S9: the region mapped ahead, e->s.prep */
 #include "../ckpt/copy.h"
 #include "common.h"
 #include "harness.h"
@@ -24,15 +26,22 @@
 #define S4 "step-000000000004"
 #define S6 "step-000000000006"
 
+/* A one-rank engine writing into dir (nonce 7), made or the test fails. */
+static ckpt_engine *engine_in(const char *dir, int keep, int timeout_ms)
+{
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = keep, .timeout_ms = timeout_ms, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    return e;
+}
+
 /* A rebuild that fails after ckpt_hold_open (ckpt_hold_cancel): the snapshot held before
    is held again, whole, and restores; the new region is gone. (Before: the old snapshot
    stayed mapped but was no longer held: step -1, nothing to restore.) */
 START_TEST(cancelled_hold_keeps_the_held_snapshot)
 {
     char *dir = th_tmpdir("hold");
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 1, .timeout_ms = 5000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 1, 5000);
     double v[5] = {1, 2, 3, 4, 5}, out[5] = {0};
     int64_t shape[1] = {5}, big[1] = {4096};
     ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
@@ -94,6 +103,81 @@ static void copy_ended(ckpt_engine *e)
         rk__sleep_ns(5 * 1000000LL);
     th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5)), 0);
 }
+
+/* The checkpoint `step` of dir holds v[0..n) all equal to x (read back through the engine). */
+static void check_ckpt(ckpt_engine *e, int64_t step, size_t n, double x)
+{
+    double *out = calloc(n, sizeof(*out));
+    int64_t shape[1] = {(int64_t)n};
+    ckpt_tensor t = {.name = "w", .ptr = out, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = n * sizeof(*out)};
+    th_assert_rc(ckpt_load(e, step, &t, 1), 0);
+    th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(out[i] == x);
+    free(out);
+}
+
+/* S8: a checkpoint of the step whose snapshot is still being copied writes from that copy:
+   nothing is copied twice (a fault on the second copy fails the checkpoint if it copies
+   again: before, it did, and ckpt_wait returned -EIO). Once the snapshot was waited for
+   (the buffers may have changed since), a checkpoint of its step copies them anew. */
+START_TEST(checkpoint_writes_from_the_snapshot_in_flight)
+{
+    char *dir = th_tmpdir("reuse"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ckpt_engine *e = engine_in(dir, 3, 5000);
+    static double v[4096];
+    int64_t shape[1] = {4096};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    for (size_t i = 0; i < 4096; i++)
+        v[i] = 3;
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@0=hang,copy@1=eio", hold); /* the snapshot's copy held in flight */
+    th_assert_rc(ckpt_snapshot_take(e, 3, &t, 1), 0);
+    th_assert_rc(ckpt_start(e, 3, &t, 1), 0);
+    unlink(hold);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(10000)), 0);
+    ck_assert_int_eq(ckpt_last_committed(e), 3);
+    copy_faults(NULL, NULL);
+    check_ckpt(e, 3, 4096, 3);
+    /* settled, then changed: copied again */
+    th_assert_rc(ckpt_snapshot_take(e, 5, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    for (size_t i = 0; i < 4096; i++)
+        v[i] = 5.5;
+    th_assert_rc(ckpt_start(e, 5, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(10000)), 0);
+    check_ckpt(e, 5, 4096, 5.5);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* S9: once a generation has its region, the other's is mapped ahead by a thread, and the
+   next turn takes it rather than mapping (and first-touching) one on the training thread. */
+START_TEST(next_region_mapped_ahead)
+{
+    char *dir = th_tmpdir("prep");
+    ckpt_engine *e = engine_in(dir, 1, 5000);
+    static double v[1 << 16];
+    int64_t shape[1] = {1 << 16};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    th_assert_rc(ckpt_snapshot_take(e, 1, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert(e->s.prep.running);
+    th_assert_rc(ckpt_snapshot_take(e, 2, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert(!e->s.prep.running);
+    ck_assert(e->s.prep.p != NULL && ckpt_snapshot_held(e)->out == e->s.prep.p);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 1);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
 
 /* The host copy engine: a batch runs without the caller; its completion is queried and
    waited for with a deadline (a copy held by RK_FAULT's hang: RK_E_TIMEOUT, then done
@@ -157,9 +241,7 @@ START_TEST(snapshot_copied_before_the_update)
     snprintf(hold, sizeof(hold), "%s/hold", dir);
     ck_assert_int_eq(th_write_file(hold, "", 0), 0);
     copy_faults("copy@0=hang", hold);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 2, .timeout_ms = 20000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 2, 20000);
     static double v[4096], out[4096];
     int64_t shape[1] = {4096};
     for (int i = 0; i < 4096; i++)
@@ -195,9 +277,7 @@ END_TEST
 START_TEST(copy_failing_halfway_fails_the_checkpoint)
 {
     char *dir = th_tmpdir("copyfail");
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 20000);
     static double v1[512], v2[512], out[512];
     int64_t shape[1] = {512};
     ckpt_tensor t[2] = {{.name = "a", .ptr = v1, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v1)},
@@ -240,9 +320,7 @@ START_TEST(failed_snapshot_leaves_the_one_before)
 {
     char *dir = th_tmpdir("gens"), hold[4300];
     snprintf(hold, sizeof(hold), "%s/hold", dir);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 800, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 800);
     static double v[1024];
     int64_t shape[1] = {1024};
     ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
@@ -316,9 +394,7 @@ START_TEST(select_waits_for_a_given_up_copy)
 {
     char *dir = th_tmpdir("gens-sel"), hold[4300];
     snprintf(hold, sizeof(hold), "%s/hold", dir);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 800, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 800);
     static double w[256], emb[256];
     int64_t shape[1] = {256};
     ckpt_tensor t[2] = {
@@ -362,9 +438,7 @@ END_TEST
 START_TEST(failed_staging_keeps_the_newest_offered)
 {
     char *dir = th_tmpdir("gens-stage");
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 5000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 5000);
     static double v[2048];
     int64_t shape[1] = {1024}, grown[1] = {2048};
     ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = 1024 * 8};
@@ -397,9 +471,7 @@ END_TEST
 START_TEST(frozen_tensor_copied_once_a_generation)
 {
     char *dir = th_tmpdir("frozen");
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 20000);
     static double emb[256], w[256];
     int64_t shape[1] = {256};
     ckpt_tensor t[2] = {
@@ -451,9 +523,7 @@ START_TEST(snapshots_leave_the_written_generation_alone)
     char *dir = th_tmpdir("gens-w"), hold[4300];
     snprintf(hold, sizeof(hold), "%s/hold", dir);
     th_assert_rc(th_write_file(hold, "", 0), 0);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ckpt_engine *e = engine_in(dir, 3, 20000);
     static double v[4096], out[4096];
     int64_t shape[1] = {4096};
     ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
@@ -507,6 +577,8 @@ int main(void)
     tcase_add_test(tc, frozen_tensor_copied_once_a_generation);
     tcase_add_test(tc, select_waits_for_a_given_up_copy);
     tcase_add_test(tc, failed_staging_keeps_the_newest_offered);
+    tcase_add_test(tc, checkpoint_writes_from_the_snapshot_in_flight);
+    tcase_add_test(tc, next_region_mapped_ahead);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
