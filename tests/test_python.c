@@ -188,6 +188,22 @@ START_TEST(library_loads_beside_older_nccl)
 }
 END_TEST
 
+/* The torch.distributed backend "rekindle" (python/rekindle/backend.py) on 3 ranks, under
+   the interpreter's torch, 1.13 included: init_process_group("rekindle") with no argument
+   after rekindle.init(); every offered collective exact and complete on return (P1, P2), a
+   float sum the parts added in rank order wherever they sit (P3), the others refused by
+   name (P5). A loss inside DDP is test_python_backend's (torch >= 2). */
+START_TEST(backend_collectives)
+{
+    char *dir = th_tmpdir("py-backend");
+    char *script = th_py_script("backend_check.py");
+    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, "collectives", NULL};
+    th_py_expect(argv, 3, "backend_check collectives: ok", API_BOUND_S);
+    free(script);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     th_py_setup("import torch, sklearn",
@@ -200,6 +216,7 @@ int main(void)
     tcase_add_test(tc, api_one_process);
     tcase_add_test(tc, api_three_ranks);
     tcase_add_test(tc, api_wrapped_module);
+    tcase_add_test(tc, backend_collectives);
     suite_add_tcase(s, tc);
     tc = tcase_create("job");
     tcase_set_timeout(tc, 600);

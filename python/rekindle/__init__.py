@@ -598,3 +598,6 @@ def load(ckpt_dir, step=None, prefix=None, as_numpy=False, map_location=None):
         return out
     finally:
         _lib.lib.rk_reader_close(ctypes.byref(r))
+
+
+from . import backend  # noqa: E402,F401  torch.distributed's backend "rekindle" (docs/PYTHON.md)

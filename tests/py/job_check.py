@@ -22,6 +22,9 @@ judged as the C trainer is: run by tests/test_python.c.
         alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
         at every step (RK_CKPT_EVERY=1): one of 4 workers SIGKILLed once rank 0 printed
         step 65; the job must exit 0, every survivor print its final line.
+    job_check.py BUILD WORK backend
+        The same judgement of tests/py/backend_train.py: an unchanged DDP on
+        init_process_group("rekindle"), written from docs/PYTHON.md alone.
     job_check.py BUILD WORK horovod
         The same judgement of examples/horovod_style.py (Elastic Horovod's API,
         rekindle.elastic), run elastic: `rekindle run --host-discovery-script` listing
@@ -69,8 +72,8 @@ import rekindle
 BUILD, WORK, MODE, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 FINAL = re.compile(r"^final step=(\d+) world=(\d+) hash=([0-9a-f]{16})$", re.M)
-if MODE == "docs":
-    TRAIN, EVERY = os.path.join(SRC, "tests", "py", "docs_train.py"), 1
+if MODE in ("docs", "backend"):
+    TRAIN, EVERY = os.path.join(SRC, "tests", "py", MODE + "_train.py"), 1
     KILL_AT = 65  # rank 0 printed this step
 
     def program(steps):
