@@ -548,6 +548,42 @@ START_TEST(one_process_measures_the_others_wait)
 }
 END_TEST
 
+/* ---- what Python declares of it ------------------------------------------------------------ */
+
+/* python/rekindle/dcp.py hands fmt_shard_write a manifest and a fmt_write_stats declared
+   field for field with ctypes: each must be as large as the C struct, or the writer reads
+   and writes past what Python allocated (the stats grew with io_auto's fields). The
+   declarations are taken from the file and sized by RK_TEST_PYTHON, without importing the
+   module (which needs torch 2.x). */
+START_TEST(dcp_py_declares_the_structs_whole)
+{
+    static const struct {
+        const char *cls;
+        size_t size;
+    } decl[] = {{"_FmtWriteStats", sizeof(fmt_write_stats)}, {"_FmtManifest", sizeof(fmt_manifest)}};
+    const char *py = getenv("RK_TEST_PYTHON"), *src = getenv("RK_TEST_SRC");
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/python/rekindle/dcp.py", src ? src : ".");
+    const char *script =
+        "import ctypes, re, sys\n"
+        "s = open(sys.argv[1]).read(); ns = {'ctypes': ctypes, '_P': ctypes.c_void_p}\n"
+        "for c in ('_FmtTensor', sys.argv[2]):\n"
+        "    m = re.search(r'^class %s\\(ctypes.Structure\\):\\n(?:    .*\\n)+' % c, s, re.M)\n"
+        "    exec(m.group(0), ns)\n"
+        "print(ctypes.sizeof(ns[sys.argv[2]]))\n";
+    for (size_t k = 0; k < RK_ARRAY_LEN(decl); k++) {
+        char *argv[] = {
+            (char *)(py ? py : "/usr/bin/python3"), "-c", (char *)script, path, (char *)decl[k].cls, NULL};
+        char *out = NULL;
+        int rc = th_run(argv, NULL, 60, &out);
+        ck_assert_msg(rc == 0, "%s: exit %d: %s", decl[k].cls, rc, out ? out : "");
+        ck_assert_msg(strtoul(out, NULL, 10) == decl[k].size, "dcp.py's %s is %s bytes, the C struct %zu",
+                      decl[k].cls, out, decl[k].size);
+        free(out);
+    }
+}
+END_TEST
+
 /* ---- real jobs: a fault or a crash in the middle of a shard ------------------------------- */
 
 static int job(const char *prog, const char *dir, const char *cache, const char *io, const char *fault,
@@ -654,6 +690,7 @@ int main(void)
     tcase_add_loop_test(tc, cache_refused_link_or_other_users, 0, R_DIR_LINK + 1);
     tcase_add_test(tc, probe_fault_in_the_middle_keeps_nothing);
     tcase_add_test(tc, one_process_measures_the_others_wait);
+    tcase_add_test(tc, dcp_py_declares_the_structs_whole);
     suite_add_tcase(s, tc);
     tc = tcase_create("job");
     tcase_set_timeout(tc, 240);

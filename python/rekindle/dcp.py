@@ -73,7 +73,9 @@ class _FmtManifest(ctypes.Structure):
 
 
 class _FmtWriteStats(ctypes.Structure):
-    _fields_ = [("io_path", ctypes.c_char * 48), ("bytes", ctypes.c_uint64)]
+    _fields_ = [("io_path", ctypes.c_char * 48), ("bytes", ctypes.c_uint64), ("prealloc", ctypes.c_uint64),
+                ("extends", ctypes.c_uint64), ("io_auto", ctypes.c_char * 16), ("auto_direct_gbs", ctypes.c_double),
+                ("auto_buffered_gbs", ctypes.c_double), ("auto_first", ctypes.c_bool), ("auto_measured", ctypes.c_bool)]
 
 
 FMT_VERSION, FMT_REPLICATED, FMT_SHARDED = 2, 0, 1
