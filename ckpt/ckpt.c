@@ -279,6 +279,7 @@ int ckpt_destroy(ckpt_engine **pe, int64_t deadline_ns)
     free(e->plan);
     free(e->sizes);
     free(e->at);
+    free(e->op);
     free(e->dir);
     free(e->io);
     free(e);
@@ -353,6 +354,7 @@ static int plan(ckpt_engine *e, const ckpt_tensor *t, size_t n)
         if (!ckpt__grow((void **)&e->plan, n, sizeof(*e->plan)) ||
             !ckpt__grow((void **)&e->sizes, n, sizeof(*e->sizes)) ||
             !ckpt__grow((void **)&e->at, n, sizeof(*e->at)) ||
+            !ckpt__grow((void **)&e->op, n, sizeof(*e->op)) ||
             !ckpt__grow((void **)&e->mine, n, sizeof(*e->mine)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint plan for %zu tensors", n);
         e->plan_cap = e->mine_cap = n;
@@ -413,6 +415,7 @@ int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     if (!rc)
         rc = plan(e, t, n);
     jc.at = e->at;
+    jc.op = e->op;
     if (!rc)
         rc = ckpt__snapshot_begin(e, step, t, n, &jc);
     if (rc)

@@ -47,6 +47,7 @@ struct ckpt_job {
     /* The copy into staging this job writes from (ckpt/copy.h): the writer waits for both
        batches first (0: none). */
     uint64_t copy_host, copy_dev;
+    int64_t copy_deadline; /* the bound of every wait for it (writer.c W3) */
     /* How that copy ended, once the training thread settled it or gave it up
        (ckpt__copy_outcome, writer.c). */
     atomic_int copy_rc;
@@ -100,6 +101,7 @@ struct ckpt_engine {
     size_t mine_cap;
     int *plan;           /* rank of each tensor (W2) */
     char **at;           /* where each tensor lies in the job's staging */
+    size_t *op;          /* which copy brings it there (snapshot.h S10) */
     uint64_t *sizes;
     size_t plan_cap;
     struct ckpt_snapshots s; /* the snapshot side (snapshot.h) */

@@ -53,6 +53,11 @@ int ckpt_copy_start(ckpt_copy *c, const ckpt_copy_op *ops, size_t n, uint64_t *g
    which copy and why), RK_E_TIMEOUT if it still runs at the deadline (it goes on),
    RK_E_ABORTED if a later batch replaced it. Any thread may wait, several at once. */
 int ckpt_copy_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns);
+/* Until copy k (0-based) of batch `gen` is done, or deadline_ns: 0 once it is (whatever
+   the copies after it do), else as ckpt_copy_wait (a batch stopped by a failure at or
+   before copy k returns that failure). An engine that knows only whole batches (CUDA)
+   waits for the whole batch. k SIZE_MAX: the whole batch, as ckpt_copy_wait. */
+int ckpt_copy_wait_op(ckpt_copy *c, uint64_t gen, size_t k, int64_t deadline_ns);
 /* Whether batch `gen` completed (never waits). */
 bool ckpt_copy_done(ckpt_copy *c, uint64_t gen);
 /* Staging [p, p + n) will be copied to and from often: the CUDA engine pins it

@@ -36,6 +36,13 @@ int ckpt_copy_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
     return gen ? c->vt->wait(c, gen, deadline_ns) : 0;
 }
 
+int ckpt_copy_wait_op(ckpt_copy *c, uint64_t gen, size_t k, int64_t deadline_ns)
+{
+    if (!gen)
+        return 0;
+    return c->vt->wait_op && k != SIZE_MAX ? c->vt->wait_op(c, gen, k, deadline_ns) : c->vt->wait(c, gen, deadline_ns);
+}
+
 bool ckpt_copy_done(ckpt_copy *c, uint64_t gen)
 {
     return gen == 0 || c->vt->done(c, gen);
@@ -64,6 +71,7 @@ struct host_copy {
     size_t n, cap;
     uint64_t gen;        /* the last batch started (0: none yet) */
     bool running;        /* batch gen has not completed */
+    size_t done;         /* its copies done so far (in order) */
     bool stop;
     int rc;              /* how batch gen ended, once it did */
     char why[256];       /* its failure */
@@ -90,6 +98,10 @@ static void *host_worker(void *arg)
             }
             if (h->ops[i].n)
                 memcpy(h->ops[i].dst, h->ops[i].src, h->ops[i].n);
+            pthread_mutex_lock(&h->mu); /* ckpt_copy_wait_op: a reader of copy i may go */
+            h->done = i + 1;
+            pthread_cond_broadcast(&h->cv);
+            pthread_mutex_unlock(&h->mu);
         }
         pthread_mutex_lock(&h->mu);
         h->rc = rc;
@@ -121,6 +133,7 @@ static int host_start(ckpt_copy *c, const ckpt_copy_op *ops, size_t n, uint64_t 
     if (n)
         memcpy(h->ops, ops, n * sizeof(*ops));
     h->n = n;
+    h->done = 0;
     h->gen++;
     h->rc = 0;
     h->why[0] = '\0';
@@ -132,15 +145,16 @@ static int host_start(ckpt_copy *c, const ckpt_copy_op *ops, size_t n, uint64_t 
     return 0;
 }
 
-static int host_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
+/* Until copy k of batch gen is done (k SIZE_MAX: the whole batch). */
+static int host_wait_op(ckpt_copy *c, uint64_t gen, size_t k, int64_t deadline_ns)
 {
     struct host_copy *h = (struct host_copy *)c;
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     pthread_mutex_lock(&h->mu);
-    while (h->gen == gen && h->running)
+    while (h->gen == gen && h->running && !(k < h->done))
         if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT)
             break;
-    int rc = h->gen != gen ? RK_E_ABORTED : h->running ? RK_E_TIMEOUT : h->rc;
+    int rc = h->gen != gen ? RK_E_ABORTED : k < h->done ? 0 : h->running ? RK_E_TIMEOUT : h->rc;
     char why[sizeof(h->why)];
     memcpy(why, h->why, sizeof(why));
     pthread_mutex_unlock(&h->mu);
@@ -151,6 +165,11 @@ static int host_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
     else if (rc)
         rk__set_last_error("host copy: %s", why);
     return rc;
+}
+
+static int host_wait(ckpt_copy *c, uint64_t gen, int64_t deadline_ns)
+{
+    return host_wait_op(c, gen, SIZE_MAX, deadline_ns);
 }
 
 static bool host_done(ckpt_copy *c, uint64_t gen)
@@ -190,7 +209,8 @@ static int host_destroy(ckpt_copy *c, int64_t deadline_ns)
 }
 
 static const struct ckpt_copy_vt host_vt = {
-    .start = host_start, .wait = host_wait, .done = host_done, .destroy = host_destroy, .pin = NULL, .unpin = NULL};
+    .start = host_start, .wait = host_wait,   .wait_op = host_wait_op, .done = host_done,
+    .destroy = host_destroy, .pin = NULL,   .unpin = NULL};
 
 int ckpt_copy_host_create(ckpt_copy **out)
 {

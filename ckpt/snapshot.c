@@ -152,6 +152,7 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
     size_t pcap = 0;
     rk__unmap(prep_join(e, deadline_ns, &pcap), pcap);
     free(e->s.ops);
+    free(e->s.op_of);
     return rc;
 }
 
@@ -278,12 +279,15 @@ static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_st
     struct ckpt_gen *g = &e->s.g;
     *host_gen = *dev_gen = 0;
     if (n > e->s.ops_cap) {
-        if (!ckpt__grow((void **)&e->s.ops, n, sizeof(*e->s.ops)))
+        if (!ckpt__grow((void **)&e->s.ops, n, sizeof(*e->s.ops)) ||
+            !ckpt__grow((void **)&e->s.op_of, n, sizeof(*e->s.op_of)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -ENOMEM, "checkpoint copy of %zu tensors", n);
         e->s.ops_cap = n;
     }
     size_t nh = 0, nd = 0; /* host copies from the front, device ones from the back */
     for (size_t i = 0; i < n; i++) {
+        if (to_staging)
+            e->s.op_of[i] = CKPT_OP_NONE; /* S10 */
         if (!t[i].nbytes || (!to_staging && (t[i].defer || !g->held_have[i])))
             continue;
         if (to_staging && t[i].frozen && g->frozen_ok[i])
@@ -291,6 +295,8 @@ static int copy_start(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool to_st
         char *at = g->staging + g->held_off[i];
         ckpt_copy_op op = to_staging ? (ckpt_copy_op){.dst = at, .src = t[i].ptr, .n = t[i].nbytes}
                                      : (ckpt_copy_op){.dst = t[i].ptr, .src = at, .n = t[i].nbytes};
+        if (to_staging)
+            e->s.op_of[i] = t[i].device ? CKPT_OP_DEVICE : nh;
         if (t[i].device)
             e->s.ops[n - ++nd] = op;
         else
@@ -460,8 +466,10 @@ static bool copying(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n
 static void job_copy(ckpt_engine *e, size_t n, struct ckpt_job_copy *job)
 {
     e->s.cp.job = true;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         job->at[i] = ckpt__tensor_at(e, i);
+        job->op[i] = e->s.op_of[i];
+    }
     job->region = e->s.g.staging;
     job->host_gen = e->s.cp.host_gen;
     job->dev_gen = e->s.cp.dev_gen;

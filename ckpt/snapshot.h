@@ -84,6 +84,12 @@
  *      generation lacks, a thread maps one for the next turn (prepare), which stage() takes
  *      (waiting for the thread at most timeout_ms / 4, else mapping its own). Nothing but
  *      the thread touches the region until it is joined.
+ *  S10 A checkpoint's writer reads a tensor's bytes from staging as soon as the copy that
+ *      brings them is done (copy.h ckpt_copy_wait_op: the host engine copies in registry
+ *      order), not after the whole copy: the disk write of the first tensors overlaps the
+ *      copy of the last. The whole copy is still waited for, and its outcome known,
+ *      before the shard's manifest is written (writer.c W6): a copy that fails or is given
+ *      up on halfway commits nothing.
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *
@@ -173,6 +179,7 @@ struct ckpt_snapshots {
         void *p;         /* the thread's result (NULL: not mapped); read once joined */
     } prep;
     ckpt_copy_op *ops;   /* a batch being built */
+    size_t *op_of;       /* S10: tensor i's copy in the last batch into staging (ckpt__op) */
     size_t ops_cap;
     struct {             /* the copy into staging under way (S5) */
         bool pending;    /* started, not yet settled */
@@ -203,9 +210,15 @@ int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream);
 /* The end of it, at ckpt_destroy: a copy still running at deadline_ns keeps its engine and
    staging mapped (RK_E_TIMEOUT), else everything is released. */
 int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns);
+/* Which copy of the batch into staging brings tensor i's bytes (S10): its index in the host
+   batch, or one of these. */
+#define CKPT_OP_NONE (SIZE_MAX - 2)   /* none: no bytes, or an RK_FROZEN tensor already there (S7) */
+#define CKPT_OP_DEVICE (SIZE_MAX - 1) /* the device batch (the CUDA engine knows only whole batches) */
+#define CKPT_OP_ALL SIZE_MAX          /* the whole copy, both batches */
 /* What a checkpoint's job needs of its snapshot (ckpt__snapshot_begin). */
 struct ckpt_job_copy {
     char **at;          /* the caller's array of n: where each tensor lies in staging */
+    size_t *op;         /* the caller's array of n: which copy brings it there (S10) */
     const char *region; /* the staging region, for the job's pin (writer.c W5) */
     uint64_t host_gen, dev_gen; /* the copy's batches, which the writer waits for */
 };

@@ -1,8 +1,9 @@
 /*
  * ckpt/writer.c - the engine's writer: the background thread that turns the job in flight
- * (ckpt.c) into a committed checkpoint, and the job's result. For one job: wait for the
- * copy it writes from (snapshot.h S5), then checksums, this rank's shard and manifest in
- * the attempt's '.tmp-step-<S>-<nonce>/', then
+ * (ckpt.c) into a committed checkpoint, and the job's result. For one job: this rank's
+ * shard, each tensor written (and checksummed) as soon as the copy that brings it into
+ * staging is done (snapshot.h S10), then the whole copy's outcome (S5), then the shard's
+ * manifest, in the attempt's '.tmp-step-<S>-<nonce>/', then
  *   rank 0:  wait (bounded) for every rank's manifest, write index.h5 (with the commit
  *            time, ckpt_dir.c), claim the commit, commit by rename (or exchange with an
  *            abandoned timeline's directory of the same label), hand over to retention
@@ -39,8 +40,12 @@
  *      unmapped (a replaced one is retired until unpinned, ckpt_destroy leaves a stuck
  *      writer's to it) and never written while its job may commit (the turn puts it aside,
  *      snapshot.h S6; ckpt_load and ckpt_hold abandon the job before they write it, and an
- *      abandoned job is never committed, ckpt.c J5). The writer reads staging only once the
- *      copy into it is done.
+ *      abandoned job is never committed, ckpt.c J5). The writer reads a tensor in staging
+ *      only once the copy that brings it there is done (snapshot.h S10).
+ *  W6  No manifest is written for a shard whose copy into staging did not end whole: the
+ *      whole copy is waited for (bounded by timeout_ms from the job's start) and its
+ *      outcome taken after the shard's tensors are written and before its manifest, so a
+ *      copy that failed or was given up on halfway commits nothing.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -111,18 +116,25 @@ static void emit_result(ckpt_engine *e, struct ckpt_job *j, int rc)
              RK_EV_S("error", rk_strerror(rc)), RK_EV_B("abandoned", abandoned));
 }
 
-/* Until the copy the job writes from is done (snapshot.h S5). The training thread tells
-   how it ended once it settled it (ckpt__copy_outcome): when a later batch replaced it on
-   the copy engine (the next snapshot's), or when it gave the copy up at its deadline (the
-   job then fails here, and nothing of staging is read). Looked at in slices, as is an
-   abandon meanwhile. */
-static int job_copied(ckpt_engine *e, struct ckpt_job *j, int64_t deadline)
+/* Until the copy the job writes from is done (snapshot.h S5): all of it (op CKPT_OP_ALL,
+   W6), or the copy `op` of its host batch, or its device batch (CKPT_OP_DEVICE): what
+   brings one tensor into staging (S10; CKPT_OP_NONE: nothing to wait for). The training
+   thread tells how the copy ended once it settled it (ckpt__copy_outcome): when a later
+   batch replaced it on the copy engine (the next snapshot's), or when it gave the copy up
+   at its deadline (the job then fails here, and nothing more of staging is read). Looked
+   at in slices, as is an abandon meanwhile; j->copy_deadline bounds it all. */
+static int job_copied(ckpt_engine *e, struct ckpt_job *j, size_t op)
 {
     int rc;
+    int64_t deadline = j->copy_deadline;
+    if (op == CKPT_OP_NONE)
+        return 0;
     for (;;) {
         int64_t slice = rk__deadline_ns(LOST_POLL_MS), until = slice < deadline ? slice : deadline;
-        rc = j->copy_host ? ckpt_copy_wait(e->s.host_copy, j->copy_host, until) : 0;
-        if (!rc && j->copy_dev)
+        rc = 0;
+        if (j->copy_host && op != CKPT_OP_DEVICE)
+            rc = ckpt_copy_wait_op(e->s.host_copy, j->copy_host, op, until);
+        if (!rc && j->copy_dev && (op == CKPT_OP_ALL || op == CKPT_OP_DEVICE))
             rc = ckpt_copy_wait(e->s.dev_copy, j->copy_dev, until);
         if (rc != RK_E_TIMEOUT || until == deadline || atomic_load(&j->copy_settled))
             break;
@@ -133,6 +145,20 @@ static int job_copied(ckpt_engine *e, struct ckpt_job *j, int64_t deadline)
         rc = atomic_load(&j->copy_rc);
         if (rc)
             rk__set_last_error("it failed or did not finish in time (%s)", rk_strerror(rc));
+    }
+    return rc;
+}
+
+/* The shard writer's hook (fmt_manifest.ready): tensor i of the manifest is in staging. */
+static int tensor_copied(void *arg, size_t i)
+{
+    ckpt_engine *e = arg;
+    struct ckpt_job *j = &e->job;
+    int rc = job_copied(e, j, e->op[j->m.t[i].order]);
+    if (rc) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", rk_last_error());
+        rk__set_last_error("the copy into staging failed: %s", why);
     }
     return rc;
 }
@@ -443,7 +469,14 @@ static int persist(ckpt_engine *e, struct ckpt_job *j)
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);
     unlink(path); /* this attempt's own, from an earlier try at the same step */
     fmt_write_stats st;
+    j->m.ready = tensor_copied; /* S10: each tensor as soon as it is in staging */
+    j->m.ready_arg = e;
     rc = fmt_shard_write(path, &j->m, e->io, &st);
+    if (!rc && (rc = job_copied(e, j, CKPT_OP_ALL)) != 0) { /* W6 */
+        char why[512];
+        snprintf(why, sizeof(why), "%s", rk_last_error());
+        rk__set_last_error("the copy into staging failed: %s", why);
+    }
     if (!rc && ckpt__abandoned(j))
         rc = abandoned(j);
     if (!rc) {
@@ -482,14 +515,9 @@ void *ckpt__writer_main(void *arg)
         pthread_mutex_unlock(&e->mu);
         if (clean)
             ckpt__clean_for(e, &e->job);
-        /* snapshot.h S5: nothing of staging is read before the copy into it is done. */
-        int rc = job_copied(e, &e->job, rk__deadline_ns(e->timeout_ms));
-        if (rc) {
-            char why[512];
-            snprintf(why, sizeof(why), "%s", rk_last_error());
-            rk__set_last_error("the copy into staging failed: %s", why);
-        } else
-            rc = persist(e, &e->job);
+        /* snapshot.h S5, S10: the copy is waited for, tensor by tensor, by persist. */
+        e->job.copy_deadline = rk__deadline_ns(e->timeout_ms);
+        int rc = persist(e, &e->job);
         emit_result(e, &e->job, rc); /* e->ev is the engine's own reference (ckpt.c J5) */
         pthread_mutex_lock(&e->mu);
         e->job.rc = rc;

@@ -93,6 +93,10 @@ typedef struct fmt_manifest {
     fmt_file_sum file; /* shard-<r>.h5 (format 2; fmt_shard_write fills it in) */
     size_t n;
     fmt_tensor *t;    /* owned, names owned */
+    /* fmt_shard_write calls ready(ready_arg, i) before it reads t[i].data (NULL: never):
+       0 once the bytes are there, else the failure that fails the shard. */
+    int (*ready)(void *arg, size_t i);
+    void *ready_arg;
 } fmt_manifest;
 
 /* What the commit record (commit.ok) says: the checkpoint's identity and a checksum of

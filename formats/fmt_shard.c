@@ -239,6 +239,8 @@ int fmt_shard_write(const char *path, fmt_manifest *m, const char *io_mode, fmt_
         goto out_file;
     }
     for (size_t i = 0; i < m->n; i++) {
+        if (m->ready && (rc = m->ready(m->ready_arg, i)) != 0)
+            goto out_file; /* its reason is the caller's */
         errno = 0;
         if (write_dataset(f, lcpl, dcpl, &m->t[i]) < 0) {
             rc = vst.error ? vst.error : h5_errno_code();

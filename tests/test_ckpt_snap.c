@@ -8,6 +8,7 @@
  * snapshot in flight (S8) and the next region mapped ahead (S9). The public API's side is
  * tests/test_ckpt.c.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -313,6 +314,54 @@ START_TEST(copy_failing_halfway_fails_the_checkpoint)
 }
 END_TEST
 
+/* S10: the writer writes a tensor as soon as its copy into staging is done, while the
+   copies after it still run: with the second tensor's copy held, the writer is seen working
+   on the shard file (it exists in the attempt's directory); before, it waited for the
+   whole copy and had made no file. The checkpoint then commits whole (W6). */
+START_TEST(writer_writes_while_the_copy_runs)
+{
+    char *dir = th_tmpdir("pipe"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    ckpt_engine *e = engine_in(dir, 3, 20000);
+    static double v1[512], v2[512];
+    int64_t shape[1] = {512};
+    ckpt_tensor t[2] = {{.name = "a", .ptr = v1, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v1)},
+                        {.name = "b", .ptr = v2, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v2)}};
+    for (int i = 0; i < 512; i++)
+        v1[i] = v2[i] = 2;
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    copy_faults("copy@1=hang", hold); /* the second tensor's copy */
+    th_assert_rc(ckpt_start(e, 2, t, 2), 0);
+    bool seen = false;
+    for (int i = 0; i < 400 && !seen; i++) { /* the attempt's shard file, made by the writer */
+        DIR *d = opendir(dir);
+        ck_assert_ptr_nonnull(d);
+        for (struct dirent *de; !seen && (de = readdir(d)) != NULL;) {
+            char p[8500];
+            snprintf(p, sizeof(p), "%s/%s/shard-0.h5", dir, de->d_name);
+            seen = strncmp(de->d_name, ".tmp-step-", 10) == 0 && access(p, F_OK) == 0;
+        }
+        closedir(d);
+        if (!seen)
+            rk__sleep_ns(25 * 1000000LL);
+    }
+    ck_assert_msg(seen, "the writer did not start on the shard while the copy ran");
+    unlink(hold);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(20000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    copy_faults(NULL, NULL);
+    ck_assert(th_exists(dir, S2));
+    memset(v1, 0, sizeof(v1));
+    memset(v2, 0, sizeof(v2));
+    th_assert_rc(ckpt_load(e, 2, t, 2), 0);
+    th_assert_rc(ckpt_restore_held(e, t, 2), 0);
+    ck_assert(v1[0] == 2 && v1[511] == 2 && v2[0] == 2 && v2[511] == 2);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Two generations (S6): a snapshot whose copy fails, or is given up on at its
    deadline, leaves the one before it whole, and ckpt_snapshot_select makes that one the
    held snapshot again; restoring it gives that step's bytes. */
@@ -579,6 +628,7 @@ int main(void)
     tcase_add_test(tc, failed_staging_keeps_the_newest_offered);
     tcase_add_test(tc, checkpoint_writes_from_the_snapshot_in_flight);
     tcase_add_test(tc, next_region_mapped_ahead);
+    tcase_add_test(tc, writer_writes_while_the_copy_runs);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
