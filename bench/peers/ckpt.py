@@ -13,6 +13,9 @@ Run by bench/peers/run, each method under its own launcher, as its documentation
                             (Rekindle's checkpoint through DCP's planner; restore:
                             dcp.load with rekindle.dcp.Reader)
             dcp-async       torch.distributed.checkpoint.async_save (its default stager)
+            rekindle-dcp-async
+                            async_save with rekindle.dcp.Writer (its default stager;
+                            restore: dcp.load with rekindle.dcp.Reader)
             dcp-async-pin   async_save with DefaultStager(StagingOptions()): pinned and
                             shared memory, staging in the background, non-blocking
                             copies (its defaults), where this torch has them
@@ -146,12 +149,16 @@ def save_once(method, root, sd, kwargs, rank):
     if method == "dcp-save":
         dcp.save(sd, checkpoint_id=root)
         return time.perf_counter()
-    if method == "rekindle-dcp":
+    if method.startswith("rekindle-dcp"):
         sys.path.insert(0, PACKAGE)
         import rekindle.dcp
-        dcp.save(sd, storage_writer=rekindle.dcp.Writer(root, keep=1))
-        return time.perf_counter()
-    save = dcp.async_save(sd, checkpoint_id=root, **kwargs)
+        kwargs = dict(kwargs, storage_writer=rekindle.dcp.Writer(root, keep=1))
+        if method == "rekindle-dcp":
+            dcp.save(sd, **kwargs)
+            return time.perf_counter()
+    else:
+        kwargs = dict(kwargs, checkpoint_id=root)
+    save = dcp.async_save(sd, **kwargs)
     t1 = time.perf_counter()
     # With background staging the call returns an AsyncSaveResponse: staging, then upload.
     upload = getattr(save, "upload_completion", save)
@@ -197,7 +204,7 @@ def torch_job():
                 t.copy_(loaded[k])
             del loaded
             times = [time.perf_counter() - t0, float(not check(sd))]
-        elif RESTORE and BASE == "rekindle-dcp":
+        elif RESTORE and BASE.startswith("rekindle-dcp"):
             sys.path.insert(0, PACKAGE)
             import rekindle.dcp
             dcp.load(sd, storage_reader=rekindle.dcp.Reader(root))

@@ -4,6 +4,12 @@ rank (replica group) 1 SIGKILLed once rank 0 has printed step KILL.
 
   rekindle   `rekindle run -n 4 -- python examples/torch_train.py`: the survivors roll
              back from the in-memory snapshot and go on as 3 (no restart).
+  rekindle-backend
+             another job: PyTorch's DDP tutorial program on the torch.distributed backend
+             "rekindle" (bench/peers/multigpu_torchrun_backend.py: an unchanged DDP, no
+             comm hook), 4 workers, EPOCHS epochs of 16 batches, a snapshot at every epoch
+             and a checkpoint every EVERY_EPOCHS, the worker of rank 1 SIGKILLed once rank
+             0 printed epoch KILL_EPOCH; its "steps" are the tutorial's epochs.
   torchft    bench/peers/tft_train.py (TorchFT's train_ddp.py loop): a Lighthouse, 4
              replica groups each under `torchrun --max-restarts 1`; the survivors go on,
              torchrun starts a replacement that heals from a peer.
@@ -17,6 +23,7 @@ whether the final state equals a fault-free replay where the peer's semantics al
 Rekindle's disk checkpoints use the same cadence as DCP's (RK_CKPT_EVERY=EVERY).
 
     lost.py BUILD WORK [--steps N] [--kill K] [--every E] [--hidden H] [--only M,...]
+                       [--epochs N] [--kill-epoch K] [--every-epochs E]
 
 Run with the peers' python (bench/peers/setup); prints one "RESULT ..." line per method,
 and leaves each job's output, its lines timed as seen, in WORK/<job>-<pid>.out.
@@ -46,7 +53,10 @@ a.add_argument("--steps", type=int, default=300)
 a.add_argument("--kill", type=int, default=170)
 a.add_argument("--every", type=int, default=50)
 a.add_argument("--hidden", type=int, default=1024)
-a.add_argument("--only", default="rekindle,torchft,torchrun")
+a.add_argument("--only", default="rekindle,rekindle-backend,torchft,torchrun")
+a.add_argument("--epochs", type=int, default=40)
+a.add_argument("--kill-epoch", type=int, default=20)
+a.add_argument("--every-epochs", type=int, default=5)
 args = a.parse_args()
 BUILD = os.path.abspath(args.build)
 STEP = re.compile(r"^step (\d+) ")
@@ -172,27 +182,75 @@ def rekindle():
     rc = job.finish()
     before = [x for x in step_lines(job) if t_kill and x[0] < t_kill]
     after = [x for x in step_lines(job, lambda l: l.endswith("world 3")) if t_kill and x[0] > t_kill]
-    resumed = []
-    for path in glob.glob(events + ".*"):
-        with open(path) as f:
-            resumed += [e for e in map(json.loads, f) if e.get("event") == "resumed"]
+    resumed = resumed_events(events)
     if rc != 0 or not t_kill or not after or not resumed:
         return "RESULT rekindle FAILED exit=%d killed=%s\n%s" % (rc, bool(t_kill), job.text()[-3000:])
     r = resumed[-1]
     last = max(s for _, s, _ in before)
-    got = set(final_hashes(job.text()))
-    # The fault-free replay: 4 workers to the step resumed at (a checkpoint of that step:
-    # the survivors resumed from a snapshot in memory), then 3 from that checkpoint.
-    replay = os.path.join(work, "replay")
-    os.makedirs(replay)
-    if r["step"] > 0:
-        rk_job(4, r["step"], replay, every=r["step"]).finish()
-    rj = rk_job(3, args.steps, replay)
-    rj.finish()
-    want = set(final_hashes(rj.text()))
     return ("RESULT rekindle step_ms=%.1f kill_to_step_s=%.3f steps_lost=%d resumed_at=%d from=%s "
             "final_equals_replay=%s" % (per_step_ms(before), after[0][0] - t_kill, last + 1 - r["step"], r["step"],
-                                        r["from"], "yes" if len(got) == 1 and got == want else "NO"))
+                                        r["from"], equals_replay(work, rk_job, args.steps, job, r["step"])))
+
+
+def resumed_events(events):
+    """The `resumed` events of a job's event logs (RK_EVENT_LOG=events)."""
+    resumed = []
+    for path in glob.glob(events + ".*"):
+        with open(path) as f:
+            resumed += [e for e in map(json.loads, f) if e.get("event") == "resumed"]
+    return resumed
+
+
+def equals_replay(work, launch, steps, job, step):
+    """"yes" if the job's one final hash equals a fault-free replay's: 4 workers to `step`
+    (a checkpoint of that step: the survivors resumed from a snapshot in memory), then 3
+    from that checkpoint; launch(n, steps, ckpt, every=None) starts a job."""
+    got = set(final_hashes(job.text()))
+    replay = os.path.join(work, "replay")
+    os.makedirs(replay)
+    if step > 0:
+        launch(4, step, replay, every=step).finish()
+    rj = launch(3, steps, replay)
+    rj.finish()
+    return "yes" if len(got) == 1 and got == set(final_hashes(rj.text())) else "NO"
+
+
+TUTORIAL = os.path.join(HERE, "multigpu_torchrun_backend.py")
+EPOCH = re.compile(r"^\[GPU0\] Epoch (\d+) \| Batchsize: \d+ \| Steps: (\d+)")
+
+
+def tutorial_job(n, epochs, ckpt, events=None, every=None):
+    cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", str(n), "--", PY, TUTORIAL, str(epochs),
+           str(every or args.every_epochs), "--snapshot", ckpt]
+    return Job(cmd, rk_env(ckpt, events, every or args.every_epochs), "rekindle-backend")
+
+
+def rekindle_backend():
+    """The DDP tutorial on init_process_group("rekindle"): kill -> the first epoch line of
+    the 3 survivors, epochs lost, the final hash against a replay (4 workers to the epoch
+    resumed at, then 3 from its checkpoint)."""
+    work = os.path.join(args.work, "rekindle-backend")
+    ckpt, events = os.path.join(work, "job"), os.path.join(work, "events")
+    os.makedirs(ckpt)
+    job = tutorial_job(4, args.epochs, ckpt, events)
+    epochs = lambda: [(t, int(m.group(1)), int(m.group(2))) for t, l in list(job.lines) for m in [EPOCH.match(l)] if m]
+    printed = lambda: any(e >= args.kill_epoch for _, e, _ in epochs())
+    find = lambda: procs("^" + re.escape(" ".join(job.p.args[job.p.args.index("--") + 1:])), "OMPI_COMM_WORLD_RANK", "1")
+    t_kill = kill_when([job], printed, find)
+    rc = job.finish()
+    four = [x for x in epochs() if x[2] == epochs()[0][2]]
+    before = [x for x in four if t_kill and x[0] < t_kill]
+    after = [x for x in epochs() if t_kill and x[0] > t_kill and x[2] != four[0][2]]
+    resumed = resumed_events(events)
+    if rc != 0 or not t_kill or not after or not resumed:
+        return "RESULT rekindle-backend FAILED exit=%d killed=%s\n%s" % (rc, bool(t_kill), job.text()[-3000:])
+    r = resumed[-1]
+    # an epoch is finished when the next one starts; the one under way at the kill is not
+    last = max(e for _, e, _ in before) - 1
+    return ("RESULT rekindle-backend epoch_ms=%.1f kill_to_epoch_s=%.3f epochs_lost=%d resumed_at=%d from=%s "
+            "final_equals_replay=%s" % (per_step_ms(before), after[0][0] - t_kill, max(0, last + 1 - r["step"]),
+                                        r["step"], r["from"], equals_replay(work, tutorial_job, args.epochs, job,
+                                                                            r["step"])))
 
 
 def torchrun_cmd(script, nproc, extra, port=None):
@@ -295,7 +353,9 @@ def torchft():
 shutil.rmtree(args.work, ignore_errors=True)
 os.makedirs(args.work)
 print("lost worker: 4 workers, digits MLP hidden %d, %d steps, SIGKILL of rank 1 after step %d, "
-      "checkpoints every %d steps; torch %s" % (args.hidden, args.steps, args.kill, args.every,
-                                                __import__("torch").__version__), flush=True)
+      "checkpoints every %d steps; the DDP tutorial: %d epochs, SIGKILL after epoch %d, checkpoints every %d; "
+      "torch %s" % (args.hidden, args.steps, args.kill, args.every, args.epochs, args.kill_epoch, args.every_epochs,
+                    __import__("torch").__version__), flush=True)
 for m in args.only.split(","):
-    print({"rekindle": rekindle, "torchft": torchft, "torchrun": torchrun_dcp}[m](), flush=True)
+    print({"rekindle": rekindle, "rekindle-backend": rekindle_backend, "torchft": torchft,
+           "torchrun": torchrun_dcp}[m](), flush=True)
