@@ -26,6 +26,9 @@
  *  P1  The choice is uring unless the buffered way measured more than PROBE_MARGIN faster
  *      (O_DIRECT keeps the job's page cache; a tie is not worth giving it up); a probe that
  *      failed (a fault, ENOSPC) chooses uring, is logged as a warning, and is not kept.
+ *      "uring" is the driver's own default way (FMT_IO_AUTO: io_uring + O_DIRECT, falling
+ *      back loudly where either is refused), both when measured and when written: a
+ *      refused io_uring never fails a checkpoint (the kept direct_path names what ran).
  *  P2  A kept measurement is used only while fresh: younger than PROBE_TTL_S and not from
  *      the future, of the same file system on the device (f_type and f_fsid: another disk
  *      or a new mkfs under the same device number measures again) and the same kernel.
@@ -188,7 +191,7 @@ static int measure(const char *dir, fmt_io_probe *p)
         for (int w = 0; w < 2 && !rc; w++) {
             bool direct = (r + w) % 2 == 0; /* D B, then B D */
             char io_path[sizeof(p->direct_path)] = "";
-            double g = probe_once(dir, direct ? FMT_IO_URING : FMT_IO_BUFFERED, buf, n, &rc, io_path);
+            double g = probe_once(dir, direct ? FMT_IO_AUTO : FMT_IO_BUFFERED, buf, n, &rc, io_path);
             double *best = direct ? &p->direct_gbs : &p->buffered_gbs;
             if (!rc && g > *best)
                 *best = g;

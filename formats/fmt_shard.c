@@ -88,7 +88,7 @@ static hid_t shard_fapl(const char *path, const char *io_mode, const fmt_manifes
             snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
         fmt_io_probe p;
         fmt_io_auto(dir, &p);
-        o.mode = p.mode;
+        o.mode = p.mode == FMT_IO_BUFFERED ? FMT_IO_BUFFERED : FMT_IO_AUTO; /* auto: the driver's loud fallbacks */
         snprintf(st->io_auto, sizeof(st->io_auto), "%s", p.mode == FMT_IO_BUFFERED ? "buffered" : "uring");
         st->auto_direct_gbs = p.direct_gbs;
         st->auto_buffered_gbs = p.buffered_gbs;

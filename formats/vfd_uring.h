@@ -55,7 +55,7 @@ int fmt_io_mode_parse(const char *s, enum fmt_io_mode *mode);
    where it was kept. Never fails: where nothing can be measured it chooses uring, with a
    warning. *p says what the choice rests on. */
 typedef struct fmt_io_probe {
-    enum fmt_io_mode mode;         /* FMT_IO_URING or FMT_IO_BUFFERED */
+    enum fmt_io_mode mode;         /* FMT_IO_URING (open the file FMT_IO_AUTO) or FMT_IO_BUFFERED */
     double direct_gbs, buffered_gbs; /* each way's best round (0: not measured) */
     char direct_path[48];          /* the driver's io_path of the direct way ("uring+odirect") */
     bool measured;                 /* measured in this call */

@@ -514,6 +514,33 @@ START_TEST(probe_fault_in_the_middle_keeps_nothing)
 }
 END_TEST
 
+/* P1: where io_uring is refused (RK_FAULT uring@*=eperm: a seccomp filter), RK_IO=auto,
+   whether it measures now or reads a kept choice of uring, falls back to the buffered
+   path loudly and writes the shard, as the driver's own fallback does (vfd_uring.c). */
+START_TEST(auto_without_io_uring_falls_back)
+{
+    scratch sc = begin("nouring");
+    fmt_manifest *m = tensors();
+    if (_i == 1)
+        keep(&sc, 60, NULL, 0, 2.0, 0.5, "uring");
+    faults("uring@*=eperm", sc.dir);
+    setenv("RK_LOG", "warn", 1);
+    rk__log_reload();
+    th_capture c;
+    th_capture_begin(&c);
+    fmt_write_stats st;
+    int rc = shard(&sc, sc.path, m, "auto", &st);
+    char *log = th_capture_end(&c);
+    ck_assert_msg(rc == 0, "case %d: %s", _i, rk_last_error());
+    ck_assert_str_eq(st.io_path, "buffered");
+    ck_assert_msg(strstr(log, "io_uring unavailable"), "case %d: the fallback was not logged: %s", _i, log);
+    free(log);
+    check_shard(sc.path, m);
+    tensors_free(&m);
+    end(&sc);
+}
+END_TEST
+
 /* P4: while another process holds the device's cache (it measures), a writer waits for it
    and then uses what it kept, without measuring the disk a second time. */
 START_TEST(one_process_measures_the_others_wait)
@@ -690,6 +717,7 @@ int main(void)
     tcase_add_loop_test(tc, cache_refused_link_or_other_users, 0, R_DIR_LINK + 1);
     tcase_add_test(tc, probe_fault_in_the_middle_keeps_nothing);
     tcase_add_test(tc, one_process_measures_the_others_wait);
+    tcase_add_loop_test(tc, auto_without_io_uring_falls_back, 0, 2);
     tcase_add_test(tc, dcp_py_declares_the_structs_whole);
     suite_add_tcase(s, tc);
     tc = tcase_create("job");
