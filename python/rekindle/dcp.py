@@ -69,7 +69,7 @@ class _FmtManifest(ctypes.Structure):
     _fields_ = [("version", ctypes.c_int), ("step", ctypes.c_int64), ("rank", ctypes.c_int),
                 ("world", ctypes.c_int), ("nonce", ctypes.c_uint64), ("io_path", ctypes.c_char * 48),
                 ("file_size", ctypes.c_uint64), ("file_xxh3", ctypes.c_uint64), ("n", ctypes.c_size_t),
-                ("t", ctypes.POINTER(_FmtTensor))]
+                ("t", ctypes.POINTER(_FmtTensor)), ("ready", _P), ("ready_arg", _P)]
 
 
 class _FmtWriteStats(ctypes.Structure):
