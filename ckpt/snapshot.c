@@ -14,46 +14,13 @@
 
 #include "ckpt_internal.h"
 
-bool ckpt__grow(void **p, size_t n, size_t elem)
-{
-    void *q = realloc(*p, n * elem);
-    if (q)
-        *p = q;
-    return q != NULL;
-}
-
-/* Whether the writer reads region p: the job's pin (writer.c W5). It is never written
-   while its job may commit, nor unmapped. */
-static bool pinned(ckpt_engine *e, const char *p)
-{
-    return p && atomic_load(&e->job.region) == p;
-}
-
-/* A region of the engine's (staging, retired, prev, partner) goes: unpinned from the CUDA
-   engine first (copy.h: that pin is the engine's, not the writer's). */
-static void unmap_region(ckpt_engine *e, void *p, size_t cap)
-{
-    ckpt_copy_unpin(e->s.dev_copy, p);
-    rk__unmap(p, cap);
-}
-
-/* The region retired while the writer read it, once it reads it no more. */
-static void unmap_retired(ckpt_engine *e)
-{
-    if (pinned(e, e->s.retired))
-        return;
-    if (e->s.retired)
-        unmap_region(e, e->s.retired, e->s.retired_cap);
-    e->s.retired = NULL;
-    e->s.retired_cap = 0;
-}
 
 static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
 {
     if (g->staging)
-        unmap_region(e, g->staging, g->staging_cap);
+        ckpt__unmap_region(e, g->staging, g->staging_cap);
     if (g->partner)
-        unmap_region(e, g->partner, g->partner_cap);
+        ckpt__unmap_region(e, g->partner, g->partner_cap);
     free(g->held_row0);
     free(g->frozen_ok);
     free(g->own_p);
@@ -64,58 +31,6 @@ static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
 }
 
 static void was_end(ckpt_engine *e);
-
-/* ---- S9: the next region mapped ahead ------------------------------------------------- */
-
-static void *prep_main(void *arg)
-{
-    ckpt_engine *e = arg;
-    e->s.prep.p = rk__map(e->s.prep.cap);
-    return NULL;
-}
-
-/* Joins the thread preparing a region by deadline_ns; its region, or NULL (none, it could
-   not map one, or it still runs: then it is left detached and what it maps stays). */
-static void *prep_join(ckpt_engine *e, int64_t deadline_ns, size_t *cap)
-{
-    if (!e->s.prep.running)
-        return NULL;
-    int64_t end = rk__real_ns() + (deadline_ns - rk__mono_ns()); /* timedjoin's clock */
-    struct timespec until = {.tv_sec = end / 1000000000, .tv_nsec = end % 1000000000};
-    e->s.prep.running = false;
-    if (pthread_timedjoin_np(e->s.prep.thr, NULL, &until) != 0) {
-        RK_LOG_WARN(RK_SUB_CKPT, "staging of %zu bytes mapped ahead is not ready in time: mapped again",
-                    e->s.prep.cap);
-        pthread_detach(e->s.prep.thr);
-        return NULL;
-    }
-    *cap = e->s.prep.cap;
-    return e->s.prep.p;
-}
-
-/* Starts mapping a region of `cap` bytes for the next turn, unless one is being mapped. */
-static void prepare(ckpt_engine *e, size_t cap)
-{
-    if (e->s.prep.running)
-        return;
-    e->s.prep.cap = cap;
-    e->s.prep.p = NULL;
-    e->s.prep.running = pthread_create(&e->s.prep.thr, NULL, prep_main, e) == 0;
-}
-
-/* A region of at least `need` bytes: the one mapped ahead if it fits, else a new one. */
-static void *region(ckpt_engine *e, size_t need, size_t *cap)
-{
-    size_t pcap = 0;
-    void *p = prep_join(e, rk__deadline_ns(e->timeout_ms / 4), &pcap);
-    if (p && pcap >= need) {
-        *cap = pcap;
-        return p;
-    }
-    rk__unmap(p, pcap);
-    *cap = need;
-    return rk__map(need);
-}
 
 int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream)
 {
@@ -142,15 +57,14 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
         rc = ckpt_copy_destroy(&e->s.dev_copy, deadline_ns);
     if (rc)
         e->s.g.staging = NULL; /* a copy may still write it: left mapped */
-    unmap_retired(e);
+    ckpt__unmap_retired(e);
     gen_free(e, &e->s.g);
     gen_free(e, &e->s.old);
     gen_free(e, &e->s.park);
     if (e->s.prev)
-        unmap_region(e, e->s.prev, e->s.prev_cap);
+        ckpt__unmap_region(e, e->s.prev, e->s.prev_cap);
     was_end(e);
-    size_t pcap = 0;
-    rk__unmap(prep_join(e, deadline_ns, &pcap), pcap);
+    ckpt__prep_end(e, deadline_ns);
     free(e->s.ops);
     free(e->s.op_of);
     return rc;
@@ -182,8 +96,8 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->s.cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "checkpoint staging: the copy of step %" PRId64 " into it still runs", e->s.cp.step);
-    bool read = pinned(e, g->staging);
-    unmap_retired(e);
+    bool read = ckpt__pinned(e, g->staging);
+    ckpt__unmap_retired(e);
     if (need <= g->staging_cap && !keep)
         return 0;
     if (read && e->s.retired)
@@ -191,7 +105,7 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
     int f = rk__fault_fail("stage");
     size_t cap = need;
-    void *p = f ? NULL : region(e, need, &cap);
+    void *p = f ? NULL : ckpt__region(e, need, &cap);
     if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, f ? f : -errno, "checkpoint staging of %zu bytes: %s", need,
                         strerror(f ? -f : errno));
@@ -204,12 +118,12 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         e->s.prev = g->staging;
         e->s.prev_cap = g->staging_cap;
     } else if (g->staging) {
-        unmap_region(e, g->staging, g->staging_cap);
+        ckpt__unmap_region(e, g->staging, g->staging_cap);
     }
     g->staging = p;
     g->staging_cap = cap;
     if (!keep && e->s.old.staging_cap < need)
-        prepare(e, need); /* S9: the other generation's, for the next turn */
+        ckpt__prepare(e, need); /* S9: the other generation's, for the next turn */
     return 0;
 }
 
@@ -432,7 +346,7 @@ static void swap_gens(ckpt_engine *e)
    nothing whole in g and g not read, the copy goes into g. Called with no copy pending. */
 static void turn(ckpt_engine *e)
 {
-    bool g_read = pinned(e, e->s.g.staging), old_read = pinned(e, e->s.old.staging);
+    bool g_read = ckpt__pinned(e, e->s.g.staging), old_read = ckpt__pinned(e, e->s.old.staging);
     if (e->s.g.held_step < 0 && !g_read)
         return;
     if (old_read) {
@@ -615,7 +529,7 @@ void ckpt_hold_cancel(ckpt_engine *e)
     if (!e->s.was.open)
         return;
     /* Nobody reads the new region (the writer was abandoned before it existed). */
-    unmap_region(e, g->staging, g->staging_cap);
+    ckpt__unmap_region(e, g->staging, g->staging_cap);
     char **old = e->s.was.retired ? &e->s.retired : &e->s.prev;
     size_t *old_cap = e->s.was.retired ? &e->s.retired_cap : &e->s.prev_cap;
     g->staging = *old;
@@ -638,7 +552,7 @@ int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
         /* The old snapshot's region is the next partner copy's inbox: that one is usually
            as large, so a partner copy after a rebuild grows it in place, not anew. */
-        unmap_region(e, g->partner, g->partner_cap);
+        ckpt__unmap_region(e, g->partner, g->partner_cap);
         g->partner = e->s.prev;
         g->partner_cap = e->s.prev_cap;
         g->partner_len = 0;

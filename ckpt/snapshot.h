@@ -174,9 +174,8 @@ struct ckpt_snapshots {
     void *cuda_stream;
     struct {             /* S9: the next generation's region, mapped ahead off this thread */
         pthread_t thr;
-        bool running;    /* started, not yet joined */
-        size_t cap;
-        void *p;         /* the thread's result (NULL: not mapped); read once joined */
+        struct ckpt_prep *job; /* the thread's (staging.c); NULL: none started */
+        void *p;         /* the last region it mapped and handed over (tests) */
     } prep;
     ckpt_copy_op *ops;   /* a batch being built */
     size_t *op_of;       /* S10: tensor i's copy in the last batch into staging (ckpt__op) */
@@ -202,8 +201,24 @@ static inline size_t ckpt__hdr_bytes(size_t n)
     return ALIGN_UP((3 + 2 * n) * sizeof(uint64_t));
 }
 
+/* ---- the regions (staging.c) ---- */
 /* realloc of *p to n elements of elem bytes; false (and *p as it was) without memory. */
 bool ckpt__grow(void **p, size_t n, size_t elem);
+/* Whether the writer reads region p: the job's pin (writer.c W5). */
+bool ckpt__pinned(ckpt_engine *e, const char *p);
+/* Region p of cap bytes goes (unpinned from the CUDA engine first). */
+void ckpt__unmap_region(ckpt_engine *e, void *p, size_t cap);
+/* The region retired while the writer read it goes, once it reads it no more. */
+void ckpt__unmap_retired(ckpt_engine *e);
+/* S9: starts mapping a region of cap bytes for the next turn (nothing if one is under way
+   or a thread cannot be had); ckpt__region takes it, ckpt__prep_end lets it go. */
+void ckpt__prepare(ckpt_engine *e, size_t cap);
+/* A region of at least `need` bytes (*cap: its size): the one mapped ahead if it fits
+   (its thread waited for at most timeout_ms / 4), else one mapped now; NULL, errno set. */
+void *ckpt__region(ckpt_engine *e, size_t need, size_t *cap);
+/* At the engine's end: the region mapped ahead unmapped (its thread waited for until
+   deadline_ns, else left to unmap it itself). */
+void ckpt__prep_end(ckpt_engine *e, int64_t deadline_ns);
 
 /* The snapshot side of a new engine (the host copy engine started); 0 or its failure. */
 int ckpt__snapshots_init(ckpt_engine *e, void *cuda_stream);
