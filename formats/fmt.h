@@ -253,7 +253,7 @@ typedef struct fmt_ckpt {
     size_t npieces;   /* used of pieces */
     fmt_manifest **shards; /* world of them */
     int *fds;         /* shard file descriptors, opened on first use (-1) */
-    struct fmt_direct *direct; /* the O_DIRECT reader of large tensors (fmt_readdirect.c) */
+    struct fmt_direct *direct; /* the reader's ring and buffers (fmt_readdirect.c) */
 } fmt_ckpt;
 
 /* Opens committed checkpoint `stepdir`: its commit record, then every file's checksum
@@ -273,6 +273,25 @@ int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
    naming the tensor, file and block). -EINVAL if i is not sharded or the rows are out of
    range. */
 int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf);
+/* One read of fmt_ckpt_read_many: tensor i into dst, which has cap bytes (at least the
+   bytes read); of a sharded tensor, global rows [first, first + nrows) (of any other kind,
+   the whole tensor: first and nrows are not looked at). */
+typedef struct fmt_read_req {
+    size_t i;
+    int64_t first, nrows;
+    void *dst;
+    size_t cap;
+} fmt_read_req;
+/* Reads every request with many reads in flight across them (formats/fmt_readdirect.c:
+   O_DIRECT through io_uring where the pages are not in the page cache, pread where they
+   are), every byte checked against its checksum as it arrives (RK_E_CORRUPT naming the
+   tensor, file and, for a sharded tensor, the rows of the block). drop: each dst is
+   private anonymous memory (mmap'd staging, malloc'd) that the reader may read into
+   straight, and whose pages it may replace with zeros should a read never complete
+   (RK_E_TIMEOUT); with cap rounded up to 4 KiB and dst 4 KiB-aligned, no byte is copied.
+   Without drop the reader copies through buffers of its own. fmt_ckpt_read and
+   fmt_ckpt_read_rows are this with one request and no drop. */
+int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop);
 /* Index of the tensor named name (a per-rank one as ranks/<r>/<name>), or -1 (O(log n)). */
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
 /* "ranks/<r>/<name>" into buf; false if it does not fit. */

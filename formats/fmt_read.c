@@ -387,101 +387,125 @@ static int shard_fd(fmt_ckpt *c, int rank, uint64_t off, uint64_t len, const cha
     return 0;
 }
 
-/* A buffer for the blocks that a read of some rows holds only in part, grown to each
-   piece's block (pieces of one tensor share a block size, fmt_block_rows, but the
-   buffer never relies on it). */
-struct bounce {
-    char *p;
-    size_t cap;
-};
-
-/* Rows [lo, hi) of piece q (its own rows) into dst: the blocks that hold them, each read
-   whole (into dst when it lies inside, else through b) and checked. */
-static int read_piece_rows(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_t hi, char *dst, struct bounce *b)
+/* The blocks of piece q that a read of its rows [lo, hi) holds only in part (at most
+   its first and its last): each read whole into a buffer of its own, checked, and the
+   rows wanted copied to dst (dst: row lo). The blocks wholly inside go to a run. */
+static int partial_blocks(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_t hi, char *dst, const char *path)
 {
-    char path[4096];
     uint64_t rows = (uint64_t)q->shape[0], rb = q->nbytes / rows, br = q->block_rows;
-    size_t need; /* its largest block */
-    int fd, rc = shard_fd(c, q->rank, q->offset, q->nbytes, q->name, path, &fd);
-    if (rc)
-        return rc;
-    if (__builtin_mul_overflow(br < rows ? br : rows, rb, &need))
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
-                        "%s: tensor '%s': blocks of %" PRIu64 " rows of %" PRIu64 " bytes", path, q->name, br, rb);
-    for (uint64_t k = lo / br; k * br < hi; k++) {
-        uint64_t b0 = k * br, b1 = br < rows - b0 ? b0 + br : rows;
-        bool inside = b0 >= lo && b1 <= hi;
-        if (!inside && b->cap < need) {
-            free(b->p);
-            b->cap = 0;
-            if (!(b->p = malloc(need)))
-                return -ENOMEM;
-            b->cap = need;
-        }
-        char *p = inside ? dst + (b0 - lo) * rb : b->p;
-        if ((rc = fmt_io_pread_all(fd, p, (b1 - b0) * rb, (off_t)(q->offset + b0 * rb), path)) != 0)
-            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, q->name, strerror(-rc));
-        if (fmt_xxh3(p, (b1 - b0) * rb) != q->blocks[k])
-            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
-                            "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64 " of its piece", path,
-                            q->name, b0, b1 - 1);
-        if (!inside) {
+    uint64_t ends[2] = {lo / br, (hi - 1) / br};
+    char *b = NULL;
+    int rc = 0;
+    for (int e = 0; e < 2 && !rc; e++) {
+        uint64_t k = ends[e], b0 = k * br, b1 = br < rows - b0 ? b0 + br : rows;
+        if ((b0 >= lo && b1 <= hi) || (e == 1 && ends[1] == ends[0]))
+            continue; /* inside, or the one block already read */
+        if (!b && !(b = malloc(br * rb)))
+            return -ENOMEM;
+        if ((rc = fmt_io_pread_all(c->fds[q->rank], b, (b1 - b0) * rb, (off_t)(q->offset + b0 * rb), path)) != 0)
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", path, q->name, strerror(-rc));
+        else if (fmt_xxh3(b, (b1 - b0) * rb) != q->blocks[k])
+            rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                          "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64 " of its piece", path,
+                          q->name, b0, b1 - 1);
+        else {
             uint64_t from = b0 > lo ? b0 : lo, to = b1 < hi ? b1 : hi;
-            memcpy(dst + (from - lo) * rb, p + (from - b0) * rb, (to - from) * rb);
+            memcpy(dst + (from - lo) * rb, b + (from - b0) * rb, (to - from) * rb);
         }
     }
+    free(b);
+    return rc;
+}
+
+/* The runs of request r (its tensor whole, or the pieces of its rows) appended to
+   runs[*n..]; the blocks read in part are read here (partial_blocks). */
+static int plan(fmt_ckpt *c, const fmt_read_req *r, struct fmt_run *runs, size_t *n)
+{
+    char path[4096];
+    int fd, rc;
+    const fmt_tensor *t = &c->t[r->i];
+    char *dst = r->dst;
+    if (t->kind != FMT_SHARDED) {
+        if ((rc = shard_fd(c, t->rank, t->offset, t->nbytes, t->name, path, &fd)) != 0)
+            return rc;
+        if (t->nbytes == 0)
+            return fmt_xxh3(dst, 0) == t->xxh3
+                       ? 0
+                       : rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s': checksum mismatch", path,
+                                  t->name);
+        runs[(*n)++] = (struct fmt_run){.name = t->name, .rank = t->rank, .off = t->offset, .len = t->nbytes,
+                                        .dst = dst, .room = r->cap, .unit = t->nbytes, .sums = &t->xxh3};
+        return 0;
+    }
+    for (size_t k = 0; k < t->npieces; k++) {
+        const fmt_tensor *q = c->pieces[t->piece0 + k];
+        int64_t lo = r->first > q->row0 ? r->first : q->row0, hi = q->row0 + q->shape[0];
+        if (hi > r->first + r->nrows)
+            hi = r->first + r->nrows;
+        if (lo >= hi || q->nbytes == 0)
+            continue;
+        uint64_t rows = (uint64_t)q->shape[0], rb = q->nbytes / rows, br = q->block_rows, need;
+        uint64_t plo = (uint64_t)(lo - q->row0), phi = (uint64_t)(hi - q->row0);
+        char *at = dst + (uint64_t)(lo - r->first) * rb;
+        if ((rc = shard_fd(c, q->rank, q->offset, q->nbytes, q->name, path, &fd)) != 0)
+            return rc;
+        if (__builtin_mul_overflow(br < rows ? br : rows, rb, &need))
+            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
+                            "%s: tensor '%s': blocks of %" PRIu64 " rows of %" PRIu64 " bytes", path, q->name, br, rb);
+        if ((rc = partial_blocks(c, q, plo, phi, at, path)) != 0)
+            return rc;
+        uint64_t ka = (plo + br - 1) / br, kb = phi == rows ? q->nblocks : phi / br; /* blocks wholly inside */
+        if (kb <= ka)
+            continue;
+        uint64_t r0 = ka * br, r1 = kb * br < rows ? kb * br : rows;
+        char *to = at + (r0 - plo) * rb;
+        bool last = (uint64_t)(to - dst) + (r1 - r0) * rb == (uint64_t)r->nrows * rb; /* may use the room after */
+        runs[(*n)++] = (struct fmt_run){.name = q->name, .rank = q->rank, .off = q->offset + r0 * rb,
+                                        .len = (r1 - r0) * rb, .dst = to,
+                                        .room = last ? r->cap - (uint64_t)(to - dst) : (r1 - r0) * rb,
+                                        .unit = br * rb, .sums = q->blocks + ka, .unit_rows = br, .block0 = ka};
+    }
     return 0;
+}
+
+int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop)
+{
+    size_t cap = 0, m = 0;
+    for (size_t k = 0; k < n; k++) {
+        const fmt_tensor *t = r[k].i < c->n ? &c->t[r[k].i] : NULL;
+        if (!t || (t->kind == FMT_SHARDED && (r[k].first < 0 || r[k].nrows < 0 || r[k].first > t->rows ||
+                                              r[k].nrows > t->rows - r[k].first)))
+            return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -EINVAL, "rows %" PRId64 "+%" PRId64 " of tensor %zu: no such "
+                            "tensor, or out of range", r[k].first, r[k].nrows, r[k].i);
+        cap += t->kind == FMT_SHARDED ? t->npieces : 1;
+    }
+    struct fmt_run *runs = malloc((cap ? cap : 1) * sizeof(*runs));
+    if (!runs)
+        return -ENOMEM;
+    int rc = 0;
+    for (size_t k = 0; k < n && !rc; k++)
+        rc = plan(c, &r[k], runs, &m);
+    if (!rc)
+        rc = fmt__read_runs(c, runs, m, drop);
+    free(runs);
+    return rc;
 }
 
 int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf)
 {
     const fmt_tensor *t = i < c->n ? &c->t[i] : NULL;
-    if (!t || t->kind != FMT_SHARDED || first < 0 || nrows < 0 || first > t->rows || nrows > t->rows - first)
+    if (!t || t->kind != FMT_SHARDED)
         return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, -EINVAL, "rows %" PRId64 "+%" PRId64 " of tensor %zu: not a sharded "
                         "tensor, or out of range", first, nrows, i);
-    struct bounce b = {NULL, 0};
-    int rc = 0;
-    for (size_t k = 0; k < t->npieces && !rc; k++) {
-        const fmt_tensor *q = c->pieces[t->piece0 + k];
-        int64_t lo = first > q->row0 ? first : q->row0, hi = q->row0 + q->shape[0];
-        if (hi > first + nrows)
-            hi = first + nrows;
-        if (lo >= hi || q->nbytes == 0)
-            continue;
-        uint64_t rb = q->nbytes / (uint64_t)q->shape[0];
-        rc = read_piece_rows(c, q, (uint64_t)(lo - q->row0), (uint64_t)(hi - q->row0), (char *)buf + (uint64_t)(lo - first) * rb,
-                             &b);
-    }
-    free(b.p);
-    return rc;
+    uint64_t rb = t->rows ? t->nbytes / (uint64_t)t->rows : 0;
+    fmt_read_req r = {.i = i, .first = first, .nrows = nrows, .dst = buf,
+                      .cap = nrows > 0 && nrows <= t->rows ? (size_t)nrows * rb : 0};
+    return fmt_ckpt_read_many(c, &r, 1, false);
 }
 
 int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf)
 {
     const fmt_tensor *t = &c->t[i];
-    if (t->kind == FMT_SHARDED)
-        return fmt_ckpt_read_rows(c, i, 0, t->rows, buf);
-    char path[4096];
-    int fd, rc = shard_fd(c, t->rank, t->offset, t->nbytes, t->name, path, &fd);
-    if (rc)
-        return rc;
-    if (t->nbytes >= FMT_DIRECT_MIN && t->offset % 4096 == 0) {
-        uint64_t h = 0;
-        int dr = fmt__read_direct(c, t, path, buf, &h);
-        if (dr == 0 && h != t->xxh3)
-            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s': checksum mismatch", path, t->name);
-        if (dr != -EOPNOTSUPP)
-            return dr;
-    }
-    uint64_t done = 0;
-    while (done < t->nbytes) {
-        size_t want = t->nbytes - done > (1u << 30) ? (1u << 30) : (size_t)(t->nbytes - done);
-        int r = fmt_io_pread_all(fd, (char *)buf + done, want, (off_t)(t->offset + done), path);
-        if (r)
-            return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, r, "%s: reading tensor '%s': %s", path, t->name, strerror(-r));
-        done += want;
-    }
-    if (fmt_xxh3(buf, t->nbytes) != t->xxh3)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s': checksum mismatch", path, t->name);
-    return 0;
+    fmt_read_req r = {.i = i, .first = 0, .nrows = t->rows, .dst = buf, .cap = t->nbytes};
+    return fmt_ckpt_read_many(c, &r, 1, false);
 }

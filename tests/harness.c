@@ -160,6 +160,17 @@ void th_pattern(unsigned char *p, size_t n, unsigned k)
     }
 }
 
+void th_flip_byte(const char *path, off_t off)
+{
+    int fd = open(path, O_RDWR);
+    ck_assert_msg(fd >= 0, "%s: %s", path, strerror(errno));
+    unsigned char b = 0;
+    ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+    b ^= 0x10;
+    ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
 static int64_t now_ms(void)
 {
     struct timespec ts;

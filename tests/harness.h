@@ -14,6 +14,7 @@
 #include <check.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Runs the suite (CK_FORK unless CK_FORK=no for debugging), prints Check's summary line,
    returns the process exit status (0: every test passed). */
@@ -46,6 +47,9 @@ void th_capture_begin(th_capture *c);
 char *th_capture_end(th_capture *c);
 /* n bytes of a fixed pseudo-random pattern, its k-th (xorshift64). */
 void th_pattern(unsigned char *p, size_t n, unsigned k);
+/* Flips a bit of the byte at off of file path (a damaged disk), failing the test if it
+   cannot. */
+void th_flip_byte(const char *path, off_t off);
 
 /* RK_TEST_TIME_SCALE (1..99, default 1; tests/run sets 4 under TSan): the factor th_run
    applies to its bounds and, unless the caller's environment or envp_extra sets one, to

@@ -133,17 +133,6 @@ START_TEST(two_ranks_resume_three_and_one)
 }
 END_TEST
 
-static void flip_byte(const char *path, off_t off)
-{
-    int fd = open(path, O_RDWR);
-    ck_assert_int_ge(fd, 0);
-    unsigned char b = 0;
-    ck_assert_int_eq(pread(fd, &b, 1, off), 1);
-    b ^= 0x10;
-    ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
-    close(fd);
-}
-
 /* W4/J3 on the reading side: a bit flip, a truncated shard, a foreign index: each
    newest checkpoint is skipped and the previous one restored. */
 START_TEST(corruption_falls_back)
@@ -154,7 +143,7 @@ START_TEST(corruption_falls_back)
         RUN_OK(1, dir, "write", "5", NULL, NULL);
         if (k == 0) {
             snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
-            flip_byte(p, 1048576 + 10); /* raw data starts after the 1 MiB metadata block */
+            th_flip_byte(p, 1048576 + 10); /* raw data starts after the 1 MiB metadata block */
         } else if (k == 1) {
             snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
             ck_assert_int_eq(truncate(p, 1048576 + 100), 0);
@@ -181,7 +170,7 @@ START_TEST(corruption_of_large_tensor_falls_back)
         struct stat sb;
         ck_assert_int_eq(stat(p, &sb), 0);
         if (k == 0)
-            flip_byte(p, sb.st_size / 2);
+            th_flip_byte(p, sb.st_size / 2);
         else
             ck_assert_int_eq(truncate(p, sb.st_size - 4 * 1048576), 0);
         RUN_OK(0, dir, "resume", "2", NULL, NULL);
@@ -454,7 +443,7 @@ START_TEST(corrupt_only_checkpoint_leaves_buffers)
     char *dir = th_tmpdir("only"), p[4300], *out = NULL;
     RUN_OK(1, dir, "write", "3", NULL, NULL);
     snprintf(p, sizeof(p), "%s/" S2 "/shard-0.h5", dir);
-    flip_byte(p, tensor_offset(dir, S2, "bytes") + 5); /* tensor 6 of 9 */
+    th_flip_byte(p, tensor_offset(dir, S2, "bytes") + 5); /* tensor 6 of 9 */
     resume_untouched(dir, NULL, &out);
     ck_assert_msg(strstr(out, "resume: -1008 ") || strstr(out, "next 0 "), "%s", out); /* RK_E_CORRUPT or fresh */
     free(out);
