@@ -21,8 +21,18 @@
 #    builds: git archive REV | tar -x -C /tmp/old; copy bench/bench_disk.c and
 #    bench/raw_uring.h there; make -C /tmp/old BUILD=build build/bench/bench_disk).
 # Medians per way: persist/best raw, the stall (rk_checkpoint: the copy into staging) and
-# the write after it against the same best raw. The machine's load is printed before and
-# after: this disk slows after a burst and other work shares it; compare within one run.
+# the write after it against the same best raw.
+# 3. The restore path (bench/bench_restore): 1 GiB in 71 float32 tensors written once
+#    through the public API, then N rounds (--pairs) of: raw cold reads of the shard file
+#    (O_DIRECT 4 MiB x 32, buffered 4 MiB x 32 through io_uring, 16 MiB preads as dd; its
+#    pages dropped first with POSIX_FADV_DONTNEED), rk_resume in a fresh process cold and
+#    warm (the file in the page cache), memcpy of the same bytes, the order rotating each
+#    round; cold rk_resume / best raw cold read and warm rk_resume / memcpy per round and
+#    their medians; the tensors registered whole (full), then as RK_SHARDED rows (sharded).
+#    RK_BENCH_RESTORE="full sharded" picks; with --against OLD_BUILD its bench_restore runs
+#    after the new one (copy bench/bench_restore.c there as for bench_disk).
+# The machine's load is printed before and after: this disk slows after a burst and other
+# work shares it; compare within one run.
 set -u
 dir=${RK_CKPT_DIR:-/var/tmp}
 pairs=${RK_BENCH_PAIRS:-5}
@@ -31,6 +41,7 @@ mib=${RK_BENCH_DISK_MIB:-1024}
 against=${RK_BENCH_AGAINST:-}
 passes=${RK_BENCH_PASSES:-1}
 ios=${RK_BENCH_DISK_IO:-uring buffered}
+restores=${RK_BENCH_RESTORE:-full sharded}
 while [[ $# -gt 0 ]]; do
   case $1 in
     --dir) dir=${2:?--dir needs a directory}; shift 2 ;;
@@ -86,5 +97,20 @@ for ((p = 0; p < passes * nw; p++)); do
   fi
   echo "  $w ($b):"
   grep -E '^  (round|median)' "$work/out" | sed 's/^/  /'
+done
+
+for kind in $restores; do
+  [[ $kind == full || $kind == sharded ]] || { echo "disk: RK_BENCH_RESTORE: '$kind' is not full or sharded" >&2; exit 2; }
+  for b in "$build" ${against:+"$against"}; do
+    [[ -x $b/bench/bench_restore ]] || { echo "disk: no $b/bench/bench_restore" >&2; exit 2; }
+    rm -rf "$work/run" && mkdir "$work/run" || exit 1
+    if ! "$b/bench/bench_restore" "$work/run" "$mib" "$pairs" 71 "$kind" > "$work/out" 2>&1; then
+      sed 's/^/  /' "$work/out" >&2
+      echo "disk: restore ($kind, $b) failed" >&2
+      exit 1
+    fi
+    echo "  restore, $kind ($b):"
+    grep -E '^(restore|  round|  median)' "$work/out" | sed 's/^/  /'
+  done
 done
 echo "disk.sh: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"
