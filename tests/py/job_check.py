@@ -71,7 +71,9 @@ import rekindle
 
 BUILD, WORK, MODE, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-FINAL = re.compile(r"^final step=(\d+) world=(\d+) hash=([0-9a-f]{16})$", re.M)
+# Anywhere in a line, as the survivors' lines below: mpirun may run another rank's output
+# into the line that holds it.
+FINAL = re.compile(r"(?<![\w=])final step=(\d+) world=(\d+) hash=([0-9a-f]{16})(?![0-9a-f])")
 if MODE in ("docs", "backend"):
     TRAIN, EVERY = os.path.join(SRC, "tests", "py", MODE + "_train.py"), 1
     KILL_AT = 65  # rank 0 printed this step
