@@ -149,6 +149,17 @@ START_TEST(elastic_loss_in_first_sync)
 }
 END_TEST
 
+/* rekindle.elastic.ElasticSampler (tests/py/elastic_sampler.py, written from
+   docs/PYTHON.md alone): 3 workers take a shuffled data set through a DataLoader, one
+   SIGKILLs itself inside an epoch; the sampler's progress rolls back with the state and
+   the rest of the epoch is shared out over the 2 survivors: every sample taken once an
+   epoch (the sum of their values, 3 epochs, exact). */
+START_TEST(elastic_sampler_reshards_after_a_loss)
+{
+    job("sampler", NULL, "job_check sampler: ok");
+}
+END_TEST
+
 /* A job launched again resumes from disk; rekindle.load equals the model's state_dict. */
 START_TEST(relaunch_resumes_from_disk)
 {
@@ -231,6 +242,7 @@ int main(void)
     tcase_add_test(tc, horovod_style_killed_then_grown_back);
     tcase_add_test(tc, elastic_state_rolls_back);
     tcase_add_test(tc, elastic_loss_in_first_sync);
+    tcase_add_test(tc, elastic_sampler_reshards_after_a_loss);
     suite_add_tcase(s, tc);
     tc = tcase_create("package");
     tcase_set_timeout(tc, 600);

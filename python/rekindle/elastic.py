@@ -32,6 +32,9 @@ What maps to what (docs/PYTHON.md, "Horovod Elastic API"):
   over the ring).
 - restore() from user code is not available: the library keeps the snapshot, and rolls
   back only on a loss (rekindle.Error, RK_E_NOTAVAIL).
+- ElasticSampler (hvd.elastic.ElasticSampler) given to TorchState rolls back with it:
+  after a loss the rest of the epoch is shared out again over the survivors, each sample
+  still taken once.
 - A running job only shrinks (or takes a spare); `rekindle run --host-discovery-script`
   grows a job by launching it again from a checkpoint, which the first call of the run()
   function resumes. So no HostsUpdatedInterrupt reaches a running program, and there is
@@ -44,7 +47,8 @@ from . import _lib, _tensor
 from . import init as _init
 from ._lib import Error, Recovered
 
-__all__ = ["init", "shutdown", "context", "rank", "size", "run", "TorchState", "DistributedOptimizer"]
+__all__ = ["init", "shutdown", "context", "rank", "size", "run", "TorchState", "DistributedOptimizer",
+           "ElasticSampler"]
 
 _ctx = None
 
@@ -138,6 +142,112 @@ def DistributedOptimizer(optimizer, named_parameters=None):
     return optimizer
 
 
+class ElasticSampler:
+    """hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0): a sampler for a DataLoader
+    that shares out the samples of an epoch not yet processed over the workers there are
+    now, and rolls back with the state. Given to TorchState (`TorchState(model, optimizer,
+    train_sampler=sampler)`), its epoch and its count of the epoch's samples processed by
+    all workers together are registered with the rest ("elastic/<name>/epoch",
+    "elastic/<name>/processed"), so a loss rolls them back to the last commit, and the next
+    iteration (the run() function called again) shares out the rest over the survivors.
+
+    An epoch's order is a permutation of range(len(dataset)) drawn from seed + epoch
+    (torch.randperm; the identity without shuffle), the same on every worker. Of the
+    samples not yet processed, worker r of W takes every W-th from the r-th (as
+    DistributedSampler, padded with the first ones so every worker takes as many), so
+    after k batches of b samples on every worker the first k * b * W of them are the ones
+    processed: record_batch(batch_idx, batch_size), called by every worker after each
+    batch, is all it needs to know. set_epoch(epoch) starts an epoch (nothing processed).
+    Horovod's record_indices (a set of indices per worker, merged at sync) is not offered:
+    every worker processes the same number of samples a step here."""
+
+    def __init__(self, dataset, shuffle=True, seed=0):
+        self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
+        self._epoch, self._processed = 0, 0  # plain ints until a TorchState registers them
+        self._t = None                       # (ctx, epoch tensor, processed tensor) once registered
+        self._base = 0                       # samples processed when the current iteration began
+
+    # ---- the two values that roll back ------------------------------------------------
+    def _get(self, i):
+        return int(self._t[1 + i].item()) if self._t else (self._epoch, self._processed)[i]
+
+    def _set(self, i, value):
+        if self._t:
+            self._t[0].before_update()  # the last commit's snapshot may still be copying it
+            self._t[1 + i].fill_(value)
+        elif i == 0:
+            self._epoch = value
+        else:
+            self._processed = value
+
+    def _register(self, ctx, name):
+        torch = _tensor.torch
+        epoch = torch.tensor(self._epoch, dtype=torch.int64)
+        processed = torch.tensor(self._processed, dtype=torch.int64)
+        ctx.register("elastic/%s/epoch" % name, epoch)
+        ctx.register("elastic/%s/processed" % name, processed)
+        self._t = (ctx, epoch, processed)
+
+    @property
+    def epoch(self):
+        return self._get(0)
+
+    @property
+    def processed(self):
+        """Samples of this epoch processed by all workers together."""
+        return self._get(1)
+
+    # ---- Horovod's sampler --------------------------------------------------------------
+    def set_epoch(self, epoch):
+        """Starts epoch `epoch`: its own order, nothing processed."""
+        self._set(0, int(epoch))
+        self._set(1, 0)
+        self._base = 0
+
+    def _order(self):
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        torch = _tensor.torch
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(n, generator=g).tolist()
+
+    def _mine(self, processed):
+        w, r = max(size(), 1), max(rank(), 0)
+        rest = self._order()[min(processed, len(self.dataset)):]
+        if rest and len(rest) % w:
+            rest += (rest * w)[:w - len(rest) % w]  # padded as DistributedSampler pads
+        return rest[r::w]
+
+    def __iter__(self):
+        self._base = self.processed
+        return iter(self._mine(self._base))
+
+    def __len__(self):
+        return len(self._mine(self.processed))
+
+    def get_indices(self, batch_idx, batch_size):
+        """This worker's indices of batch `batch_idx` of the current iteration."""
+        return self._mine(self._base)[batch_idx * batch_size:(batch_idx + 1) * batch_size]
+
+    def record_batch(self, batch_idx, batch_size):
+        """Every worker has processed its batch `batch_idx` (from 0, counted from the start
+        of the current iteration over the sampler) of batch_size samples: the epoch's
+        processed count moves to the start of the iteration plus (batch_idx + 1) *
+        batch_size * size(), at most the data set's length."""
+        done = self._base + (int(batch_idx) + 1) * int(batch_size) * max(size(), 1)
+        self._set(1, min(done, len(self.dataset)))
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "processed": self.processed}
+
+    def load_state_dict(self, d):
+        self._set(0, int(d["epoch"]))
+        self._set(1, int(d["processed"]))
+        self._base = self.processed
+
+
 def _fits(kind, value):
     """A value a scalar of that kind may take: a bool for a bool, an integer for an int, a
     real number for a float (never a bool for a number, nor a number for a bool)."""
@@ -152,7 +262,9 @@ class TorchState:
     register_module under the argument's name, optimizer and any other
     torch.optim.Optimizer with register_optimizer; int, float and bool arguments become
     0-dimensional tensors "elastic/<name>" (int64, float64, uint8), read and written as
-    attributes: `state.epoch += 1`, `for state.batch in range(...)`. Other kinds of values
+    attributes: `state.epoch += 1`, `for state.batch in range(...)`; an ElasticSampler
+    argument's epoch and progress are registered as "elastic/<name>/epoch" and
+    "elastic/<name>/processed" (ElasticSampler). Other kinds of values
     (lists, dicts, tensors, schedulers) are a TypeError: they could not roll back with the
     rest. Made after rekindle.elastic.init(), before the first call of the run()
     function; resume() happens at that call."""
@@ -165,7 +277,7 @@ class TorchState:
         if torch is None:
             raise Error(_lib.CODES["RK_E_NOTAVAIL"], "TorchState needs torch", "TorchState")
         values = dict(kwargs, model=model, optimizer=optimizer)
-        modules, optimizers, scalars, absent = {}, {}, {}, []
+        modules, optimizers, scalars, samplers, absent = {}, {}, {}, {}, []
         for name, v in values.items():
             if name.startswith("_") or hasattr(TorchState, name) or "/" in name:
                 raise TypeError("TorchState: %r cannot name state (a method, private or with '/')" % name)
@@ -177,12 +289,15 @@ class TorchState:
                 optimizers[name] = v
             elif type(v) in self._KINDS:
                 scalars[name] = v
+            elif isinstance(v, ElasticSampler):
+                samplers[name] = v
             else:
                 raise TypeError("TorchState: %s=%r: a %s cannot be rolled back with the registered state (a "
-                                "module, an optimizer, an int, a float or a bool can)" % (name, v, type(v).__name__))
+                                "module, an optimizer, an ElasticSampler, an int, a float or a bool can)" % (
+                                    name, v, type(v).__name__))
         d = self.__dict__
         d["_ctx"], d["_callbacks"], d["_started"] = ctx, [], False
-        d["_objects"] = dict(modules, **optimizers, **{name: None for name in absent})
+        d["_objects"] = dict(modules, **optimizers, **samplers, **{name: None for name in absent})
         d["_scalars"] = {}
         first = len(ctx._reg)
         for name, m in modules.items():
@@ -193,6 +308,8 @@ class TorchState:
             t = torch.tensor(v, dtype=getattr(torch, self._KINDS[type(v)]))
             ctx.register("elastic/" + name, t)
             d["_scalars"][name] = (t, type(v))
+        for name, smp in samplers.items():
+            smp._register(ctx, name)
         # This state's registry entries (their .obj follows a rebind): what sync() sends.
         d["_entries"] = ctx._reg[first:]
 

@@ -46,6 +46,12 @@ judged as the C trainer is: run by tests/test_python.c.
         worker SIGKILLed just before the run() function's first call: the two others find
         the loss in its first sync(), roll back to the checkpoint of epoch 10 and must go on
         (exit 0), each once reset (size 2), from epoch 10 to 20, with the same state.
+    job_check.py BUILD WORK sampler
+        tests/py/elastic_sampler.py (written from docs/PYTHON.md alone) on 3 workers, 3
+        epochs, launch rank 2 SIGKILLed at its 27th commit (inside the second epoch): both
+        survivors must end (exit 0, size 2, reset once) with the sum of every sample's
+        value once an epoch (3 x 7260): the ElasticSampler's progress rolled back with the
+        state and the rest of the epoch shared out over 2.
     job_check.py BUILD WORK relaunch
         2 workers to step 60, then the job launched again to step 90: it resumes from disk
         (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
@@ -346,6 +352,17 @@ def first_sync():
     print("job_check first_sync: ok: the two survivors of a loss in the first sync went on from epoch 10, reset once")
 
 
+def sampler():
+    script = os.path.join(SRC, "tests", "py", "elastic_sampler.py")
+    rc, out = finish(Job(3, 3, os.path.join(WORK, "job"), prog=lambda epochs: [sys.executable, script, str(epochs), "27"],
+                         every=5))
+    ends = re.findall(r"sampler rank (\d+): total ([\d.]+) epochs (\d+) size (\d+) resets \[([^\]]*)\]", out)
+    want = [(r, "21780.0", "3", "2", "2") for r in ("0", "1")]
+    if rc != 0 or sorted(ends) != want:
+        fail("exit %d, ends %s: want 0 and %s (every sample once an epoch: 3 x 7260)" % (rc, ends, want), out)
+    print("job_check sampler: ok: the two survivors took every sample once an epoch (total 21780), reset once")
+
+
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-{"relaunch": relaunch, "elastic": elastic, "first_sync": first_sync}.get(MODE, kill)()
+{"relaunch": relaunch, "elastic": elastic, "first_sync": first_sync, "sampler": sampler}.get(MODE, kill)()
