@@ -472,6 +472,10 @@ static int persist(ckpt_engine *e, struct ckpt_job *j)
     j->m.ready = tensor_copied; /* S10: each tensor as soon as it is in staging */
     j->m.ready_arg = e;
     rc = fmt_shard_write(path, &j->m, e->io, &st);
+    if (!rc && st.io_auto[0] && st.auto_first) /* RK_IO=auto's choice, once a device and process */
+        RK_EVENT(e->ev, "io_chosen", RK_EV_S("io", st.io_auto), RK_EV_D("direct_gbs", st.auto_direct_gbs),
+                 RK_EV_D("buffered_gbs", st.auto_buffered_gbs), RK_EV_B("measured", st.auto_measured),
+                 RK_EV_S("io_path", st.io_path));
     if (!rc && (rc = job_copied(e, j, CKPT_OP_ALL)) != 0) { /* W6 */
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());

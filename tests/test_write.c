@@ -260,14 +260,26 @@ static bool io_path_is(const char *io_path, const char *choice)
    device, RK_IO unset, its log at info; what it printed (malloc'd). */
 static char *auto_job(const scratch *sc)
 {
-    char *ck = th_tmpdir("autojob"), e[2][4300], *out = NULL;
+    char *ck = th_tmpdir("autojob"), e[3][4300], *out = NULL;
     snprintf(e[0], sizeof(e[0]), "RK_CKPT_DIR=%s", ck);
     snprintf(e[1], sizeof(e[1]), "XDG_CACHE_HOME=%s", sc->cache);
+    snprintf(e[2], sizeof(e[2]), "RK_EVENT_LOG=%s/events", ck);
     const char *env[] = {
-        e[0], e[1], "RK_CKPT_EVERY=2", "RK_LOG=info", "RK_LOG_SUBSYS=fmt", "RK_JOB_SECRET=" SECRET, NULL};
+        e[0], e[1], e[2], "RK_CKPT_EVERY=2", "RK_LOG=info", "RK_LOG_SUBSYS=fmt", "RK_JOB_SECRET=" SECRET, NULL};
     char *prog = th_bin("../tests/prog_ckpt"), *argv[] = {prog, "write", "3", "7", NULL};
     int rc = th_run(argv, env, 60, &out);
     ck_assert_msg(rc == 0 && th_exists(ck, S2), "exit %d: %s", rc, out);
+    /* the choice is an event, once: measured false where the job read the kept figures */
+    char evpath[4400];
+    snprintf(evpath, sizeof(evpath), "%s/events.0", ck);
+    char *ev = th_read_file(evpath, NULL);
+    ck_assert_msg(ev != NULL, "no event log %s", evpath);
+    const char *at = strstr(ev, "\"event\": \"io_chosen\"");
+    bool kept = strstr(out, "measured before") != NULL;
+    ck_assert_msg(at && !strstr(at + 1, "\"event\": \"io_chosen\"") &&
+                      strstr(at, kept ? "\"measured\": false" : "\"measured\": true"),
+                  "io_chosen once, measured %s: %s", kept ? "false" : "true", ev);
+    free(ev);
     free(prog);
     th_rmrf(ck);
     free(ck);
@@ -278,7 +290,7 @@ static char *auto_job(const scratch *sc)
    figures (buffered only when more than 10% faster), keeps them (0600, in the directory of
    XDG_CACHE_HOME) and writes the shard that way; the next write of the process uses the
    choice without measuring. A new process (a real job) reads the kept measurement and says
-   so in its log. */
+   so in its log and, once, in the event io_chosen. */
 START_TEST(auto_measures_once_and_keeps)
 {
     scratch sc = begin("auto");
