@@ -159,7 +159,8 @@ def rk_job(n, steps, ckpt, events=None, every=None):
 
 
 def final_hashes(text):
-    return re.findall(r"^final step=\d+ \S+ hash=([0-9a-f]+)", text, re.M)
+    # 16 digits: mpirun may run the next rank's "final ..." into a line (its "f" is hex)
+    return re.findall(r"final step=\d+ \S+ hash=([0-9a-f]{16})", text)
 
 
 def per_step_ms(lines):
