@@ -146,7 +146,8 @@ static int child(int argc, char **argv)
         int rc = rk_resume(ctx, &next);
         double el = now_s() - t0;
         if (rc != 0 || next != 1) {
-            fprintf(stderr, "bench_restore: rk_resume: %d (%s), next step %lld\n", rc, rk_last_error(), (long long)next);
+            fprintf(stderr, "bench_restore: rk_resume: %d (%s), next step %lld\n", rc, rk_last_error(),
+                    (long long)next);
             return 3;
         }
         char *want = make_buf(total, true);
@@ -164,8 +165,8 @@ static int child(int argc, char **argv)
 
 /* Runs this program as a child (mode write or resume) and returns what it printed as
    resume_s (0 for write); exits if it failed. */
-static double run_child(const char *self, const char *mode, const char *dir, size_t per, int nt, const char *kind,
-                        const char *cache)
+static double run_child(const char *self, const char *mode, const char *dir, size_t per, int nt,
+                        const char *kind, const char *cache)
 {
     char sper[32], snt[16];
     snprintf(sper, sizeof sper, "%zu", per);
@@ -217,8 +218,8 @@ static double median(const double *v, int n)
 }
 
 enum way { RAW_DIRECT, RAW_BUFFERED, RAW_PREAD, RESUME_COLD, RESUME_WARM, MEMCPY, NWAYS };
-static const char *const way_name[NWAYS] = {"raw O_DIRECT", "raw buffered", "raw pread", "rk_resume cold",
-                                            "rk_resume warm", "memcpy"};
+static const char *const way_name[NWAYS] = {"raw O_DIRECT",   "raw buffered",   "raw pread",
+                                            "rk_resume cold", "rk_resume warm", "memcpy"};
 
 static double raw_read(const char *step, const char *shard, char *buf, size_t len, enum way w)
 {
@@ -255,7 +256,8 @@ int main(int argc, char **argv)
     const char *kind = argc > 5 ? argv[5] : "full";
     if (len == 0 || rounds < 1 || rounds > MAXROUNDS || nt < 1 ||
         (strcmp(kind, "full") != 0 && strcmp(kind, "sharded") != 0)) {
-        fprintf(stderr, "bench_restore: MIB > 0, ROUNDS in 1..%d, NTENSORS > 0, full or sharded\n", MAXROUNDS);
+        fprintf(stderr, "bench_restore: MIB > 0, ROUNDS in 1..%d, NTENSORS > 0, full or sharded\n",
+                MAXROUNDS);
         return 2;
     }
     size_t per = (len / (size_t)nt) & ~(size_t)4095, total = per * (size_t)nt;
@@ -299,12 +301,13 @@ int main(int argc, char **argv)
     printf("  median:");
     for (int w = 0; w < NWAYS; w++)
         printf(" %s %.2f%s", way_name[w], median(gbs[w], rounds), w < NWAYS - 1 ? "," : ";");
-    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f\n", median(cold, rounds), median(warm, rounds));
+    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f\n", median(cold, rounds),
+           median(warm, rounds));
     printf("RESULT kind=%s cold_ratio=%.3f warm_ratio=%.3f resume_cold_gbs=%.3f resume_warm_gbs=%.3f "
            "raw_direct_gbs=%.3f raw_buffered_gbs=%.3f raw_pread_gbs=%.3f memcpy_gbs=%.3f\n",
            kind, median(cold, rounds), median(warm, rounds), median(gbs[RESUME_COLD], rounds),
-           median(gbs[RESUME_WARM], rounds), median(gbs[RAW_DIRECT], rounds), median(gbs[RAW_BUFFERED], rounds),
-           median(gbs[RAW_PREAD], rounds), median(gbs[MEMCPY], rounds));
+           median(gbs[RESUME_WARM], rounds), median(gbs[RAW_DIRECT], rounds),
+           median(gbs[RAW_BUFFERED], rounds), median(gbs[RAW_PREAD], rounds), median(gbs[MEMCPY], rounds));
     free(buf);
     free(dst);
     return 0;

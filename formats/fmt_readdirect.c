@@ -66,22 +66,22 @@
 #include "fio.h"
 #include "fmt_internal.h"
 
-#define READ_PIECE (4u << 20)
+#define READ_PIECE     (4u << 20)
 #define READ_PIECE_BUF (1u << 20)
-#define READ_DEPTH 16
-#define READ_BOUNCE 8
-#define READ_STALL_MS 60000 /* no read completed for this long: the disk stopped */
-#define ALIGN_4K(x) (((x) + 4095u) & ~(uint64_t)4095u)
+#define READ_DEPTH     16
+#define READ_BOUNCE    8
+#define READ_STALL_MS  60000 /* no read completed for this long: the disk stopped */
+#define ALIGN_4K(x)    (((x) + 4095u) & ~(uint64_t)4095u)
 
 enum how { STRAIGHT, BOUNCE, BUFFERED };
 
 struct fmt_direct {
     struct io_uring ring;
     bool ring_ok;
-    bool off;       /* O_DIRECT or io_uring unusable here: every run is buffered */
-    bool stuck;     /* a read never completed: the kernel may still write `bounce` */
-    char *bounce;   /* READ_BOUNCE buffers of READ_PIECE, page-aligned; NULL until used */
-    int *fds;       /* O_DIRECT descriptor of each shard, -1 until used */
+    bool off;     /* O_DIRECT or io_uring unusable here: every run is buffered */
+    bool stuck;   /* a read never completed: the kernel may still write `bounce` */
+    char *bounce; /* READ_BOUNCE buffers of READ_PIECE, page-aligned; NULL until used */
+    int *fds;     /* O_DIRECT descriptor of each shard, -1 until used */
     int nfds;
     XXH3_state_t *xs;
 };
@@ -89,14 +89,14 @@ struct fmt_direct {
 /* One read of the window. */
 struct piece {
     size_t run;
-    uint64_t off;  /* in the file */
-    uint64_t len;  /* the run's bytes it reads */
-    uint64_t ask;  /* bytes asked of the kernel (len, or rounded up to 4 KiB) */
-    char *to;      /* where it lands: dst, or a bounce buffer */
-    char *dst;     /* where its bytes belong */
+    uint64_t off; /* in the file */
+    uint64_t len; /* the run's bytes it reads */
+    uint64_t ask; /* bytes asked of the kernel (len, or rounded up to 4 KiB) */
+    char *to;     /* where it lands: dst, or a bounce buffer */
+    char *dst;    /* where its bytes belong */
     enum how how;
-    int slot;      /* its bounce buffer */
-    uint64_t sqe;  /* O_DIRECT: its submission's number */
+    int slot;     /* its bounce buffer */
+    uint64_t sqe; /* O_DIRECT: its submission's number */
     bool done;
     int32_t res;
 };
@@ -109,17 +109,17 @@ struct reader {
     size_t nruns;
     bool drop;
     struct piece win[READ_DEPTH];
-    uint64_t head, tail;      /* pieces taken, pieces queued */
-    size_t run;               /* the run being queued, */
-    uint64_t pos;             /* and how far */
-    enum how how;             /* its way (R2) */
-    uint64_t body;            /* straight: bytes read O_DIRECT, the rest buffered */
+    uint64_t head, tail;             /* pieces taken, pieces queued */
+    size_t run;                      /* the run being queued, */
+    uint64_t pos;                    /* and how far */
+    enum how how;                    /* its way (R2) */
+    uint64_t body;                   /* straight: bytes read O_DIRECT, the rest buffered */
     uint64_t prepared, sent, reaped; /* O_DIRECT reads */
     bool slot_busy[READ_BOUNCE];
-    size_t check_run;         /* the run being checked, its unit and the unit's bytes left */
+    size_t check_run; /* the run being checked, its unit and the unit's bytes left */
     uint64_t unit, unit_len, unit_left, checked;
-    uint64_t n_how[3];        /* bytes read each way, and the most O_DIRECT reads in */
-    uint64_t most;            /* flight at once: for the log */
+    uint64_t n_how[3]; /* bytes read each way, and the most O_DIRECT reads in */
+    uint64_t most;     /* flight at once: for the log */
 };
 
 void fmt_direct_free(fmt_direct **pd)
@@ -170,7 +170,8 @@ static int reader_get(fmt_ckpt *c, fmt_direct **out)
     }
     *out = c->direct;
     if (c->direct->stuck)
-        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT, "restore from %s: an earlier read never completed", c->dir);
+        return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "restore from %s: an earlier read never completed", c->dir);
     return 0;
 }
 
@@ -237,8 +238,8 @@ static const char *run_path(const struct reader *s, size_t run, char *path)
     return path;
 }
 
-/* Queues the next piece: false when every run is queued, or it waits for a bounce buffer.
-   *rc: a fault injected at the read (R6). */
+/* Queues the next piece: false when every run is queued, when it waits for a bounce
+   buffer, or when its read failed to start (the error in rc: a fault injected, R6). */
 static bool queue_one(struct reader *s, int *rc)
 {
     while (s->run < s->nruns && s->pos == s->runs[s->run].len) {
@@ -255,8 +256,12 @@ static bool queue_one(struct reader *s, int *rc)
     enum how how = s->pos >= s->body ? BUFFERED : s->how;
     uint64_t chunk = how == BUFFERED ? READ_PIECE_BUF : READ_PIECE, end = how == BUFFERED ? r->len : s->body;
     struct piece *p = &s->win[s->tail % READ_DEPTH];
-    *p = (struct piece){.run = s->run, .off = r->off + s->pos, .len = end - s->pos < chunk ? end - s->pos : chunk,
-                        .dst = r->dst + s->pos, .how = how, .slot = -1};
+    *p = (struct piece){.run = s->run,
+                        .off = r->off + s->pos,
+                        .len = end - s->pos < chunk ? end - s->pos : chunk,
+                        .dst = r->dst + s->pos,
+                        .how = how,
+                        .slot = -1};
     p->to = p->dst;
     p->ask = how == BUFFERED ? p->len : ALIGN_4K(p->len);
     if (how == BOUNCE) {
@@ -265,7 +270,8 @@ static bool queue_one(struct reader *s, int *rc)
                 p->slot = k;
         if (p->slot < 0)
             return false;
-        if (!s->d->bounce && posix_memalign((void **)&s->d->bounce, 4096, (size_t)READ_BOUNCE * READ_PIECE) != 0) {
+        if (!s->d->bounce &&
+            posix_memalign((void **)&s->d->bounce, 4096, (size_t)READ_BOUNCE * READ_PIECE) != 0) {
             s->d->bounce = NULL;
             *rc = -ENOMEM;
             return false;
@@ -277,7 +283,8 @@ static bool queue_one(struct reader *s, int *rc)
         int f = fmt_fault(RK_FAULT_OP_READ, run_path(s, s->run, path));
         if (f) {
             f = fmt_fault_apply(f);
-            *rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, f, "%s: reading tensor '%s': %s", path, r->name, rk_strerror(f));
+            *rc = rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, f, "%s: reading tensor '%s': %s", path, r->name,
+                           rk_strerror(f));
             return false;
         }
         struct io_uring_sqe *sqe = io_uring_get_sqe(&s->d->ring);
@@ -304,8 +311,7 @@ static int submit(struct reader *s)
     if (n > 0) {
         s->sent += (uint64_t)n;
         s->most = s->sent - s->reaped > s->most ? s->sent - s->reaped : s->most;
-    }
-    else if (s->sent == s->reaped) { /* nothing in flight to wait for: the ring goes */
+    } else if (s->sent == s->reaped) { /* nothing in flight to wait for: the ring goes */
         io_uring_queue_exit(&s->d->ring);
         s->d->ring_ok = false;
         s->prepared = s->sent;
@@ -365,12 +371,13 @@ static int check(struct reader *s, const struct fmt_run *r, const char *p, uint6
             char path[4096];
             run_path(s, (size_t)(r - s->runs), path);
             if (!r->unit_rows)
-                return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s': checksum mismatch", path,
-                                r->name);
+                return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT, "%s: tensor '%s': checksum mismatch",
+                                path, r->name);
             uint64_t b0 = (r->block0 + s->unit) * r->unit_rows, rows = s->unit_len / (r->unit / r->unit_rows);
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
-                            "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64 " of its piece", path,
-                            r->name, b0, b0 + rows - 1);
+                            "%s: tensor '%s': checksum mismatch in rows %" PRIu64 "..%" PRIu64
+                            " of its piece",
+                            path, r->name, b0, b0 + rows - 1);
         }
         s->unit++;
         next_unit(s, r);
@@ -392,7 +399,8 @@ static int take(struct reader *s)
         next_unit(s, r);
     }
     if (p->how == BUFFERED) {
-        rc = fmt_io_pread_all(s->c->fds[r->rank], p->dst, (size_t)p->len, (off_t)p->off, run_path(s, p->run, path));
+        rc = fmt_io_pread_all(s->c->fds[r->rank], p->dst, (size_t)p->len, (off_t)p->off,
+                              run_path(s, p->run, path));
     } else {
         while (!p->done && (rc = reap(s)) == 0)
             ;
@@ -402,8 +410,8 @@ static int take(struct reader *s)
             rc = RK_E_CORRUPT; /* past the end: the shard is shorter than its manifest says */
     }
     if (rc)
-        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s", run_path(s, p->run, path), r->name,
-                        rk_strerror(rc));
+        return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, rc, "%s: reading tensor '%s': %s",
+                        run_path(s, p->run, path), r->name, rk_strerror(rc));
     if ((rc = check(s, r, p->to, p->len)) != 0)
         return rc;
     if (p->how == BOUNCE) {
@@ -447,8 +455,8 @@ static int read_runs(struct reader *s)
         char path[4096];
         return rk__fail(RK_SUB_FMT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "%s: reading tensor '%s': no read completed for %d ms (the disk stopped answering)",
-                        run_path(s, s->win[s->head % READ_DEPTH].run, path), s->runs[s->win[s->head % READ_DEPTH].run].name,
-                        READ_STALL_MS);
+                        run_path(s, s->win[s->head % READ_DEPTH].run, path),
+                        s->runs[s->win[s->head % READ_DEPTH].run].name, READ_STALL_MS);
     }
     return rc;
 }
@@ -462,9 +470,11 @@ int fmt__read_runs(fmt_ckpt *c, struct fmt_run *runs, size_t n, bool drop)
     for (int again = 0; again < 2; again++) {
         struct reader s = {.c = c, .d = d, .runs = runs, .nruns = n, .drop = drop, .check_run = n};
         rc = read_runs(&s);
-        RK_LOG_DEBUG(RK_SUB_FMT, "restore from %s: %zu runs, bytes straight %" PRIu64 ", bounce %" PRIu64
-                     ", buffered %" PRIu64 ", most in flight %" PRIu64 ": %s", c->dir, n, s.n_how[STRAIGHT],
-                     s.n_how[BOUNCE], s.n_how[BUFFERED], s.most, rc ? rk_strerror(rc) : "ok");
+        RK_LOG_DEBUG(RK_SUB_FMT,
+                     "restore from %s: %zu runs, bytes straight %" PRIu64 ", bounce %" PRIu64
+                     ", buffered %" PRIu64 ", most in flight %" PRIu64 ": %s",
+                     c->dir, n, s.n_how[STRAIGHT], s.n_how[BOUNCE], s.n_how[BUFFERED], s.most,
+                     rc ? rk_strerror(rc) : "ok");
         if (rc != -EOPNOTSUPP)
             break; /* else R4: the ring is gone, every run is read buffered */
     }

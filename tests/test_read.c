@@ -18,10 +18,10 @@
 #include "common.h"
 #include "harness.h"
 
-#define MIB ((size_t)1 << 20)
-#define NRANK 2
-#define ROWB 12000 /* bytes of a row of the sharded tensor: not a multiple of 4 KiB */
-#define PROWS 700  /* its rows in each piece (blocks of 87 rows) */
+#define MIB    ((size_t)1 << 20)
+#define NRANK  2
+#define ROWB   12000 /* bytes of a row of the sharded tensor: not a multiple of 4 KiB */
+#define PROWS  700   /* its rows in each piece (blocks of 87 rows) */
 #define SECRET "0000000000000000000000000000000000000000000000000000000000000001"
 
 /* Tensors: order, name, bytes, rank (-1: the sharded one). */
@@ -29,7 +29,8 @@ static const struct {
     const char *name;
     size_t bytes;
     int rank;
-} spec[] = {{"a", 6 * MIB + 4097, 0}, {"b", 9 * MIB, 0}, {"c", 100, 0}, {"sh/w", 0, -1}, {"d", 5 * MIB + 12, 1}};
+} spec[] = {
+    {"a", 6 * MIB + 4097, 0}, {"b", 9 * MIB, 0}, {"c", 100, 0}, {"sh/w", 0, -1}, {"d", 5 * MIB + 12, 1}};
 #define NT (sizeof(spec) / sizeof(spec[0]))
 
 typedef struct {
@@ -79,15 +80,27 @@ static void write_files(ckpt_files *w)
                 continue;
             m->n++;
             if (spec[k].rank >= 0) {
-                *t = (fmt_tensor){.name = strdup(spec[k].name), .dtype = RK_U8, .ndim = 1,
-                                  .shape = {(int64_t)spec[k].bytes}, .nbytes = spec[k].bytes, .order = (uint32_t)k,
-                                  .rank = r, .data = w->data[k]};
+                *t = (fmt_tensor){.name = strdup(spec[k].name),
+                                  .dtype = RK_U8,
+                                  .ndim = 1,
+                                  .shape = {(int64_t)spec[k].bytes},
+                                  .nbytes = spec[k].bytes,
+                                  .order = (uint32_t)k,
+                                  .rank = r,
+                                  .data = w->data[k]};
                 continue;
             }
-            *t = (fmt_tensor){.name = strdup(spec[k].name), .dtype = RK_F32, .ndim = 2, .shape = {PROWS, ROWB / 4},
-                              .nbytes = (uint64_t)PROWS * ROWB, .order = (uint32_t)k, .rank = r,
-                              .data = w->data[k] + (size_t)r * PROWS * ROWB, .kind = FMT_SHARDED,
-                              .rows = NRANK * PROWS, .row0 = (int64_t)r * PROWS};
+            *t = (fmt_tensor){.name = strdup(spec[k].name),
+                              .dtype = RK_F32,
+                              .ndim = 2,
+                              .shape = {PROWS, ROWB / 4},
+                              .nbytes = (uint64_t)PROWS * ROWB,
+                              .order = (uint32_t)k,
+                              .rank = r,
+                              .data = w->data[k] + (size_t)r * PROWS * ROWB,
+                              .kind = FMT_SHARDED,
+                              .rows = NRANK * PROWS,
+                              .row0 = (int64_t)r * PROWS};
         }
         char path[4300];
         fmt_write_stats st;
@@ -160,7 +173,10 @@ static int read_all(fmt_ckpt *c, region *g, const ckpt_files *w, bool drop)
     for (size_t k = 0; k < NT; k++) {
         long i = fmt_ckpt_find(c, spec[k].name);
         ck_assert_int_ge(i, 0);
-        r[k] = (fmt_read_req){.i = (size_t)i, .first = 0, .nrows = NRANK * PROWS, .dst = g->mem + g->at[k],
+        r[k] = (fmt_read_req){.i = (size_t)i,
+                              .first = 0,
+                              .nrows = NRANK * PROWS,
+                              .dst = g->mem + g->at[k],
                               .cap = ALIGN(w->bytes[k])};
     }
     return fmt_ckpt_read_many(c, r, NT, drop);
@@ -170,7 +186,8 @@ static int read_all(fmt_ckpt *c, region *g, const ckpt_files *w, bool drop)
 static void region_check(const region *g, const ckpt_files *w)
 {
     for (size_t k = 0; k < NT; k++) {
-        ck_assert_msg(memcmp(g->mem + g->at[k], w->data[k], w->bytes[k]) == 0, "tensor %s differs", spec[k].name);
+        ck_assert_msg(memcmp(g->mem + g->at[k], w->data[k], w->bytes[k]) == 0, "tensor %s differs",
+                      spec[k].name);
         const unsigned char *after = g->mem + g->at[k] + ALIGN(w->bytes[k]);
         for (size_t j = 0; j < 4096; j++)
             ck_assert_msg(after[j] == 0xA5, "past tensor %s's room, byte %zu written", spec[k].name, j);
@@ -195,8 +212,8 @@ static int read_logged(fmt_ckpt *c, region *g, const ckpt_files *w, bool drop, w
     setenv("RK_LOG", "error", 1);
     rk__log_reload();
     const char *l = log ? strstr(log, "bytes straight ") : NULL;
-    ck_assert_msg(l && sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu, most in flight %llu", &out->straight,
-                              &out->bounce, &out->buffered, &out->most) == 4,
+    ck_assert_msg(l && sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu, most in flight %llu",
+                              &out->straight, &out->bounce, &out->buffered, &out->most) == 4,
                   "log: %s", log ? log : "");
     free(log);
     return rc;
@@ -245,8 +262,8 @@ START_TEST(warm_batch_buffered_and_bounce)
     ways h;
     th_assert_rc(read_logged(c, &g, &w, true, &h), 0);
     region_check(&g, &w);
-    ck_assert_msg(h.straight == 0 && h.bounce == 0 && h.buffered > 20 * MIB, "straight %llu bounce %llu buffered %llu",
-                  h.straight, h.bounce, h.buffered);
+    ck_assert_msg(h.straight == 0 && h.bounce == 0 && h.buffered > 20 * MIB,
+                  "straight %llu bounce %llu buffered %llu", h.straight, h.bounce, h.buffered);
     ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_URING), 0);
     fmt_ckpt_close(&c);
     memset(g.mem, 0xA5, g.size);
@@ -305,8 +322,8 @@ END_TEST
 /* R2, R3 for rows of the sharded tensor, cold with drop: each range (a piece whole, both,
    from and to the middle of blocks, across the pieces, one row) lands right with nothing
    written past it (the room is the rows' bytes: no read rounded into the next bytes). */
-static const int64_t ranges[][2] = {{0, PROWS}, {PROWS, PROWS}, {0, 2 * PROWS}, {50, 600}, {650, 100}, {86, 88},
-                                    {699, 1},   {10, 1390}};
+static const int64_t ranges[][2] = {{0, PROWS}, {PROWS, PROWS}, {0, 2 * PROWS}, {50, 600},
+                                    {650, 100}, {86, 88},       {699, 1},       {10, 1390}};
 
 START_TEST(sharded_rows_cold_straight)
 {
@@ -354,8 +371,9 @@ START_TEST(damaged_byte_in_the_middle_refused)
     const struct {
         off_t off;
         const char *names;
-    } dmg[] = {{(off_t)(b->offset + b->nbytes / 2 + 3), "tensor 'b': checksum mismatch"},
-               {(off_t)(piece->offset + 300 * ROWB + 5), "tensor 'sh/w': checksum mismatch in rows 261..347"}};
+    } dmg[] = {
+        {(off_t)(b->offset + b->nbytes / 2 + 3), "tensor 'b': checksum mismatch"},
+        {(off_t)(piece->offset + 300 * ROWB + 5), "tensor 'sh/w': checksum mismatch in rows 261..347"}};
     region g;
     region_make(&g, &w);
     for (size_t k = 0; k < RK_ARRAY_LEN(dmg); k++) {
@@ -365,7 +383,8 @@ START_TEST(damaged_byte_in_the_middle_refused)
             fmt_ckpt *c = NULL;
             ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
             th_assert_rc(read_all(c, &g, &w, true), RK_E_CORRUPT);
-            ck_assert_msg(strstr(rk_last_error(), dmg[k].names), "'%s' does not say %s", rk_last_error(), dmg[k].names);
+            ck_assert_msg(strstr(rk_last_error(), dmg[k].names), "'%s' does not say %s", rk_last_error(),
+                          dmg[k].names);
             fmt_ckpt_close(&c);
         }
         th_flip_byte(path, dmg[k].off);
@@ -395,8 +414,15 @@ static int run_big(const char *dir, const char *mode, const char *arg, const cha
 {
     char d[4200];
     snprintf(d, sizeof(d), "RK_CKPT_DIR=%s", dir);
-    const char *env[] = {d,      "RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=20000", "RK_JOB_SECRET=" SECRET,
-                         "RK_LOG=warn", extra1, extra2, NULL};
+    const char *env[] = {d,
+                         "RK_CKPT_EVERY=2",
+                         "RK_KEEP=2",
+                         "RK_TIMEOUT_MS=20000",
+                         "RK_JOB_SECRET=" SECRET,
+                         "RK_LOG=warn",
+                         extra1,
+                         extra2,
+                         NULL};
     char *argv[] = {prog, (char *)mode, (char *)arg, "7", "big", NULL};
     return th_run(argv, env, 60, out);
 }
@@ -422,8 +448,8 @@ static bool fault_names(const char *dir, uint64_t n, const char *name)
     drop_shard(dir);
     int rc = run_big(dir, "untouched", "0", fault, "RK_FAULT_PATH=shard-0.h5", &out);
     bool failed = strstr(out, "resume: -1008 ") != NULL, named = failed && strstr(out, name);
-    ck_assert_msg(rc == 0 && (failed ? strstr(out, "untouched 1") : strstr(out, "resume: 0 next 2")), "exit %d: %s",
-                  rc, out);
+    ck_assert_msg(rc == 0 && (failed ? strstr(out, "untouched 1") : strstr(out, "resume: 0 next 2")),
+                  "exit %d: %s", rc, out);
     free(out);
     return named;
 }
