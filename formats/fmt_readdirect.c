@@ -35,13 +35,16 @@
  *      hands the kernel nothing while nothing is in flight closes the ring (what it still
  *      queues must never go out later) and the whole read is done again buffered, as is
  *      every later one.
- *  R5  Every wait is bounded: when none of the reads in flight completes for
- *      READ_STALL_MS (a disk that stopped answering), the read fails with RK_E_TIMEOUT
- *      naming the file. The kernel still owns the memory of the reads in flight then:
- *      the bounce buffers are kept for the life of the process (rk__retain_forever), the
- *      pages under a straight read are dropped (MADV_DONTNEED: the late transfer lands in
- *      pages no longer mapped; dst reads as zeros there), and the reader refuses every
- *      later read.
+ *  R5  Every wait for an O_DIRECT read is bounded: when none of the reads in flight
+ *      completes for READ_STALL_MS (a disk that stopped answering), the read fails with
+ *      RK_E_TIMEOUT naming the file. The kernel still owns the memory of the reads in
+ *      flight then: the bounce buffers are kept for the life of the process
+ *      (rk__retain_forever), the pages under a straight read are dropped (MADV_DONTNEED:
+ *      the late transfer lands in pages no longer mapped; dst reads as zeros there), and
+ *      the reader refuses every later read. A buffered read is a plain pread, bounded no
+ *      more than the opener's own preads of the manifests and of each shard outside its
+ *      data (fmt_read.c): it is taken for pages found in the page cache, unaligned runs
+ *      and tails under 4 KiB, and where O_DIRECT cannot be used.
  *  R6  Every read passes fmt_fault first (RK_FAULT read: O_DIRECT and buffered alike;
  *      uring: the ring's setup and each submission).
  *
