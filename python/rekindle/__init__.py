@@ -281,6 +281,8 @@ class Context:
         for i, p in enumerate(params):
             for key, value in optimizer.state.get(p, {}).items():
                 name = "%s/state/%d/%s" % (prefix, i, key)
+                if value is None:  # holds nothing (torch 1.13's SGD without momentum: momentum_buffer)
+                    continue
                 if not _tensor.is_torch(value):
                     raise Error(-22, "optimizer state '%s' is a %s, not a tensor: it cannot be "
                                 "restored in place" % (name, type(value).__name__), "register_optimizer")
