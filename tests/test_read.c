@@ -356,6 +356,51 @@ START_TEST(sharded_rows_cold_straight)
 }
 END_TEST
 
+/* R4, R6 for rows of the sharded tensor across both pieces (10..1399: a block of each
+   piece read in part, the rest as runs), cold straight and warm: a fault at each of its
+   reads in turn fails the read with -EIO naming the tensor, and a clean read after it on
+   the same reader gets every row right. */
+START_TEST(sharded_rows_fault_at_each_read)
+{
+    ckpt_files w;
+    write_files(&w);
+    unsigned char *buf = NULL;
+    size_t n = (size_t)1390 * ROWB;
+    ck_assert_int_eq(posix_memalign((void **)&buf, 4096, ALIGN(n)), 0);
+    for (int warm = 0; warm < 2; warm++) {
+        cache(&w, warm);
+        quiet("read@100000=eio", "shard-");
+        fmt_ckpt *c = NULL;
+        ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
+        fmt_read_req r = {
+            .i = (size_t)fmt_ckpt_find(c, "sh/w"), .first = 10, .nrows = 1390, .dst = buf, .cap = n};
+        uint64_t opened = rk__fault_count(RK_FAULT_OP_READ);
+        th_assert_rc(fmt_ckpt_read_many(c, &r, 1, true), 0);
+        uint64_t reads = rk__fault_count(RK_FAULT_OP_READ) - opened;
+        fmt_ckpt_close(&c);
+        ck_assert_uint_ge(reads, 4);
+        for (uint64_t k = 0; k < reads; k++) {
+            char f[64];
+            snprintf(f, sizeof(f), "read@%llu=eio", (unsigned long long)(opened + k));
+            cache(&w, warm);
+            quiet(f, "shard-");
+            ck_assert_msg(fmt_ckpt_open(w.step, &c) == 0, "%s", rk_last_error());
+            th_assert_rc(fmt_ckpt_read_many(c, &r, 1, true), -EIO);
+            ck_assert_msg(strstr(rk_last_error(), "tensor 'sh/w'"), "read %llu: %s", (unsigned long long)k,
+                          rk_last_error());
+            quiet(NULL, NULL);
+            memset(buf, 0, n);
+            th_assert_rc(fmt_ckpt_read_many(c, &r, 1, true), 0);
+            ck_assert_msg(memcmp(buf, w.data[3] + (size_t)10 * ROWB, n) == 0, "read %llu: rows differ after",
+                          (unsigned long long)k);
+            fmt_ckpt_close(&c);
+        }
+    }
+    free(buf);
+    files_free(&w);
+}
+END_TEST
+
 /* R3: a byte changed on disk in the middle of a large tensor (b, 9 MiB), or of a block of
    the sharded tensor, fails the batch with RK_E_CORRUPT naming the tensor (and the
    block's rows), cold (straight) and warm (pread). */
@@ -501,6 +546,7 @@ int main(void)
     tcase_add_test(tc, warm_batch_buffered_and_bounce);
     tcase_add_loop_test(tc, fault_in_the_middle_of_each_way, 0, (int)RK_ARRAY_LEN(mid));
     tcase_add_test(tc, sharded_rows_cold_straight);
+    tcase_add_test(tc, sharded_rows_fault_at_each_read);
     tcase_add_test(tc, damaged_byte_in_the_middle_refused);
     suite_add_tcase(s, tc);
     tc = tcase_create("resume");
