@@ -39,12 +39,18 @@
  *      (writer.c W5), and ckpt_destroy leaves it the engine (retained, never freed) instead of
  *      joining it. Only this file abandons a job: the snapshot side tells the writer how
  *      a job's copy ended (ckpt__copy_outcome), and the writer fails the job.
+ *  J6  ckpt_wait waits for a job's result, not for its retention: once the commit is done
+ *      (or failed) the writer publishes the result and releases its pin, then removes
+ *      what retention drops with the slot still RUNNING (a new job waits for it as for
+ *      any job in flight, J2; ckpt_destroy too). A restore waits for that retention first,
+ *      bounded (ckpt_retention_wait), so that it never lists a checkpoint being removed.
  *
  * States of the job slot and the function for each transition:
  *
  *      IDLE --ckpt_start (plan, snapshot copy begun, region pinned)--> QUEUED
  *      QUEUED --the writer picks it (ckpt__writer_main)--> RUNNING
- *      RUNNING --the writer ends it: committed or failed (writer.c), pin released--> IDLE
+ *      RUNNING --the writer ends it: committed or failed (writer.c), pin released, result
+ *               published (J6), then the retention of a commit--> IDLE
  *      QUEUED/RUNNING --ckpt_abandon: the job fails at the writer's next check, or when its
  *                       stuck operation returns; the training thread does not wait
  *      QUEUED/RUNNING --ckpt_start: waits for IDLE up to timeout_ms / 4, else skipped (J2)
@@ -309,10 +315,21 @@ bool ckpt_busy(ckpt_engine *e)
     return busy;
 }
 
-/* Whether no live checkpoint is in flight: idle, or the job in flight abandoned. */
+/* Whether no live checkpoint is in flight: idle, the job in flight abandoned, or its
+   result out with only its retention left (J6). */
 static bool settled_locked(ckpt_engine *e)
 {
-    return e->state == CKPT_IDLE || ckpt__abandoned(&e->job);
+    return e->state == CKPT_IDLE || ckpt__abandoned(&e->job) || e->job.published;
+}
+
+void ckpt_retention_wait(ckpt_engine *e, int64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
+    pthread_mutex_lock(&e->mu);
+    while (e->state != CKPT_IDLE && e->job.published)
+        if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* Waits until the deadline for the writer to be idle (or, if `settled`, for no live job:

@@ -106,12 +106,17 @@ int ckpt_snapshot_take(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_
    up on is waited for no more, here or there (each only looks, and goes on at once: event
    copy_timeout once a copy); no new copy starts before it ended. */
 int ckpt_copied(ckpt_engine *e, bool host_only, int64_t deadline_ns);
-/* Until no checkpoint is in flight, or deadline_ns (CLOCK_MONOTONIC); returns the first
+/* Until the result of every checkpoint started is known (committed or failed: the
+   retention after a commit may still run, ckpt.c J6), or deadline_ns (CLOCK_MONOTONIC); returns the first
    failure since the last call (and forgets it), 0 if every checkpoint since was committed,
    RK_E_TIMEOUT if one is still in flight at the deadline (rk_last_error() names the
    step, how long, what the writer waits for on other ranks if anything, and its last
    file operation and path; it stays in flight). */
 int ckpt_wait(ckpt_engine *e, int64_t deadline_ns);
+/* Until the retention that follows the last commit has ended (ckpt.c J6), or deadline_ns:
+   a restore calls it first so as not to list a checkpoint being removed. Waits for
+   nothing else: not for a job still writing or committing. */
+void ckpt_retention_wait(ckpt_engine *e, int64_t deadline_ns);
 /* Whether a checkpoint is in flight now (never waits). */
 bool ckpt_busy(ckpt_engine *e);
 /* Tells the engine that `step` is committed (after a restore), so it is not written again. */

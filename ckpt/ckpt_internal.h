@@ -39,6 +39,8 @@ struct ckpt_job {
     int64_t dispatch_ns; /* when the snapshot was handed to the thread */
     double stall_ms;     /* how long the training thread was blocked */
     int rc;              /* how the writer ended it (0: committed), and when (0: not yet) */
+    bool retain;         /* its commit claimed the retention (writer.c W4) */
+    bool published;      /* rc is out (ckpt_wait's answer); only the retention may be left (J6) */
     int64_t done_ns;
     /* What the writer waits for on other ranks (ckpt__describe_wait): CKPT_WAIT_NONE,
        _DIR, _COMMIT, or r >= 1, rank r's shard; and since when. */

@@ -393,7 +393,7 @@ static int commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, const 
     if ((rc = fmt_commit_dir(e->dir, tmpname, final)) != 0)
         goto out;
     if (ckpt__claim_retention(j))
-        ckpt__retain(e->dir, e->keep, j->step);
+        j->retain = true; /* after the result is out (ckpt.c J6) */
     else
         RK_LOG_INFO(RK_SUB_CKPT, "step %" PRId64 " committed; its retention is left to the next commit (a restore may "
                     "read the checkpoints it would remove)", j->step);
@@ -533,6 +533,13 @@ void *ckpt__writer_main(void *arg)
         if (rc != 0 && !ckpt__abandoned(&e->job))
             ckpt__note_failure(e, e->job.step, rc);
         atomic_store(&e->job.region, NULL); /* W5: staging is not read any more */
+        e->job.published = true;              /* ckpt_wait has its answer (ckpt.c J6) */
+        pthread_cond_broadcast(&e->cv);
+        if (rc == 0 && e->job.retain) {
+            pthread_mutex_unlock(&e->mu);
+            ckpt__retain(e->dir, e->keep, e->job.step); /* W4, the slot still RUNNING */
+            pthread_mutex_lock(&e->mu);
+        }
         e->state = CKPT_IDLE;
         pthread_cond_broadcast(&e->cv);
     }

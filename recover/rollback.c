@@ -143,6 +143,7 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
     size_t n = 0, next = 0;
     int skipped = 0;
     *step = -1;
+    ckpt_retention_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms / 4)); /* ckpt.c J6 */
     int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
     int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
     if (!rc && list)

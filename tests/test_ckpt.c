@@ -518,6 +518,28 @@ START_TEST(retention_rereads_nothing_committed)
 }
 END_TEST
 
+/* An engine (RK_KEEP=1) in a new directory *dir that has committed 2 (v[0] = 2, one tensor
+   t of v), and the fault `rule` armed on paths with `path`, held while the file `hold`
+   exists (made here). */
+static ckpt_engine *committed_2_then(char **dir, char *hold, size_t cap, ckpt_tensor *t, const char *rule,
+                                     const char *path)
+{
+    *dir = th_tmpdir("held");
+    snprintf(hold, cap, "%s.hold", *dir);
+    ckpt_config cfg = {.dir = *dir, .rank = 0, .world = 1, .keep = 1, .timeout_ms = 20000, .nonce = 7};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    ((double *)t->ptr)[0] = 2;
+    th_assert_rc(ckpt_start(e, 2, t, 1), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ck_assert_int_eq(th_write_file(hold, "", 0), 0);
+    setenv("RK_FAULT", rule, 1);
+    setenv("RK_FAULT_PATH", path, 1);
+    setenv("RK_FAULT_HOLD", hold, 1);
+    th_assert_rc(rk__fault_reset(), 0);
+    return e;
+}
+
 /* W4: a restore reads a checkpoint while this engine's commit of a later one is under way
    (it began before ckpt_load abandoned the job, so it completes): that commit's retention
    is left to the next commit, so with RK_KEEP=1 the checkpoint being restored is not
@@ -525,22 +547,12 @@ END_TEST
    (Before: the commit of 4 removed 2 while 2 was being restored.) */
 START_TEST(retention_spares_a_checkpoint_being_restored)
 {
-    char *dir = th_tmpdir("restoring"), hold[4300];
-    snprintf(hold, sizeof(hold), "%s.hold", dir);
-    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 1, .timeout_ms = 20000, .nonce = 7};
-    ckpt_engine *e = NULL;
-    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    char *dir = NULL, hold[4300];
     static double v[4096];
     int64_t shape[1] = {4096};
     ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
-    v[0] = 2;
-    th_assert_rc(ckpt_start(e, 2, &t, 1), 0);
-    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
-    ck_assert_int_eq(th_write_file(hold, "", 0), 0);
-    setenv("RK_FAULT", "rename@0=hang", 1); /* the commit's rename of 4, held */
-    setenv("RK_FAULT_PATH", "/" S4, 1);
-    setenv("RK_FAULT_HOLD", hold, 1);
-    th_assert_rc(rk__fault_reset(), 0);
+    /* the commit's rename of 4, held */
+    ckpt_engine *e = committed_2_then(&dir, hold, sizeof(hold), &t, "rename@0=hang", "/" S4);
     v[0] = 4;
     th_assert_rc(ckpt_start(e, 4, &t, 1), 0);
     for (int i = 0; i < 2000 && rk__fault_count(RK_FAULT_OP_RENAME) == 0; i++) /* its commit began */
@@ -561,8 +573,44 @@ START_TEST(retention_spares_a_checkpoint_being_restored)
     v[0] = 6;
     th_assert_rc(ckpt_start(e, 6, &t, 1), 0);
     th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ckpt_retention_wait(e, rk__deadline_ns(20000)); /* J6: ckpt_wait does not wait for it */
     ck_assert_msg(th_exists(dir, S6) && !th_exists(dir, S4) && !th_exists(dir, S2), "the next retention kept more "
                   "than RK_KEEP=1");
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* J6: ckpt_wait has its answer once the commit is done, not after the retention that
+   follows it: with the retention's removal of 2 held (RK_FAULT=rename@*=hang to its
+   .trash- name), ckpt_wait returns 0 with 4 committed; the next checkpoint waits for the retention as for
+   any job in flight, and a restore waits for it before it lists the directory. (Before:
+   ckpt_wait waited for the removal too, RK_E_TIMEOUT at its deadline.) */
+START_TEST(wait_does_not_wait_for_retention)
+{
+    char *dir = NULL, hold[4300];
+    static double v[4096];
+    int64_t shape[1] = {4096};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    /* 2's removal by the retention after 4's commit, held */
+    ckpt_engine *e = committed_2_then(&dir, hold, sizeof(hold), &t, "rename@*=hang", "/.trash-" S2);
+    v[0] = 4;
+    th_assert_rc(ckpt_start(e, 4, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(20000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(3000)), 0);
+    ck_assert_msg(th_exists(dir, S4) && th_exists(dir, S2), "4 committed, 2 not yet removed");
+    ck_assert(ckpt_busy(e)); /* the retention still runs */
+    unlink(hold);
+    v[0] = 6;
+    th_assert_rc(ckpt_start(e, 6, &t, 1), 0); /* waited for the retention (J2) */
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    unsetenv("RK_FAULT");
+    unsetenv("RK_FAULT_PATH");
+    unsetenv("RK_FAULT_HOLD");
+    th_assert_rc(rk__fault_reset(), 0);
+    ckpt_retention_wait(e, rk__deadline_ns(20000));
+    ck_assert_msg(th_exists(dir, S6) && !th_exists(dir, S4) && !th_exists(dir, S2), "RK_KEEP=1 kept more");
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
     th_rmrf(dir);
     free(dir);
@@ -783,6 +831,7 @@ int main(void)
     tcase_add_test(tc, retention_keeps_newest_verifying);
     tcase_add_test(tc, retention_rereads_nothing_committed);
     tcase_add_test(tc, retention_spares_a_checkpoint_being_restored);
+    tcase_add_test(tc, wait_does_not_wait_for_retention);
     tcase_add_test(tc, timeline_order);
     tcase_add_test(tc, recommit_never_loses_label);
     tcase_add_test(tc, hung_copy_costs_its_bound_once);
