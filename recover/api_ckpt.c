@@ -125,10 +125,12 @@ int rec_ckpt_partnered(const rk_ctx *ctx)
 /* The partner copy (ckpt/snapshot.h S4): every member sends its snapshot's out region (its sharded
    and per-rank pieces) to its right ring neighbour and keeps its left neighbour's. Collective
    over the ring, called by every member at the same points (after every snapshot of a job
-   with such state); a failure leaves no partner copy (recovery then goes to disk). */
+   with such state); a failure leaves no partner copy (recovery then goes to disk). A world
+   of one has no neighbour to hold it for (its loss ends the job): nothing is sent, where
+   it was its own state copied to itself (1 GiB at a sharded rk_resume on one rank). */
 int rec_ckpt_mirror(rk_ctx *ctx)
 {
-    if (!ctx->ckpt || !rec_ckpt_partnered(ctx))
+    if (!ctx->ckpt || !rec_ckpt_partnered(ctx) || ctx->world < 2)
         return 0;
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
     const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
