@@ -292,7 +292,9 @@ int rk_checkpoint(rk_ctx *ctx);
    answering); it stays in flight, and a later rk_wait waits again. A member lost
    meanwhile abandons it at once: nothing of an abandoned checkpoint is ever committed, and
    its abandonment (by a recovery, or by rk_wait seeing the member go) is the event
-   ckpt_failed with "abandoned": true, not an error. */
+   ckpt_failed with "abandoned": true, not an error. The removal of older checkpoints that
+   follows a commit (RK_KEEP) is not waited for: it runs on in the background, and the next
+   checkpoint (or rk_finalize) waits for it as for any checkpoint in flight. */
 int rk_wait(rk_ctx *ctx);
 
 /* This worker's rank in the current ring (dense, renumbered in the old order after a
