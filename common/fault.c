@@ -47,7 +47,7 @@ static const struct {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_bool loaded;
 static struct rule rules[MAX_RULES];
-static int nrules;
+static atomic_int nrules; /* written under lock; read without it only to see that it is 0 */
 static char path_filter[256];
 static atomic_uint_fast64_t counts[RK_FAULT_OP_COUNT + 1];
 
@@ -99,8 +99,8 @@ static int parse_rule(const char *s, size_t len, struct rule *r)
 /* Reads the environment into the table; called with lock held. */
 static int load_locked(void)
 {
-    int rc = 0;
-    nrules = 0;
+    int rc = 0, k = 0;
+    atomic_store(&nrules, 0);
     path_filter[0] = '\0';
     const char *pf = getenv("RK_FAULT_PATH");
     if (pf)
@@ -110,14 +110,14 @@ static int load_locked(void)
         const char *p = spec;
         while (*p) {
             size_t len = strcspn(p, ",");
-            if (nrules == MAX_RULES || parse_rule(p, len, &rules[nrules]) != 0) {
+            if (k == MAX_RULES || parse_rule(p, len, &rules[k]) != 0) {
                 rc = rk__fail(RK_SUB_COMMON, RK_LOG_ERROR, RK_E_OPTION,
                               "RK_FAULT='%s': cannot parse '%.*s' (want OP@N=KIND, at most %d): "
                               "no fault will be injected", spec, (int)len, p, MAX_RULES);
-                nrules = 0;
+                k = 0;
                 break;
             }
-            nrules++;
+            k++;
             p += len;
             if (*p == ',')
                 p++;
@@ -125,6 +125,7 @@ static int load_locked(void)
     }
     for (int i = 0; i <= OP_ANY; i++)
         atomic_store(&counts[i], 0);
+    atomic_store(&nrules, k);
     atomic_store(&loaded, true);
     return rc;
 }
@@ -170,24 +171,31 @@ int rk__fault(enum rk__fault_op op, const char *path)
         return 0;
     bool file_op = rk__fault_is_file_op(op);
     ensure_loaded();
-    if (path_filter[0] && (!path || !strstr(path, path_filter)))
-        return 0;
-    int64_t n = (int64_t)atomic_fetch_add(&counts[op], 1);
-    int64_t n_any = file_op ? (int64_t)atomic_fetch_add(&counts[OP_ANY], 1) : -1;
-    for (int i = 0; i < nrules; i++) {
-        const struct rule *r = &rules[i];
-        int64_t idx = r->op == OP_ANY ? n_any : n;
-        if ((r->op == (int)op || (r->op == OP_ANY && file_op)) && (r->index < 0 || r->index == idx)) {
-            RK_LOG_INFO(RK_SUB_COMMON, "RK_FAULT: injecting %d into %s #%lld of %s", r->fault, op_names[op],
-                        (long long)n, path ? path : "-");
-            if (r->fault == RK_FAULT_HANG) {
-                hold(op, path);
-                return 0; /* released: the operation goes ahead */
-            }
-            return r->fault;
+    /* The table is read under the lock: a test may reset it (rk__fault_reset) while a
+       thread of the library (a writer's retention) still asks. */
+    int fault = 0;
+    int64_t n = -1;
+    pthread_mutex_lock(&lock);
+    if (!path_filter[0] || (path && strstr(path, path_filter))) {
+        n = (int64_t)atomic_fetch_add(&counts[op], 1);
+        int64_t n_any = file_op ? (int64_t)atomic_fetch_add(&counts[OP_ANY], 1) : -1;
+        for (int i = 0, nr = atomic_load(&nrules); i < nr && !fault; i++) {
+            const struct rule *r = &rules[i];
+            int64_t idx = r->op == OP_ANY ? n_any : n;
+            if ((r->op == (int)op || (r->op == OP_ANY && file_op)) && (r->index < 0 || r->index == idx))
+                fault = r->fault;
         }
     }
-    return 0;
+    pthread_mutex_unlock(&lock);
+    if (!fault)
+        return 0;
+    RK_LOG_INFO(RK_SUB_COMMON, "RK_FAULT: injecting %d into %s #%lld of %s", fault, op_names[op], (long long)n,
+                path ? path : "-");
+    if (fault == RK_FAULT_HANG) {
+        hold(op, path); /* outside the lock: the others go on */
+        return 0;       /* released: the operation goes ahead */
+    }
+    return fault;
 }
 
 int rk__fault_apply(int fault)
@@ -213,7 +221,7 @@ static int point_of(const char *op)
 void rk__fault_point(const char *op)
 {
     ensure_loaded();
-    if (nrules == 0)
+    if (atomic_load_explicit(&nrules, memory_order_relaxed) == 0)
         return; /* the common case, on the ring's hot path: nothing asked for */
     int i = point_of(op);
     if (i >= 0 && rk__fault((enum rk__fault_op)i, NULL) == RK_FAULT_CRASH)
@@ -223,7 +231,7 @@ void rk__fault_point(const char *op)
 int rk__fault_fail(const char *op)
 {
     ensure_loaded();
-    if (nrules == 0)
+    if (atomic_load_explicit(&nrules, memory_order_relaxed) == 0)
         return 0;
     int i = point_of(op), f = i >= 0 ? rk__fault((enum rk__fault_op)i, NULL) : 0;
     return f ? rk__fault_apply(f) : 0;

@@ -138,6 +138,7 @@ int main(int argc, char **argv)
                 fill(buf[t], nbytes_of(&specs[t]), t, s + 1, seed);
             if ((rc = rk_step_done(ctx, s)) < 0)
                 return fail("rk_step_done", rc);
+            rk_before_update(ctx); /* the step's snapshot may still be copying (rekindle.h) */
             for (size_t t = 0; t < n; t++) /* must not reach the checkpoint */
                 memset(buf[t], 0xA5, nbytes_of(&specs[t]));
         }
