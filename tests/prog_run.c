@@ -129,6 +129,11 @@ int main(int argc, char **argv)
         if (strcmp(rank, "0") != 0)
             return 3;
         pid_t wrapper = getppid();
+        /* Its wrapper may not have made its beat file yet: stopped before that, no beat of
+           this rank would ever be seen (the launch then ended as for a silent worker). */
+        struct timespec poll = {0, 10 * 1000 * 1000};
+        for (int i = 0; i < 1000 && access(beat, F_OK) != 0; i++)
+            nanosleep(&poll, NULL);
         kill(wrapper, SIGSTOP);
         struct timespec past[2] = {{946684800, 0}, {946684800, 0}}, tick = {0, 200 * 1000 * 1000};
         for (int i = 0; i < 40; i++) {
