@@ -44,6 +44,14 @@
  *      what retention drops with the slot still RUNNING (a new job waits for it as for
  *      any job in flight, J2; ckpt_destroy too). A restore waits for that retention first,
  *      bounded (ckpt_retention_wait), so that it never lists a checkpoint being removed.
+ *  J7  Whether a label is committed already is rank 0's to say: a member may not know of a
+ *      commit it took part in (its job was abandoned by a change of membership while it
+ *      waited for the commit that rank 0 went on to make, J5), so members can differ. Rank 0
+ *      asked for a label it committed makes no attempt and says so in the attempt's
+ *      directory (note COMMITTED); a member that started the attempt counts the step as
+ *      committed when it reads the note. Asked again after waiting for the job in flight,
+ *      which may be the one that committed it. (Before: rank 0 skipped silently and the
+ *      other member waited out its timeout for a directory that never came.)
  *
  * States of the job slot and the function for each transition:
  *
@@ -422,13 +430,27 @@ static int not_started(ckpt_engine *e, int64_t step, int rc)
     return rc;
 }
 
+/* A label committed already: no attempt; rank 0 tells the others (J7). */
+static int known(ckpt_engine *e, int64_t step)
+{
+    pthread_mutex_lock(&e->mu);
+    bool lead = e->rank == 0 && e->world > 1;
+    uint64_t nonce = e->nonce;
+    pthread_mutex_unlock(&e->mu);
+    if (lead)
+        ckpt__note_known(e, step, nonce);
+    return 0;
+}
+
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
     int64_t t0 = rk__mono_ns();
     if (step == ckpt_last_committed(e))
-        return 0; /* already committed under this label */
+        return known(e, step); /* already committed under this label */
     struct ckpt_job_copy jc = {.at = NULL};
     int rc = wait_turn(e, step, t0);
+    if (!rc && step == ckpt_last_committed(e))
+        return known(e, step); /* by the job it waited for */
     if (!rc)
         rc = plan(e, t, n);
     jc.at = e->at;

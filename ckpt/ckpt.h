@@ -88,8 +88,8 @@ int ckpt_clean_dir(const char *dir);
    written, waits for it up to timeout_ms / 4 (event ckpt_delayed), then skips this one
    (RK_E_BUSY, logged, event ckpt_skipped naming what the writer is stuck in). A rank that
    skips or cannot start a checkpoint says so in the attempt's directory, so the others
-   stop waiting for its shard at once. A label already committed by this engine is
-   skipped (returns 0). */
+   stop waiting for its shard at once. A label already committed is skipped (returns 0):
+   rank 0 decides, and says so to the others in the attempt's directory (ckpt.c J7). */
 int ckpt_start(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* A snapshot of t[0..n) held in memory as `step`, not written to disk (RK_SNAPSHOT_EVERY):
    the copy into staging as for ckpt_start (not waited for here; ckpt_copied), into the

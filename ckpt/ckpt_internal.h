@@ -95,7 +95,7 @@ struct ckpt_engine {
     char dropped[8][64]; /* the attempts it abandoned, newest last (at most 8 kept), */
     int ndropped;        /* removed at the end of the job: nobody commits them */
     char skipped[64];    /* rank 0: the attempt of its last skip note ("": none) */
-    int64_t skipped_step, skipped_ns;
+    int64_t skipped_ns;
     int64_t last_committed;
 
     uint64_t epoch;      /* the current membership's (ckpt_set_membership) */
@@ -135,6 +135,10 @@ bool ckpt__claim_retention(struct ckpt_job *j);
    its note; another rank waits for rank 0's (bounded), and notes nothing if it never comes.
    Rank 0 remembers the attempt (e->skipped) for ckpt__drop_skipped. */
 void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why);
+/* Rank 0: the label `step` is committed already, so the attempt with `nonce` is not made
+   (ckpt.c J7): says so in its temporary directory (as ckpt__note_skip, remembered for
+   ckpt__drop_skipped), and the other ranks count the step as committed. */
+void ckpt__note_known(ckpt_engine *e, int64_t step, uint64_t nonce);
 /* At the end of the job, rank 0: the attempt it skipped last, if newer than its last job,
    was made only for the skip note and no one commits it: removed once its note was written
    (bounded by deadline) and had a quarter of a second to be read. */

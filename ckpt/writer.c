@@ -180,9 +180,10 @@ static void backoff(int64_t *ns)
         *ns *= 2;
 }
 
-/* A failure note in the temporary directory: `name` is FAILED (rank 0: this attempt will
-   not be committed) or FAILED-<rank> (that rank's shard will not come). The first word is
-   the attempt's nonce, so a note left by another attempt at the same step is ignored. */
+/* A note in the temporary directory: `name` is FAILED (rank 0: this attempt will not be
+   committed), FAILED-<rank> (that rank's shard will not come) or COMMITTED (rank 0: the
+   step is committed already, this attempt is not made: ckpt.c J7). The first word is the
+   attempt's nonce, so a note left by another attempt at the same step is ignored. */
 static void write_note(const char *tmpdir, const char *name, uint64_t nonce, const char *why)
 {
     char path[SUB_CAP];
@@ -195,7 +196,7 @@ static void write_note(const char *tmpdir, const char *name, uint64_t nonce, con
 }
 
 /* Whether tmpdir holds the note `name` of this attempt; its reason goes to why. */
-static bool failure_noted(const char *tmpdir, const char *name, uint64_t nonce, char *why, size_t cap)
+static bool noted(const char *tmpdir, const char *name, uint64_t nonce, char *why, size_t cap)
 {
     char path[SUB_CAP], line[512] = "";
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
@@ -270,7 +271,9 @@ static void *skip_note_thread(void *arg)
     return NULL;
 }
 
-void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why)
+/* The note `name` of the attempt (step, nonce), written by a short-lived thread (rank 0
+   creates the directory for it; another rank waits for rank 0's). */
+static void note(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *name, const char *why)
 {
     bool idle = false;
     if (!atomic_compare_exchange_strong(&note_busy, &idle, true))
@@ -285,14 +288,13 @@ void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, con
     }
     fmt_tmp_name(tmpname, sizeof(tmpname), step, nonce);
     snprintf(n->tmpdir, sizeof(n->tmpdir), "%s/%s", e->dir, tmpname);
-    snprintf(n->name, sizeof(n->name), rank == 0 ? "FAILED" : "FAILED-%d", rank);
+    snprintf(n->name, sizeof(n->name), "%s", name);
     snprintf(n->why, sizeof(n->why), "%s", why);
     n->nonce = nonce;
     n->deadline = rank == 0 ? 0 : rk__deadline_ns(e->timeout_ms);
     if (rank == 0) {
         pthread_mutex_lock(&e->mu);
         snprintf(e->skipped, sizeof(e->skipped), "%s", tmpname);
-        e->skipped_step = step;
         e->skipped_ns = rk__mono_ns();
         pthread_mutex_unlock(&e->mu);
     }
@@ -305,12 +307,36 @@ void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, con
     pthread_attr_destroy(&a);
 }
 
+void ckpt__note_skip(ckpt_engine *e, int64_t step, int rank, uint64_t nonce, const char *why)
+{
+    char name[32];
+    snprintf(name, sizeof(name), rank == 0 ? "FAILED" : "FAILED-%d", rank);
+    note(e, step, rank, nonce, name, why);
+}
+
+void ckpt__note_known(ckpt_engine *e, int64_t step, uint64_t nonce)
+{
+    note(e, step, 0, nonce, "COMMITTED", "this step is committed already");
+}
+
+/* Rank 0 said, in the attempt's directory, that the step is committed already (ckpt.c
+   J7): this attempt is not made, and the step counts as committed here too. */
+static bool known_committed(struct ckpt_job *j, const char *tmpdir)
+{
+    char why[512];
+    if (!noted(tmpdir, "COMMITTED", j->m.nonce, why, sizeof(why)))
+        return false;
+    RK_LOG_INFO(RK_SUB_CKPT, "step %" PRId64 ": rank 0 says it is committed already (%s): not written again", j->step,
+                why);
+    return true;
+}
+
 void ckpt__drop_skipped(ckpt_engine *e, int64_t deadline_ns)
 {
     pthread_mutex_lock(&e->mu);
     char name[sizeof(e->skipped)];
     snprintf(name, sizeof(name), "%s", e->skipped);
-    bool newer = name[0] && (!e->job.tmpname[0] || e->skipped_step > e->job.step);
+    bool newer = name[0] && (!e->job.tmpname[0] || e->skipped_ns > e->job.dispatch_ns); /* the same step too (J7) */
     int64_t left = e->skipped_ns + 250 * 1000000LL - rk__mono_ns();
     pthread_mutex_unlock(&e->mu);
     if (!newer)
@@ -347,7 +373,7 @@ static int gather(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir, fmt_ma
                 return abandoned(j);
             if (attempt_gone(tmpdir))
                 return removed(j, tmpdir);
-            if (failure_noted(tmpdir, note, j->m.nonce, why, sizeof(why)))
+            if (noted(tmpdir, note, j->m.nonce, why, sizeof(why)))
                 return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED, "step %" PRId64 ": rank %d could not write its shard: %s",
                                 j->step, r, why);
             if (rk__deadline_passed(deadline))
@@ -427,9 +453,11 @@ static int await_commit(ckpt_engine *e, struct ckpt_job *j, const char *tmpdir)
             return abandoned(j);
         if (gone)
             return removed(j, tmpdir);
-        if (failure_noted(tmpdir, "FAILED", j->m.nonce, why, sizeof(why)))
+        if (noted(tmpdir, "FAILED", j->m.nonce, why, sizeof(why)))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_ABORTED,
                             "step %" PRId64 ": rank 0 could not commit the checkpoint: %s", j->step, why);
+        if (known_committed(j, tmpdir))
+            return 0;
         if (rk__deadline_passed(deadline))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                             "step %" PRId64 ": no commit by rank 0 within %d ms", j->step, 2 * e->timeout_ms + 1000);
@@ -464,6 +492,8 @@ static int persist(ckpt_engine *e, struct ckpt_job *j)
     int rc = j->m.rank == 0 ? fmt_io_mkdir(tmpdir) : await_dir(e, j, tmpdir);
     if (j->m.rank != 0 && rc)
         return rc;
+    if (j->m.rank != 0 && known_committed(j, tmpdir))
+        return 0; /* its note may also come while this shard is written: await_commit */
     if (rc && rc != -EEXIST)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, rc, "step %" PRId64 ": mkdir %s: %s", j->step, tmpdir, strerror(-rc));
     snprintf(path, sizeof(path), "%s/shard-%d.h5", tmpdir, j->m.rank);

@@ -414,6 +414,51 @@ START_TEST(survivor_removes_abandoned_attempt_of_dead_rank0)
 }
 END_TEST
 
+/* J7: rank 1's job of step 0 wrote its shard and was abandoned by a change of membership
+   while it waited for the commit, which rank 0 then made (its commit began first, J5).
+   Under the new membership both are asked for step 0 again: rank 0 knows it committed,
+   rank 1 does not. Rank 1's attempt ends at once as committed, told so by rank 0, and
+   nothing is left but the checkpoint. (Before: rank 0 skipped silently, rank 1 waited out
+   its timeout for rank 0's directory and reported a failed checkpoint; seen as a
+   survivor's "gave up waiting for the checkpoint writer" after a loss in rk-train's final
+   allgather.) */
+START_TEST(committed_label_rank0_alone_knows_is_not_retaken)
+{
+    char *dir = th_tmpdir("known"), path[4400], name[64];
+    fmt_tmp_name(name, sizeof(name), 0, 7); /* start_one_of_two: step 0, nonce 7 */
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0755), 0); /* rank 0's, made before rank 0's writer got to it */
+    ckpt_engine *e1 = start_one_of_two(dir, 1, 3000);
+    strncat(path, "/shard-1.ok", sizeof(path) - strlen(path) - 1);
+    for (int i = 0; i < 500 && access(path, F_OK) != 0; i++) /* its shard is in: it waits for rank 0 */
+        rk__sleep_ns(10 * 1000000LL);
+    ck_assert_msg(access(path, F_OK) == 0, "rank 1 never wrote %s", path);
+    ckpt_set_membership(e1, 1, 2, 1);
+    th_assert_rc(ckpt_wait(e1, rk__deadline_ns(10000)), 0); /* abandoned: not a failure */
+    ckpt_engine *e0 = start_one_of_two(dir, 0, 3000);
+    th_assert_rc(ckpt_wait(e0, rk__deadline_ns(10000)), 0);
+    ck_assert_int_eq(ckpt_last_committed(e0), 0);
+    ck_assert_int_eq(ckpt_last_committed(e1), -1);
+    ckpt_set_membership(e0, 0, 2, 1);
+    ckpt_tensor t = {.name = "w", .ptr = two_rank_v, .dtype = RK_F64, .ndim = 1, .shape = two_rank_shape,
+                     .nbytes = sizeof(two_rank_v)};
+    th_assert_rc(ckpt_start(e0, 0, &t, 1), 0);
+    th_assert_rc(ckpt_start(e1, 0, &t, 1), 0);
+    int rc = ckpt_wait(e1, rk__deadline_ns(10000));
+    ck_assert_msg(rc == 0, "rank 1's second attempt at step 0: %d (%s), want 0: rank 0 says it is committed", rc,
+                  rk_last_error());
+    ck_assert_int_eq(ckpt_last_committed(e1), 0);
+    th_assert_rc(ckpt_wait(e0, rk__deadline_ns(10000)), 0);
+    th_assert_rc(ckpt_destroy(&e1, rk__deadline_ns(10000)), 0);
+    th_assert_rc(ckpt_destroy(&e0, rk__deadline_ns(10000)), 0);
+    char *out = entries(dir, "-v '^\\.probe'");
+    ck_assert_msg(strcmp(out, "step-000000000000\n") == 0, "left in the directory: %s", out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
    was; the output goes to *out. */
 static void resume_untouched(const char *dir, const char *extra, char **out)
@@ -828,6 +873,7 @@ int main(void)
     tcase_add_loop_test(tc, skipped_last_attempt_leaves_nothing, 0, 2);
     tcase_add_loop_test(tc, lost_member_abandons_the_job_waited_for, 0, 2);
     tcase_add_test(tc, survivor_removes_abandoned_attempt_of_dead_rank0);
+    tcase_add_test(tc, committed_label_rank0_alone_knows_is_not_retaken);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, failure_superseded_by_a_later_commit);
     tcase_add_test(tc, h5py_reads_index);
