@@ -99,9 +99,11 @@ int th_train_kill_replay(const char *dir, int world, int steps, const char *args
                          int timeout_s, char **out);
 
 /* rk-train --steps STEPS ARGS through `rekindle run -n 3 --spares 1`, checkpoints every 50
-   steps in dir/ck, events in dir/ev.*; with kill_one, rank 1 is SIGKILLed once checkpoint
-   100 is committed. Asserts the script ran; *out: "exit=N", the job's output, the events
-   spare_joined. */
+   steps in dir/ck, events in dir/ev.*; with kill_one, rank 1 SIGKILLs itself in its
+   TH_SPARE_KILL_AT-th rk_allreduce (RK_FAULT=allreduce@N=crash: at least one a step, so
+   before the end of a job of more steps). Asserts the script ran; *out: "exit=N", the
+   job's output, the events spare_joined. */
+#define TH_SPARE_KILL_AT 240
 void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out);
 
 /* rk-train --steps STEPS ARGS under an elastic `rekindle run` (--max-np 3, a cool-down
