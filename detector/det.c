@@ -214,6 +214,7 @@ static const char *event_name(int kind)
     case DET_EV_DEAD: return "peer_dead";
     case DET_EV_LEFT: return "peer_left";
     case DET_EV_FENCED: return "fenced";
+    case DET_EV_ADMIT: return "admit_asked";
     default: return "view_installed";
     }
 }
@@ -253,6 +254,10 @@ static void publish(det *d, det_event *e)
         break;
     case DET_EV_VIEW:
         RK_EVENT(d->cfg.ev, name, RK_EV_I("epoch", e->epoch), RK_EV_I("world", d->view.nmembers));
+        break;
+    case DET_EV_ADMIT:
+        RK_LOG_INFO(RK_SUB_DET, "spare %d asked to join the ring: epoch %llu", e->peer, (unsigned long long)e->epoch);
+        RK_EVENT(d->cfg.ev, name, RK_EV_I("peer", e->peer), RK_EV_I("epoch", e->epoch));
         break;
     default:
         RK_LOG_INFO(RK_SUB_DET, "%s: peer %d (%.0f ms silent), epoch %llu", name, e->peer, e->after_ms,
@@ -502,6 +507,17 @@ int det_install_view(det *d, const det_view *v)
         return -EINVAL;
     pthread_mutex_lock(&d->mu);
     int rc = detp_install_view(d->proto, v, rk__mono_ns());
+    flush(d);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+int det_admit(det *d, int slot)
+{
+    if (!d || !d->started)
+        return -EINVAL;
+    pthread_mutex_lock(&d->mu);
+    int rc = detp_admit(d->proto, slot, rk__mono_ns());
     flush(d);
     pthread_mutex_unlock(&d->mu);
     return rc;

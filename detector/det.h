@@ -70,6 +70,8 @@ enum det_event_kind {
     DET_EV_LEFT,          /* peer left cleanly (det_close): removed from the view */
     DET_EV_FENCED,        /* this worker was declared dead: it stopped sending */
     DET_EV_VIEW,          /* recovery installed a new view */
+    DET_EV_ADMIT,         /* a member asked that spare `peer` join the ring as an additional
+                             member (det_admit: growth in place); the member set is unchanged */
 };
 
 typedef struct det_event {
@@ -127,6 +129,10 @@ bool det_fenced(const det *d);
 /* Recovery agreed on a new membership (epoch must exceed the current one; it may add
    spares, never a rank declared dead). Returns 0, -EINVAL, or RK_E_FENCED. */
 int det_install_view(det *d, const det_view *v);
+/* Asks every member that spare `slot` join the ring as an additional member (growth in
+   place, det_proto.c I11): each member's detector bumps its epoch and emits DET_EV_ADMIT,
+   this one's included. 0 (also if asked already), -EINVAL, RK_E_FENCED. */
+int det_admit(det *d, int slot);
 void det_stats_get(const det *d, det_stats *out);
 /* Where a spare listens, once known (before det_install_view makes it a member). */
 int det_set_addr(det *d, int slot, const det_addr *a);

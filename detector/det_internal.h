@@ -32,6 +32,10 @@ enum detm_type {
 /* detm_decl.silence_ms: this bit set (and not all bits: a clean leave) means the death was
    learned from the worker's parent (DETM_DEATH), not from its silence. */
 #define DETM_DECL_PARENT 0x80000000u
+/* detm_decl.silence_ms of a request that spare `rank` join the members (growth in place,
+   det_proto.c I11): no change of the member set. A silence is clamped below it. */
+#define DETM_DECL_ADMIT 0xfffffffeu
+#define DETM_DECL_MAX_MS 0x7ffffff0u
 
 /* A membership change: rank `rank` is out (dead, or left when `left`). */
 typedef struct detm_decl {
@@ -77,6 +81,9 @@ int detp_pop_event(detp *p, det_event *ev);
 void detp_view(const detp *p, det_view *out);
 bool detp_fenced(const detp *p);
 int detp_install_view(detp *p, const det_view *v, int64_t now);
+/* This member asks that spare r join the members (I11): 0 (also when r was asked already),
+   -EINVAL (r not a member, or self), RK_E_FENCED. */
+int detp_admit(detp *p, int r, int64_t now);
 /* Diagnostics for tests: the silence timeout (ns) now applied to observed peer r, or -1
    if this member does not observe r; and r's state (enum below). */
 int64_t detp_timeout_ns(const detp *p, int r);

@@ -45,6 +45,13 @@
  *       is never reported (the parent reports only an end), so hangs, lost hosts and
  *       partitions go through I2 exactly as before; whichever way comes first declares,
  *       the other then finds the rank out (I4) and does nothing.
+ *   I11 A request that a spare join the members as an additional one (growth in place,
+ *       detp_admit) travels as a declaration (DETM_DECL_ADMIT, disseminated and
+ *       acknowledged as I5's) that changes no member set: every member that applies it
+ *       bumps the epoch once and emits ADMIT, so the training threads of all members learn
+ *       it as they learn a death, and recovery (recover/recovery.c) agrees on the ring
+ *       with the spare in it. A spare is asked at most once per life of the detector; the
+ *       declaration of a rank out of the view, or of one asked already, does nothing.
  *   I10 A fenced member's next deadline is always ahead of the last tick: detp_tick moves
  *       it a period on and detp_next_deadline no longer counts the peers' silence (their
  *       clocks stopped at the fencing), so det.c's thread sleeps a period a turn, draining
@@ -90,6 +97,7 @@ struct peer {
     uint64_t probe_nonce;
     int64_t last_notice;     /* last "you are dead" sent to it */
     int ack_idx;             /* log entries [0, ack_idx) known delivered to it */
+    bool admit;              /* asked to join the ring as an additional member (I11) */
 };
 
 struct vec {
@@ -107,7 +115,8 @@ struct detp {
     bool fenced, leaving;
     int64_t next_hb, last_tick;
     int succ[3], nsucc;      /* heartbeat targets */
-    detm_decl *log;          /* declarations applied, in local order */
+    detm_decl *log;          /* declarations applied, in local order: each rank goes out
+                                once and is asked to join once (I4, I11): 2 nslots at most */
     int nlog;
     uint64_t rng;
     struct vec out, ev;
@@ -283,6 +292,15 @@ static void sample_hb(detp *p, struct peer *q, int64_t now)
 static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
 {
     int r = (int)d->rank;
+    if (d->silence_ms == DETM_DECL_ADMIT) { /* I11: news, not a change of the member set */
+        if (!is_member(p, r) || p->peers[r].admit)
+            return false;
+        p->peers[r].admit = true;
+        p->epoch++;
+        p->log[p->nlog++] = *d;
+        emit(p, DET_EV_ADMIT, r, 0, 0);
+        return true;
+    }
     bool left = d->silence_ms == LEFT_MARK, parent = !left && (d->silence_ms & DETM_DECL_PARENT);
     if (r == p->cfg.self) {
         if (!left && !p->fenced) { /* I6 */
@@ -299,11 +317,23 @@ static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
     q->observed = false;
     p->nmembers--;
     p->epoch++;
-    p->log[p->nlog++] = *d; /* each rank goes out once: nlog < nslots */
+    p->log[p->nlog++] = *d; /* each rank goes out once: nlog < 2 nslots (I11) */
     ring_recompute(p, now);
     emit(p, left ? DET_EV_LEFT : DET_EV_DEAD, r, left ? 0 : (double)(d->silence_ms & ~DETM_DECL_PARENT),
          parent ? DET_VIA_PARENT : DET_VIA_SILENCE);
     return true;
+}
+
+/* The declarations just applied, to every member at once (I5). */
+static void tell_all(detp *p)
+{
+    for (int j = 0; j < p->cfg.nslots; j++) {
+        if (j != p->cfg.self && is_member(p, j)) {
+            detm m;
+            msg_init(p, &m, DETM_DECL, j);
+            send_msg(p, &m);
+        }
+    }
 }
 
 /* This member declares r dead, for its silence or on its parent's report (I9), and tells
@@ -312,17 +342,23 @@ static void declare(detp *p, int r, int64_t now, bool parent)
 {
     /* the silence of a peer this member does not observe means nothing: 0 */
     int64_t silence = p->peers[r].observed ? now - p->peers[r].last_heard : 0;
-    uint32_t ms = (uint32_t)(silence / 1000000) & ~DETM_DECL_PARENT;
+    int64_t ms64 = silence / 1000000;
+    uint32_t ms = ms64 < DETM_DECL_MAX_MS ? (uint32_t)ms64 : DETM_DECL_MAX_MS; /* never a mark */
     detm_decl d = {.rank = (uint32_t)r, .silence_ms = ms | (parent ? DETM_DECL_PARENT : 0)};
-    if (!apply_decl(p, &d, now))
-        return;
-    for (int j = 0; j < p->cfg.nslots; j++) {
-        if (j != p->cfg.self && is_member(p, j)) {
-            detm m;
-            msg_init(p, &m, DETM_DECL, j);
-            send_msg(p, &m);
-        }
-    }
+    if (apply_decl(p, &d, now))
+        tell_all(p);
+}
+
+int detp_admit(detp *p, int r, int64_t now)
+{
+    if (p->fenced)
+        return RK_E_FENCED;
+    if (r < 0 || r >= p->cfg.nslots || r == p->cfg.self || !is_member(p, r))
+        return -EINVAL;
+    detm_decl d = {.rank = (uint32_t)r, .silence_ms = DETM_DECL_ADMIT};
+    if (apply_decl(p, &d, now))
+        tell_all(p);
+    return 0;
 }
 
 /* Tells a rank we hold dead that it is (I6), at most once per period. */
@@ -333,7 +369,7 @@ static void notify_dead(detp *p, int r, int64_t now)
         return;
     q->last_notice = now;
     for (int i = 0; i < p->nlog; i++) {
-        if ((int)p->log[i].rank == r) {
+        if ((int)p->log[i].rank == r && p->log[i].silence_ms != DETM_DECL_ADMIT) {
             detm m;
             msg_init(p, &m, DETM_DECL, r);
             m.decl[m.ndecl++] = p->log[i];
@@ -350,7 +386,8 @@ static void got_ack(detp *p, const detm *m)
     while (q->ack_idx < p->nlog) {
         bool acked = false;
         for (int i = 0; i < m->ndecl && !acked; i++)
-            acked = m->decl[i].rank == p->log[q->ack_idx].rank;
+            acked = m->decl[i].rank == p->log[q->ack_idx].rank &&
+                    m->decl[i].silence_ms == p->log[q->ack_idx].silence_ms; /* a rank twice: I11 */
         if (!acked)
             break;
         q->ack_idx++;
@@ -562,7 +599,7 @@ int detp_create(detp **out, const detp_cfg *cfg, int64_t now)
     if (!p)
         return -ENOMEM;
     p->peers = calloc((size_t)cfg->nslots, sizeof(*p->peers));
-    p->log = calloc((size_t)cfg->nslots, sizeof(*p->log));
+    p->log = calloc(2 * (size_t)cfg->nslots, sizeof(*p->log));
     if (!p->peers || !p->log) {
         detp_destroy(&p);
         return -ENOMEM;

@@ -224,14 +224,16 @@ static void note_loss(rk_ctx *ctx, int64_t t_real_ns)
     ctx->loss_ns = rk__mono_ns() - (ago > 0 ? ago : 0);
 }
 
-/* A member of the agreed view declared dead, or this worker fenced, since the last
-   agreement. A clean leave (a peer that finished and called rk_finalize) is not one: a
-   member that completed a collective may leave before its peers have received what it
-   already sent, and they must be allowed to finish. */
+/* A member of the agreed view declared dead, this worker fenced, or a waiting spare asked
+   to join as an additional member (growth in place), since the last agreement. A clean
+   leave (a peer that finished and called rk_finalize) is not one: a member that completed
+   a collective may leave before its peers have received what it already sent, and they
+   must be allowed to finish. */
 bool rec_membership_changed(rk_ctx *ctx)
 {
     if (!ctx->det)
         return false;
+    rec_grow_poll(ctx); /* growth in place asked by the launcher (recovery.c G2) */
     uint64_t s = det_seq(ctx->det);
     if (s == ctx->seen_seq)
         return ctx->change_pending;
@@ -239,7 +241,8 @@ bool rec_membership_changed(rk_ctx *ctx)
     det_event ev;
     uint64_t lost = 0;
     while (det_next_event(ctx->det, &ev, &lost) == 1) {
-        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_view(ctx, ev.peer))) {
+        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_view(ctx, ev.peer)) ||
+            (ev.kind == DET_EV_ADMIT && rec_grow_admit(ctx, ev.peer))) { /* growth: recovery.c G1 */
             ctx->change_pending = true;
             note_loss(ctx, ev.t_ns);
         }

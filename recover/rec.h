@@ -23,6 +23,8 @@ typedef struct rec_report {
                                its right neighbour's memory only */
     int64_t older_step;     /* step of the older generation it holds whole (ckpt/snapshot.h S6),
                                offered like held_step; -1: none */
+    int grow;               /* spares this survivor knows were asked to join as additional
+                               members (growth in place: recovery.c G1), still waiting and alive */
 } rec_report;
 
 enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };
@@ -34,7 +36,8 @@ typedef struct rec_decision {
     int source;                 /* enum rec_source */
     int root;                   /* REC_FROM_MEMORY: the lowest member holding the snapshot */
     int all_hold;               /* REC_FROM_MEMORY: 1 if every member holds it (no transfer) */
-    int joined;                 /* spares brought in (add_spares): members that hold no state yet */
+    int joined;                 /* spares brought in (add_spares): members that hold no state yet,
+                                   in lost members' places or, asked to grow, beyond them */
     int64_t steps_lost;         /* max next_step of the survivors minus step */
     int nmembers;
     int members[REC_MAX_WORLD]; /* ranks at start, ascending: new rank i is members[i];

@@ -69,6 +69,10 @@ struct rk_ctx {
     /* recovery (recover/recovery.c) */
     int *view, nview;         /* the agreed members, ranks at start, ascending */
     int *spares, nspares;     /* spare workers not used yet, ranks at start (RK_SPARES) */
+    bool *admit;              /* by rank at start (world0): a spare asked to join as an additional
+                                 member, known from the detector (DET_EV_ADMIT; recovery.c G1) */
+    char *grow_file;          /* RK_RUN_RECORDS/grow-to: the world the launcher asks for (G2) */
+    int64_t grow_poll_ns;     /* CLOCK_MONOTONIC of the next look at it */
     bool is_spare;            /* this worker waits in rk_resume until recovery needs it */
     uint64_t agreed_epoch;    /* the detector epoch of that view */
     uint64_t seen_seq;        /* det_seq() when last looked at */
@@ -164,6 +168,14 @@ int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag);
 int rec_msg_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline);
 void rec_msgs_progress(rk_ctx *ctx);
 void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
+/* Growth in place (recovery.c G1-G4). rec_grow_poll: on the lowest member, at most every
+   REC_GROW_POLL_NS, reads the world the launcher asks for and asks the detector to admit
+   as many waiting spares (det_admit). rec_grow_admit: a DET_EV_ADMIT of spare `slot` was
+   read: true if it still waits (a membership change to agree on, as a loss is). */
+#define REC_GROW_POLL_NS (50 * 1000000LL)
+#define REC_GROW_FILE "grow-to"
+void rec_grow_poll(rk_ctx *ctx);
+bool rec_grow_admit(rk_ctx *ctx, int slot);
 /* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
    ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
 int rec_spare_wait(rk_ctx *ctx);

@@ -51,6 +51,31 @@
  *      and kept for the life of the process (rk__retain_forever) if a request to a dead
  *      peer may still read it. Received messages land in such a copy too. (R1's sends and
  *      receives and R6 are rec_msg.c's.)
+ *
+ * GROWTH IN PLACE (spares asked to join as additional members; docs/PROTOCOL.md)
+ *   G1 A request to grow is a membership change like a loss, learned the same way by every
+ *      member: a detector declaration (det_admit, detector/det_proto.c I11) that bumps every
+ *      member's epoch and emits DET_EV_ADMIT, so the ring call in flight on each member is
+ *      abandoned (rec_ring_changed) and all of them enter these rounds from the same step,
+ *      on the schedule of R5 from the time the request was learned. Nothing else differs:
+ *      the same reports, decision rule (I1..I6), epochs, fencing and rollback.
+ *   G2 Only the lowest member asks (rec_grow_poll, at most every REC_GROW_POLL_NS): it reads
+ *      the world the launcher wants from RK_RUN_RECORDS/grow-to and asks for as many of the
+ *      spares still waiting and alive as make it up, counting those asked already. The file
+ *      names a size, not a change, so reading it twice asks nothing twice.
+ *   G3 Each report carries how many spares its sender knows were asked and still wait
+ *      alive (rec_report.grow); the coordinator brings in that many live spares (the
+ *      largest count reported) beyond the lost members' places (add_spares), the asked ones
+ *      first. The decision's ring is then N+k, every survivor keeps its process and memory,
+ *      and the spares receive the state as a spare replacing a lost member does
+ *      (rollback.c: the snapshot spread from its root; sharded state by rebuild.c's plan,
+ *      which splits it over the new world).
+ *   G4 A spare that dies, or goes silent, at any point of its join is a loss like any
+ *      other: before the decision it is not brought in (the view no longer holds it);
+ *      during the ring rebuild or the transfer the survivors start a new round (REC_AGAIN)
+ *      that decides without it; in the first allreduce after, the survivors recover from
+ *      it. Each costs the survivors one detection and one round, within R5's bound, and
+ *      they go on at N from the same step.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -149,6 +174,15 @@ int rec_recovery_init(rk_ctx *ctx)
             goto out_fail;
         for (int i = 0; i < ctx->nspares; i++)
             ctx->spares[i] = ctx->world + i;
+        if (!(ctx->admit = calloc((size_t)ctx->world0, sizeof(bool))))
+            goto out_fail;
+        const char *dir = getenv("RK_RUN_RECORDS"); /* G2: under `rekindle run` */
+        if (dir && *dir && !ctx->is_spare) {
+            size_t n = strlen(dir) + sizeof("/" REC_GROW_FILE);
+            if (!(ctx->grow_file = malloc(n)))
+                goto out_fail;
+            snprintf(ctx->grow_file, n, "%s/%s", dir, REC_GROW_FILE);
+        }
     }
     if (ctx->det) {
         det_view v;
@@ -170,6 +204,10 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->spares);
     ctx->spares = NULL;
     ctx->nspares = 0;
+    free(ctx->admit);
+    ctx->admit = NULL;
+    free(ctx->grow_file);
+    ctx->grow_file = NULL;
     rec_msgs_settle(ctx, 0);
     free(ctx->xfers);
     ctx->xfers = NULL;
@@ -262,26 +300,42 @@ static void pump(rk_ctx *ctx, struct rounds *st)
 
 /* ---- one round ------------------------------------------------------------------------- */
 
+/* Spares asked to join (G1) that still wait, alive in v. */
+static int asked_waiting(const rk_ctx *ctx, const det_view *v)
+{
+    int n = 0;
+    for (int i = 0; i < ctx->nspares; i++)
+        n += ctx->admit[ctx->spares[i]] && det_view_has(v, ctx->spares[i]);
+    return n;
+}
+
 static void my_report(rk_ctx *ctx, const det_view *v, rec_report *r)
 {
     r->rank0 = ctx->rank0;
     r->epoch = v->epoch;
     r->next_step = ctx->next_step;
+    r->grow = asked_waiting(ctx, v); /* G3 */
     /* RK_ROLLBACK=disk: offer no snapshot, so the decision restores from disk. */
     rec_ckpt_offer(ctx, strcmp(ctx->opt.rollback, "disk") != 0, r);
 }
 
 /* After the decision rule: live spares take the places of lost members (up to the size of
-   the previous view). Spares have the highest ranks at start, so the list stays ascending. */
-static void add_spares(rk_ctx *ctx, const det_view *v, rec_decision *dec)
+   the previous view) and, asked to grow, `grow` more beyond them (G3), the asked ones first.
+   Spares have the highest ranks at start, so the list stays ascending once sorted. */
+static void add_spares(rk_ctx *ctx, const det_view *v, rec_decision *dec, int grow)
 {
-    for (int i = 0; i < ctx->nspares && dec->nmembers < ctx->nview && dec->nmembers < REC_MAX_WORLD; i++) {
-        if (!det_view_has(v, ctx->spares[i]))
-            continue; /* a spare that died while waiting */
-        dec->members[dec->nmembers++] = ctx->spares[i];
-        dec->all_hold = 0; /* a spare holds no snapshot: it receives the survivors' */
-        dec->joined++;
+    int cap = ctx->nview + grow < REC_MAX_WORLD ? ctx->nview + grow : REC_MAX_WORLD;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < ctx->nspares && dec->nmembers < cap; i++) {
+            int s = ctx->spares[i];
+            if (!det_view_has(v, s) || (pass == 0) != ctx->admit[s] || in_list(dec->members, dec->nmembers, s))
+                continue; /* a spare that died while waiting; the asked ones first */
+            dec->members[dec->nmembers++] = s;
+            dec->all_hold = 0; /* a spare holds no snapshot: it receives the survivors' */
+            dec->joined++;
+        }
     }
+    qsort(dec->members, (size_t)dec->nmembers, sizeof(int), rk__cmp_int);
 }
 
 /* Sends a decision (or an error: then d names who is missing) to each of `to`, all at
@@ -316,6 +370,7 @@ static int coordinate(rk_ctx *ctx, struct rounds *st, const det_view *v, rec_dec
         goto out_free;
     }
     uint64_t max_epoch = v->epoch;
+    int grow = 0;
     for (int i = 0; i < ctx->nview; i++) {
         if (!st->got[i] || !(det_view_has(v, ctx->view[i]) || ctx->view[i] == ctx->rank0))
             continue; /* a member that died after it reported is not waited for again */
@@ -323,6 +378,8 @@ static int coordinate(rk_ctx *ctx, struct rounds *st, const det_view *v, rec_dec
         rep[nrep++] = st->rep[i];
         if (st->rep[i].epoch > max_epoch)
             max_epoch = st->rep[i].epoch;
+        if (st->rep[i].grow > grow)
+            grow = st->rep[i].grow;
     }
     uint64_t epoch = max_epoch + 1 > st->min_epoch ? max_epoch + 1 : st->min_epoch;
     *dec_error = rec_decide(ctx->view, ctx->nview, rep, nrep, ctx->opt.min_world, epoch, dec);
@@ -331,7 +388,7 @@ static int coordinate(rk_ctx *ctx, struct rounds *st, const det_view *v, rec_dec
         goto out_free;
     }
     if (*dec_error == 0) {
-        add_spares(ctx, v, dec);
+        add_spares(ctx, v, dec, grow);
         rc = send_decision(ctx, st, 0, dec, dec->members, dec->nmembers);
     } else {
         dec->nmembers = 0;
@@ -444,6 +501,7 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     free(ctx->view);
     ctx->view = view;
     ctx->nview = dec->nmembers;
+    int grown = dec->nmembers - ctx->nview;
     ctx->agreed_epoch = dec->epoch;
     ctx->is_spare = false;
     int kept = 0; /* spares brought in leave the list of spares */
@@ -475,6 +533,9 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     ctx->world = ring_size(ctx->ring);
     RK_EVENT(ctx->ev, "ring_rebuilt", RK_EV_I("epoch", dec->epoch), RK_EV_I("world", ctx->world),
              RK_EV_D("ms", rk__ms_since(t0)));
+    if (grown > 0) /* G3 */
+        RK_LOG_INFO(RK_SUB_REC, "grown in place by %d: epoch %llu, world %d", grown, (unsigned long long)dec->epoch,
+                    ctx->world);
 
     int from = dec->source;
     rc = rec_ckpt_rollback(ctx, dec, &from); /* sets ctx->next_step */
@@ -710,4 +771,58 @@ void rec_release_spares(rk_ctx *ctx)
         if (rec_msg_send(ctx, token, sizeof(token), ctx->spares[i], REC_TAG_RELEASE) != 0)
             RK_LOG_INFO(RK_SUB_REC, "could not tell spare %d it is not needed (gone?)", ctx->spares[i]);
     rec_msgs_settle(ctx, rk__deadline_ns(1000)); /* all at once, one bound */
+}
+
+/* ---- growth in place (G1, G2) ------------------------------------------------------------ */
+
+bool rec_grow_admit(rk_ctx *ctx, int slot)
+{
+    if (!ctx->admit || slot < 0 || slot >= ctx->world0 || !in_list(ctx->spares, ctx->nspares, slot))
+        return false; /* brought in already (a late event), or no spare at all */
+    ctx->admit[slot] = true;
+    return true;
+}
+
+/* The world asked for in the grow file: > 0, or 0 when there is none (or it says nothing). */
+static int grow_target(const char *path)
+{
+    char buf[32];
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    char *end = NULL;
+    long w = strtol(buf, &end, 10);
+    return end != buf && (*end == '\0' || *end == '\n') && w > 0 && w <= REC_MAX_WORLD ? (int)w : 0;
+}
+
+void rec_grow_poll(rk_ctx *ctx)
+{
+    if (!ctx->grow_file || ctx->nspares == 0 || ctx->is_spare || ctx->rank != 0 || !ctx->det)
+        return;
+    int64_t now = rk__mono_ns();
+    if (now < ctx->grow_poll_ns)
+        return;
+    ctx->grow_poll_ns = now + REC_GROW_POLL_NS;
+    int want = grow_target(ctx->grow_file);
+    det_view v;
+    det_view_get(ctx->det, &v);
+    int more = want - ctx->world - asked_waiting(ctx, &v);
+    for (int i = 0; i < ctx->nspares && more > 0; i++) {
+        int s = ctx->spares[i];
+        if (ctx->admit[s] || !det_view_has(&v, s))
+            continue;
+        int rc = det_admit(ctx->det, s);
+        if (rc != 0) {
+            RK_LOG_WARN(RK_SUB_REC, "growth to %d: asking spare %d to join failed: %s", want, s, rk_strerror(rc));
+            return;
+        }
+        RK_LOG_INFO(RK_SUB_REC, "growth to %d asked (%s): spare %d to join the ring", want, ctx->grow_file, s);
+        ctx->admit[s] = true; /* this detector's own ADMIT event follows */
+        more--;
+    }
 }
