@@ -2,7 +2,8 @@
  * tools/cmd_run.c - `rekindle run`: launches a program on N workers with Open MPI so that
  * survivors outlive a lost worker, and relaunches a job that died as a whole.
  *
- *   rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] -- PROGRAM [ARGS...]
+ *   rekindle run -n N [--spares S [--grow inplace|relaunch]] [--hostfile F] [--max-restarts R]
+ *                -- PROGRAM [ARGS...]
  *
  * This file is the command: its arguments, and the environment of the run (docs/LAUNCHER.md
  * has the user's view): RK_JOB_SECRET (32 random bytes as 64 lowercase hex digits, unless
@@ -41,15 +42,20 @@ enum { MAX_WORKERS = 1 << 16 };
 static void run_usage(FILE *f)
 {
     fprintf(f,
-            "usage: rekindle run -n N [--spares S] [--hostfile F] [--max-restarts R] [--start-timeout SEC] -- PROGRAM [ARGS...]\n"
+            "usage: rekindle run -n N [--spares S [--grow inplace|relaunch]] [--hostfile F] [--max-restarts R]\n"
+            "                    [--start-timeout SEC] -- PROGRAM [ARGS...]\n"
             "       rekindle run --host-discovery-script S [--min-np N] [--max-np M] [-n N] [...] -- PROGRAM\n\n"
             "Launches PROGRAM on N workers with Open MPI (mpirun) so that survivors outlive a\n"
             "lost worker, and relaunches a job that died as a whole so it resumes from its\n"
             "latest checkpoint.\n\n"
             "  -n N              workers (required, >= 1)\n"
             "  --spares S        start S more processes (RK_SPARES=S) that wait outside the ring\n"
-            "                    and take the places of lost workers (needs RK_CKPT_DIR;\n"
-            "                    default 0)\n"
+            "                    and take the places of lost workers, or join as more workers\n"
+            "                    when RK_RUN_DIR/grow asks (its content: how many, default 1)\n"
+            "                    (needs RK_CKPT_DIR; default 0)\n"
+            "  --grow MODE       how a run with spares grows: inplace (default: the spares join\n"
+            "                    the running workers, none restarted) or relaunch (at the next\n"
+            "                    checkpoint, every worker relaunched on the larger world)\n"
             "  --hostfile F      Open MPI hostfile, passed to mpirun (multi-host: set RK_RUN_DIR\n"
             "                    to a directory every host shares)\n"
             "  --max-restarts R  relaunch a job that died up to R times (default 0)\n"
@@ -135,7 +141,12 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
             rc = parse_count(o, v, 1, MAX_WORKERS, &a->n);
         else if (strcmp(o, "--spares") == 0)
             rc = parse_count(o, v, 0, MAX_WORKERS, &a->spares);
-        else if (strcmp(o, "--max-restarts") == 0)
+        else if (strcmp(o, "--grow") == 0) {
+            if (!v || (strcmp(v, "inplace") != 0 && strcmp(v, "relaunch") != 0))
+                return tool_error(TOOL_USAGE, "run: --grow '%s': want inplace or relaunch", v ? v : "");
+            a->grow_relaunch = strcmp(v, "relaunch") == 0;
+            rc = 0;
+        } else if (strcmp(o, "--max-restarts") == 0)
             rc = parse_count(o, v, 0, 1000000, &a->max_restarts);
         else if (strcmp(o, "--hostfile") == 0) {
             if (!v)

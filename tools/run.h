@@ -37,6 +37,7 @@ struct run_args {
     int min_np, max_np;
     double interval_s, cooldown_s, elastic_timeout_s;
     double start_timeout_s; /* --start-timeout: no wrapper beat within it of a launch -> stop */
+    bool grow_relaunch;     /* --grow relaunch: never in place onto spares (tools/run_grow.c) */
 };
 
 /* A records directory held open (tools/records.c: its invariants R1-R3): RK_RUN_DIR, or
@@ -107,7 +108,7 @@ int run_worker(const char *dir, char **prog);
    zombies and this process aside; returns how many there were (tools/run_procs.c). */
 int run_procs_signal(pid_t id, bool by_session, int sig);
 
-/* What an attempt of an elastic run watches while its job runs. */
+/* What an attempt of an elastic run, or of a run with spares, watches while its job runs. */
 struct grow {
     struct elastic *el;
     const struct run_args *a;
@@ -121,11 +122,19 @@ struct grow {
     bool regrow;          /* the job was stopped to grow */
     bool warned_no_ckpt;
     char last_error[256];
+    /* A growth in place onto spares under way (ip_target > 0): the world asked, from
+       ip_from members with ip_joined spares joined before, asked at ip_since. */
+    int ip_target, ip_from, ip_joined;
+    int64_t ip_since;
 };
 
 /* One look, every tick of the launcher while the job runs: true when the job must be
    stopped to grow (tools/run_grow.c). */
 bool grow_tick(struct grow *g);
+/* The same for a run with spares (not elastic): RK_RUN_DIR/grow asks for K more workers
+   (its content, default 1); in place onto the spares waiting, else by a relaunch at the next
+   checkpoint with the held-back slots as workers (g->target workers then). */
+bool grow_spares_tick(struct grow *g);
 /* The size and hostfile of launch k of an elastic run (tools/run_grow.c). */
 int elastic_size(struct run_args *a, struct elastic *el, int first_n, const struct records *run, int k,
                  const sigset_t *watch, char *hostfile, size_t cap);

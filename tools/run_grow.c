@@ -1,10 +1,16 @@
 /*
- * tools/run_grow.c - an elastic `rekindle run` (--host-discovery-script): the size of each
- * launch from the discovered hosts, and the watch over a running job that decides when it
- * grows (docs/LAUNCHER.md, "Elastic jobs").
+ * tools/run_grow.c - a job's growth while it runs (docs/LAUNCHER.md, "Elastic jobs" and
+ * "Growing in place"): an elastic `rekindle run` (--host-discovery-script) sizes each launch
+ * from the discovered hosts and grows by a relaunch at a checkpoint (grow_tick); a run with
+ * spares held back at launch (--spares S) grows when RK_RUN_DIR/grow asks, in place onto the
+ * spares still waiting (grow_spares_tick: the workers keep their processes), or, with
+ * --grow relaunch or no spare waiting, by the same relaunch, the held-back slots then
+ * started as workers. Either way the launcher says which way the growth went.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -14,6 +20,8 @@
 #include "../ckpt/ckpt.h"
 #include "run.h"
 #include "tools.h"
+
+static bool relaunch_tick(struct grow *g, int want, const char *why);
 
 /* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
    interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
@@ -59,23 +67,38 @@ bool grow_tick(struct grow *g)
             g->last_error[0] = '\0';
         }
     }
+    int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
+    if (g->base == -2 && (want <= g->alive || g->alive <= 0))
+        return false;
+    if (g->base == -2 && !g->ckpt_dir) {
+        if (!g->warned_no_ckpt)
+            fprintf(stderr, "rekindle: run: %d slots are free for %d workers, but a job grows from its next "
+                            "checkpoint: set RK_CKPT_DIR\n", free, g->alive);
+        g->warned_no_ckpt = true;
+        return false;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "%d slots free for %d workers", free, g->alive);
+    return relaunch_tick(g, want, why);
+}
+
+/* The growth by a relaunch: decided (base -2) with the newest commit then, and once a
+   checkpoint newer than it is committed, the stop file is written and true returned: stop
+   the job, launch it again on `want` workers. */
+static bool relaunch_tick(struct grow *g, int want, const char *why)
+{
     int64_t newest = -1;
     if (g->base == -2) {
-        int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
-        if (want <= g->alive || g->alive <= 0)
-            return false;
         if (!g->ckpt_dir) {
-            if (!g->warned_no_ckpt)
-                fprintf(stderr, "rekindle: run: %d slots are free for %d workers, but a job grows from its next "
-                                "checkpoint: set RK_CKPT_DIR\n", free, g->alive);
-            g->warned_no_ckpt = true;
+            fprintf(stderr, "rekindle: run: %s, but a job grows by a relaunch from its next checkpoint: set "
+                            "RK_CKPT_DIR (not grown)\n", why);
             return false;
         }
         ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest);
         g->base = newest;
         g->target = want;
-        fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing to %d at the next checkpoint (after "
-                        "step %lld)\n", free, g->alive, want, (long long)newest);
+        fprintf(stderr, "rekindle: run: %s: growing to %d at the next checkpoint (after step %lld)\n", why, want,
+                (long long)newest);
         return false;
     }
     if (ckpt_newest_below(g->ckpt_dir, INT64_MAX, &newest) != 0 || newest <= g->base)
@@ -87,6 +110,136 @@ bool grow_tick(struct grow *g)
        disk): the caller's SIGTERM to mpirun stops the job all the same, slower. */
     rec_touch(g->rec, RUN_STOP_FILE);
     return true;
+}
+
+/* ---- growth in place onto spares held back at launch ------------------------------------ */
+
+/* Worker r's state by its records: ended (a record of its end), joined (a spare that a
+   recovery brought in: joined-<r>, by the library). */
+static bool ended(const struct grow *g, int r)
+{
+    char kind[16], host[64];
+    int code = 0;
+    return rec_read_end(g->rec, r, kind, &code, host);
+}
+
+static bool joined(const struct grow *g, int r)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "joined-%d", r);
+    return rec_exists(g->rec, name);
+}
+
+/* Members alive (workers and joined spares without a record of their end), spares waiting
+   (neither joined nor ended) and spares joined, of this attempt. */
+static void census(const struct grow *g, int *alive, int *waiting, int *in)
+{
+    *alive = *waiting = *in = 0;
+    for (int r = 0; r < g->a->n + g->a->spares; r++) {
+        bool spare = r >= g->a->n, j = spare && joined(g, r), e = ended(g, r);
+        *alive += (!spare || j) && !e;
+        *waiting += spare && !j && !e;
+        *in += j;
+    }
+}
+
+/* RK_RUN_DIR/grow, taken: the workers to add it asks for (its content, default 1), 0 with
+   none. Read relative to the directory, never through a link (records.c R1). */
+static int grow_request(const struct grow *g)
+{
+    int fd = openat(g->run->fd, "grow", O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[32] = "";
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    rec_take(g->run, "grow");
+    buf[n > 0 ? n : 0] = '\0';
+    char *end = NULL;
+    long k = strtol(buf, &end, 10);
+    if (end == buf)
+        return 1; /* empty (touched): one more */
+    if (k < 1 || k > 1 << 16 || (*end && *end != '\n')) {
+        fprintf(stderr, "rekindle: run: RK_RUN_DIR/grow says '%.*s': want the count of workers to add (or "
+                        "nothing: 1); ignored\n", (int)strcspn(buf, "\n"), buf);
+        return 0;
+    }
+    return (int)k;
+}
+
+/* The world the workers grow to, in the attempt's grow-to (recover/recovery.c G2): written
+   whole under another name, then renamed over the last. */
+static int write_target(const struct grow *g, int world)
+{
+    unlinkat(g->rec->fd, ".grow-to", 0);
+    FILE *f = rec_create_file(g->rec, ".grow-to");
+    if (!f)
+        return -errno;
+    bool ok = fprintf(f, "%d\n", world) > 0;
+    ok &= fclose(f) == 0;
+    if (!ok || renameat(g->rec->fd, ".grow-to", g->rec->fd, "grow-to") != 0)
+        return -(errno ? errno : EIO);
+    return 0;
+}
+
+/* The bound on a growth in place: the survivors' recovery rounds (3 of RK_TIMEOUT_MS) and
+   a few seconds for the spares' notes. */
+static int64_t in_place_bound_ns(void)
+{
+    const char *t = getenv("RK_TIMEOUT_MS");
+    long ms = t && *t ? strtol(t, NULL, 10) : 0;
+    return ((ms > 0 ? ms : 30000) * 3 + 5000) * 1000000LL;
+}
+
+bool grow_spares_tick(struct grow *g)
+{
+    int64_t now = rk__mono_ns();
+    int alive, waiting, in;
+    if (g->base != -2)
+        return relaunch_tick(g, g->target, "");
+    if (g->ip_target > 0) { /* a growth in place under way */
+        census(g, &alive, &waiting, &in);
+        if (in - g->ip_joined >= g->ip_target - g->ip_from) {
+            fprintf(stderr, "rekindle: run: grown in place to %d workers in %.0f ms: %d spare(s) joined, no worker "
+                            "restarted\n", g->ip_target, (double)(now - g->ip_since) / 1e6, in - g->ip_joined);
+            g->ip_target = 0;
+        } else if (waiting == 0 || now - g->ip_since > in_place_bound_ns()) {
+            fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete (%s): the job goes on at "
+                            "%d workers\n", g->ip_target,
+                    waiting == 0 ? "no spare left waiting: the ones asked ended" : "not within its bound", alive);
+            write_target(g, alive); /* asks nothing more of the workers */
+            g->ip_target = 0;
+        }
+        return false;
+    }
+    int k = grow_request(g);
+    if (k <= 0)
+        return false;
+    census(g, &alive, &waiting, &in);
+    int slots = g->a->n + g->a->spares; /* a relaunch starts the held-back slots as workers */
+    if (!g->a->grow_relaunch && waiting > 0) {
+        int add = k < waiting ? k : waiting, rc = write_target(g, alive + add);
+        if (rc == 0) {
+            fprintf(stderr, "rekindle: run: growing in place from %d to %d workers onto %d spare(s) held back at "
+                            "launch\n", alive, alive + add, add);
+            g->ip_target = alive + add;
+            g->ip_from = alive;
+            g->ip_joined = in;
+            g->ip_since = now;
+            return false;
+        }
+        fprintf(stderr, "rekindle: run: growth in place: cannot write %s/grow-to: %s: growing by a relaunch\n",
+                g->rec->path, strerror(-rc));
+    }
+    int want = alive + k < slots ? alive + k : slots;
+    char why[96];
+    snprintf(why, sizeof(why), "%d workers asked for %d more (%s)", alive, k,
+             g->a->grow_relaunch ? "--grow relaunch" : "no spare waiting to grow in place");
+    if (want <= alive) {
+        fprintf(stderr, "rekindle: run: %s, but every one of the %d slots is in use: not grown\n", why, slots);
+        return false;
+    }
+    return relaunch_tick(g, want, why);
 }
 
 /* Before each launch of an elastic run: the hosts from the script, waiting (at most

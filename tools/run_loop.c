@@ -37,7 +37,8 @@
  *
  *     watch_start --> RUNNING --watch_signal--------------------> STOPPING (signal: L5)
  *                       |  \---watch_records: over (L2)---------> STOPPING (SIGTERM)
- *                       |   \--watch_grow: grow_tick true-------> STOPPING (stop file, SIGTERM)
+ *                       |   \--watch_grow: grow_tick or
+ *                       |      grow_spares_tick true (relaunch)-> STOPPING (stop file, SIGTERM)
  *                       |                   STOPPING --watch_escalate: RUN_GRACE_MS,
  *                       |                                or a 2nd signal--> KILLED (SIGKILL)
  *     RUNNING, STOPPING, KILLED --reap: mpirun reaped--> ENDED --session_sweep--> (judge)
@@ -50,7 +51,7 @@
  *
  * The run (run_loop): attempt k = 0, 1, ... each RUN_DIR/attempt-K; after each, judge:
  * completed -> exit 0; stopped by a signal -> 128+signal; stopped to grow, none completed
- * -> attempt k+1 (elastic_size first); died with restarts left -> attempt k+1; else the
+ * -> attempt k+1 (elastic_size first; a run with spares: the held-back slots as workers); died with restarts left -> attempt k+1; else the
  * job's status.
  */
 #include <errno.h>
@@ -310,10 +311,11 @@ static void watch_records(struct watch *w)
     watch_stop(w, SIGTERM);
 }
 
-/* RUNNING: an elastic run's growth (run_grow.c) wrote the stop file: mpirun goes too. */
+/* RUNNING: the growth of an elastic run, or of a run with spares (run_grow.c), wrote the
+   stop file to relaunch larger: mpirun goes too. */
 static void watch_grow(struct watch *w, struct grow *g)
 {
-    if (grow_tick(g))
+    if (g->el ? grow_tick(g) : grow_spares_tick(g))
         watch_stop(w, SIGTERM);
 }
 
@@ -429,11 +431,19 @@ int run_loop(const struct run_ctx *c)
                 break;
             }
         }
-        status = attempt(c, k, &stop_sig, &v, el ? &g : NULL);
+        bool spares = !el && a->spares > 0; /* grows when RK_RUN_DIR/grow asks (run_grow.c) */
+        status = attempt(c, k, &stop_sig, &v, el || spares ? &g : NULL);
         free(g.seen);
         if (status != 0)
             break; /* stopped (L5), or could not launch */
         if (g.regrow && v.ok == 0) {
+            if (spares) { /* the held-back slots started as workers */
+                char sbuf[16];
+                a->spares = a->n + a->spares - g.target;
+                a->n = g.target;
+                snprintf(sbuf, sizeof(sbuf), "%d", a->spares);
+                setenv("RK_SPARES", sbuf, 1);
+            }
             fprintf(stderr, "rekindle: run: launching again to grow (not a restart)\n");
             continue;
         }
