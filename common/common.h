@@ -202,6 +202,9 @@ int rk__parse_int(const char *s, long lo, long hi, long *out, const char **why);
  *                        holds it (fail);
  *             stage      each new staging region of the snapshot engine (ckpt/): an error
  *                        kind makes its mapping fail (fail)
+ *             join       a spare's join (recover/recovery.c G4): #0 when the decision that
+ *                        brings it in arrives, before the ring is built with it; #1 once
+ *                        that ring is built, before the state is sent to it (point)
  *     N     the 0-based index of that operation in this process, or * for every one
  *     KIND  eio|enospc|einval|eperm|short|crash|hang|powerloss
  *   RK_FAULT_PATH=substring   only operations on paths containing it are counted and
@@ -238,6 +241,7 @@ enum rk__fault_op {
     RK_FAULT_OP_ALLREDUCE, /* "allreduce": a call of rk_allreduce, on entry (point: crash) */
     RK_FAULT_OP_COPY,      /* "copy": one copy of the host copy engine's batch (fail) */
     RK_FAULT_OP_STAGE,     /* "stage": mapping a snapshot's staging region (fail) */
+    RK_FAULT_OP_JOIN,      /* "join": a spare's join, before the ring (#0), before the state (#1) (point) */
     RK_FAULT_OP_COUNT
 };
 #define RK_FAULT_SHORT (-100000) /* a short write/read (half the length) */

@@ -480,6 +480,7 @@ static const char *source_name(int s)
 /* REBUILD, ROLLBACK, RESUME. */
 static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int64_t deadline)
 {
+    bool joining = ctx->is_spare;
     if (!in_list(dec->members, dec->nmembers, ctx->rank0))
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED,
                         "recovery: the survivors continued without this worker: fenced");
@@ -537,6 +538,8 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         RK_LOG_INFO(RK_SUB_REC, "grown in place by %d: epoch %llu, world %d", grown, (unsigned long long)dec->epoch,
                     ctx->world);
 
+    if (joining)
+        rk__fault_point("join"); /* #1: the ring is built, the state not sent yet (G4) */
     int from = dec->source;
     rc = rec_ckpt_rollback(ctx, dec, &from); /* sets ctx->next_step */
     if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT)
@@ -716,6 +719,7 @@ int rec_spare_wait(rk_ctx *ctx)
         while (!got && (n = rec_msg_recv(ctx, REC_TAG_DECIDE, in, sizeof(*in), &src, rk__mono_ns() + grace_ns(ctx))) != 0)
             got = n > 0 && decision_well_formed(in, n) && in->error == 0 && in_list(in->d.members, in->d.nmembers, ctx->rank0);
         if (got) {
+            rk__fault_point("join"); /* #0: brought in, the ring not built with it yet (G4) */
             rec_decision *dec = malloc(sizeof(*dec));
             if (!dec) {
                 rc = -ENOMEM;
