@@ -1,0 +1,251 @@
+/*
+ * tests/test_grow.c - growth in place onto spares held back at launch (recover/recovery.c
+ * G1-G5, detector/det_proto.c I11, tools/run_grow.c; docs/LAUNCHER.md, "Growing in place").
+ *
+ * "admit": the detector's request that a spare join (det_proto.c I11), driven without
+ * sockets or clocks. "job": rk-train under `rekindle run -n 3 --spares 1`, asked to grow
+ * by RK_RUN_DIR/grow once checkpoint 100 is committed: it grows to 4 in place (the three
+ * workers keep their processes; the final bits are those of a replay whose world changes
+ * at the step it resumed), and the spare killed at each point of its join (RK_FAULT on
+ * the spare alone: before the ring is built with it, inside that ring's rebuild, before
+ * the state is sent to it, in its first allreduce) costs the three one recovery: they go on
+ * at 3 from their memory, with the bits of an uninterrupted 3-worker run. With
+ * --grow relaunch, and for a job with sharded state (G5), the job grows by a relaunch.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../detector/det_internal.h"
+#include "harness.h"
+#include "rekindle.h"
+
+#define MS 1000000LL
+#define STEPS 2000
+#define ARGS "--seed 5 --hidden 32"
+
+/* ---- admit: the detector's request (I11) ------------------------------------------------- */
+
+enum { NODES = 4 };
+
+/* Delivers every message queued, at once and in order, until none is left. */
+static void deliver(detp *node[NODES], int64_t now)
+{
+    for (bool any = true; any;) {
+        any = false;
+        for (int i = 0; i < NODES; i++) {
+            detm m;
+            while (detp_pop_send(node[i], &m)) {
+                any = true;
+                if (m.dst >= 0 && m.dst < NODES)
+                    detp_recv(node[m.dst], &m, now);
+            }
+        }
+    }
+}
+
+/* Events of `kind` (about `peer`) popped from node n. */
+static int events(detp *n, int kind, int peer)
+{
+    det_event e;
+    int k = 0;
+    while (detp_pop_event(n, &e))
+        k += e.kind == kind && e.peer == peer;
+    return k;
+}
+
+/* I11: one member's request reaches every member (the spare too), once: one ADMIT each, the
+   epoch one higher, the member set unchanged; asked again, by anyone, nothing happens; the
+   spare's later death is still declared to all (a rank twice in the log, I5). */
+START_TEST(admit_reaches_every_member_once)
+{
+    detp *node[NODES];
+    int64_t now = 1000 * MS;
+    for (int i = 0; i < NODES; i++) {
+        detp_cfg c = {.self = i, .world = NODES, .nslots = NODES, .period_ns = 100 * MS, .k = 3, .nhelpers = 2,
+                      .seed = 7};
+        ck_assert_int_eq(detp_create(&node[i], &c, now), 0);
+    }
+    ck_assert_int_eq(detp_admit(node[0], 3, now), 0);
+    deliver(node, now);
+    for (int i = 0; i < NODES; i++) {
+        det_view v;
+        detp_view(node[i], &v);
+        ck_assert_int_eq(events(node[i], DET_EV_ADMIT, 3), 1);
+        ck_assert_uint_eq(v.epoch, 1);
+        ck_assert_int_eq(v.nmembers, NODES);
+    }
+    ck_assert_int_eq(detp_admit(node[1], 3, now), 0);
+    ck_assert_int_eq(detp_admit(node[0], 0, now), -EINVAL); /* itself */
+    deliver(node, now);
+    for (int i = 0; i < NODES; i++) {
+        det_view v;
+        detp_view(node[i], &v);
+        ck_assert_int_eq(events(node[i], DET_EV_ADMIT, 3), 0);
+        ck_assert_uint_eq(v.epoch, 1);
+    }
+    /* The spare dies: its observers' silence declares it; everyone learns it. */
+    for (int t = 0; t < 40; t++) {
+        now += 50 * MS;
+        for (int i = 0; i < 3; i++)
+            detp_tick(node[i], now);
+        for (int i = 0; i < 3; i++) { /* node 3 is dead: its queue is dropped */
+            detm m;
+            while (detp_pop_send(node[i], &m))
+                if (m.dst >= 0 && m.dst < 3)
+                    detp_recv(node[m.dst], &m, now);
+        }
+        detm m;
+        while (detp_pop_send(node[3], &m))
+            ;
+    }
+    for (int i = 0; i < 3; i++) {
+        det_view v;
+        detp_view(node[i], &v);
+        ck_assert_msg(!det_view_has(&v, 3), "member %d still holds the dead spare", i);
+        ck_assert_uint_eq(v.epoch, 2);
+        ck_assert_int_eq(detp_peer_state(node[i], 3), DETP_DEAD);
+    }
+    for (int i = 0; i < NODES; i++)
+        detp_destroy(&node[i]);
+}
+END_TEST
+
+/* ---- job: rk-train under rekindle run -n 3 --spares 1 ------------------------------------- */
+
+/* The job, asked to grow by one once checkpoint 100 is committed; fault: RK_FAULT for the
+   spare (rank 3) alone, or ""; opts: more options of `rekindle run`; args: more of rk-train.
+   replay: "grown": the replay of a world 3 then 4 from the step the grown ring resumed at;
+   "three": an uninterrupted 3-worker run; "" none. *out: "exit=N", the launcher's and the
+   job's lines but the steps, "kept=K" (workers 0-2 whose PID at the end is one they had
+   before the request), "attempts=A", the "resumed" events, "replay", the replay's finals. */
+static void grow_job(const char *fault, const char *opts, const char *args, const char *replay, char **out)
+{
+    char *w = th_tmpdir("grow"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL, all[128];
+    const char *src = getenv("RK_TEST_SRC");
+    snprintf(all, sizeof(all), "%s%s%s", ARGS, *args ? " " : "", args);
+    int n = asprintf(
+        &cmd,
+        "W=%s; B=%s; R=%s; A='%s'; N=%d\n"
+        "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
+        "if [ -n '%s' ]; then export RK_FAULT='%s' CHAOS_FAULT_RANK=3; fi\n"
+        "$R run -n 3 --spares 1 %s -- %s/chaos/worker.sh $B --steps $N $A > $W/out 2>&1 & job=$!\n"
+        "for i in $(seq 6000); do [ -d $W/c/step-000000000100 ] && break; sleep 0.01; done\n"
+        "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids\n"
+        "echo 1 > $W/run/grow\n"
+        "wait $job; echo \"exit=$?\"; grep -v '^step ' $W/out\n"
+        "unset RK_FAULT CHAOS_FAULT_RANK; kept=0\n"
+        "for r in 0 1 2; do p=$(sed -n 's/.*pid \\([0-9]*\\).*/\\1/p' $W/run/attempt-0/rank-$r)\n"
+        "  [ -n \"$p\" ] && grep -qx \"$p\" $W/pids && kept=$((kept + 1)); done\n"
+        "echo \"kept=$kept\"; echo \"attempts=$(ls $W/run | grep -c '^attempt-')\"\n"
+        "grep -h '\"resumed\"' $W/ev.*\n"
+        "export RK_EVENT_LOG= RK_RUN_DIR=\n"
+        "case '%s' in\n"
+        "grown) s=$(grep -h '\"resumed\"' $W/ev.* | grep '\"world\": 4' | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
+        "  [ -n \"$s\" ] || exit 1; mkdir -p $W/r\n"
+        "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s $R run -n 3 -- $B --steps $s $A > /dev/null 2>&1 || exit 1\n"
+        "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>/dev/null | grep '^final';;\n"
+        "three) echo replay; RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>/dev/null | grep '^final';;\n"
+        "esac\n",
+        w, bin, rekindle, all, STEPS, fault, fault, opts, src ? src : ".", replay);
+    ck_assert(n > 0);
+    int rc = th_sh(cmd, 300, out);
+    ck_assert_msg(rc == 0, "job script exit %d:\n%.4000s", rc, *out ? *out : "");
+    th_rmrf(w);
+    free(cmd);
+    free(rekindle);
+    free(bin);
+    free(w);
+}
+
+/* G1-G3: 3 -> 4 in place: the three keep their processes (one attempt, their PIDs), the
+   spare joins, the state comes from memory with no step lost, and the final bits are those
+   of a replay on 3 workers up to the step the grown ring resumed at, then on 4. */
+START_TEST(grows_three_to_four_in_place)
+{
+    char *out = NULL;
+    grow_job("", "", "", "grown", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place from 3 to 4 workers") &&
+                      strstr(out, "grown in place to 4 workers") && strstr(out, "kept=3\n") &&
+                      strstr(out, "attempts=1\n") && !strstr(out, "launching again"),
+                  "%.3000s", out);
+    ck_assert_msg(strstr(out, "\"from\": \"memory\", \"epoch\": 2, \"world\": 4, \"steps_lost\": 0"),
+                  "no resume from memory at world 4 with no step lost:\n%.3000s", out);
+    th_job_equals_replay(out, 4, STEPS);
+}
+END_TEST
+
+/* G4: the spare killed at each point of its join. The three recover without it, from
+   their memory, no step lost, and finish at 3 with an uninterrupted run's bits. */
+static const char *const join_faults[] = {
+    "join@0=crash",      /* the decision that brings it in arrived: before the ring */
+    "rebuild@0=crash",   /* inside the rebuild of the ring over 4, after its handshake */
+    "join@1=crash",      /* the ring over 4 is built: before the state is sent to it */
+    "allreduce@0=crash", /* its first allreduce as a member */
+};
+
+START_TEST(spare_killed_while_joining)
+{
+    char *out = NULL;
+    grow_job(join_faults[_i], "", "", "three", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place from 3 to 4 workers") &&
+                      strstr(out, "kept=3\n") && strstr(out, "attempts=1\n") &&
+                      strstr(out, "lost: rank 3: killed by signal 9"),
+                  "%s: %.3000s", join_faults[_i], out);
+    /* Before it joined, the launcher says the growth failed; after (allreduce), it joined. */
+    ck_assert_msg(_i == 3 ? strstr(out, "grown in place to 4 workers") != NULL
+                          : strstr(out, "did not complete (no spare left waiting") != NULL,
+                  "%s: %.3000s", join_faults[_i], out);
+    ck_assert_msg(strstr(out, "\"from\": \"memory\"") && !strstr(out, "\"from\": \"disk\""),
+                  "%s: the three did not recover from memory:\n%.3000s", join_faults[_i], out);
+    th_job_equals_replay(out, 3, STEPS);
+}
+END_TEST
+
+/* --grow relaunch: the same request grows the job by a relaunch at its next checkpoint,
+   the held-back slot started as a worker. */
+START_TEST(grow_relaunch_when_asked)
+{
+    char *out = NULL;
+    grow_job("", "--grow relaunch", "", "", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "(--grow relaunch): growing to 4 at the next checkpoint") &&
+                      strstr(out, "launching again to grow") && strstr(out, "attempts=2\n") &&
+                      !strstr(out, "in place"),
+                  "%.3000s", out);
+    ck_assert_int_eq(th_count(out, "final step=2000 world=4 hash="), 4);
+    free(out);
+}
+END_TEST
+
+/* G5: sharded state (rk-train --zero) is not grown in place: refused, said, and grown by a
+   relaunch from a checkpoint. */
+START_TEST(sharded_job_grows_by_relaunch)
+{
+    char *out = NULL;
+    grow_job("", "", "--zero", "", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growth in place to 4 workers refused") &&
+                      strstr(out, "growth in place refused by the job (sharded or per-rank state): growing to 4") &&
+                      strstr(out, "launching again to grow") && strstr(out, "attempts=2\n") &&
+                      !strstr(out, "grown in place"),
+                  "%.3000s", out);
+    ck_assert_int_eq(th_count(out, "final step=2000 world=4 hash="), 4);
+    free(out);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("grow");
+    TCase *ta = tcase_create("admit");
+    tcase_add_test(ta, admit_reaches_every_member_once);
+    suite_add_tcase(s, ta);
+    TCase *tj = tcase_create("job");
+    tcase_set_timeout(tj, 360);
+    tcase_add_test(tj, grows_three_to_four_in_place);
+    tcase_add_loop_test(tj, spare_killed_while_joining, 0, (int)(sizeof(join_faults) / sizeof(join_faults[0])));
+    tcase_add_test(tj, grow_relaunch_when_asked);
+    tcase_add_test(tj, sharded_job_grows_by_relaunch);
+    suite_add_tcase(s, tj);
+    return th_main(s);
+}
