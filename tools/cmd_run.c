@@ -121,7 +121,7 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
 {
     *a = (struct run_args){.n = -1, .min_np = 1, .max_np = MAX_WORKERS, .interval_s = 3, .cooldown_s = 30,
                            .elastic_timeout_s = 600, .start_timeout_s = 120};
-    bool min_given = false, max_given = false;
+    bool min_given = false, max_given = false, grow_inplace = false;
     int i = 1;
     for (; i < argc; i++) {
         const char *o = argv[i];
@@ -145,6 +145,7 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
             if (!v || (strcmp(v, "inplace") != 0 && strcmp(v, "relaunch") != 0))
                 return tool_error(TOOL_USAGE, "run: --grow '%s': want inplace or relaunch", v ? v : "");
             a->grow_relaunch = strcmp(v, "relaunch") == 0;
+            grow_inplace = !a->grow_relaunch;
             rc = 0;
         } else if (strcmp(o, "--max-restarts") == 0)
             rc = parse_count(o, v, 0, 1000000, &a->max_restarts);
@@ -185,6 +186,9 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
     if (a->discovery && (a->hostfile || a->spares))
         return tool_error(TOOL_USAGE, "run: --host-discovery-script makes the hostfile itself: not with %s",
                           a->hostfile ? "--hostfile" : "--spares");
+    if (a->discovery && grow_inplace)
+        return tool_error(TOOL_USAGE, "run: --grow inplace: an elastic run grows by a relaunch (growth in place is "
+                                      "onto spares held back at launch: -n N --spares S)");
     if (a->discovery && a->min_np > a->max_np)
         return tool_error(TOOL_USAGE, "run: --min-np %d is more than --max-np %d", a->min_np, a->max_np);
     if (a->discovery && a->n > a->max_np)
