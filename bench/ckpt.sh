@@ -8,8 +8,10 @@
 # RK_BENCH_PAIRS) of runs alternated old/new, the order swapped every pair so that a drift
 # of the disk or of the machine's load weighs on both. Each run measures persist
 # (rk_checkpoint + rk_wait) against a raw O_DIRECT write of the same bytes in the same run;
-# the ratios persist/raw (raw write time / persist time: 1 is the disk's speed) and
-# stall/memcpy of every run and their medians are printed. An older tree:
+# the ratios persist/raw (raw write time / persist time: 1 is the disk's speed), stall/memcpy
+# (a checkpoint step's) and snap/memcpy (an ordinary step's wait for its snapshot; "-" from a
+# bench_ckpt that does not measure it) of every run and their medians are printed. Each run
+# keeps all its checkpoints: the work directory needs 8 x the size. An older tree:
 #   git worktree add /tmp/rk-old REV && make -C /tmp/rk-old -j2
 #   bench/ckpt.sh --against /tmp/rk-old/build build
 # (an OLD_BUILD without bench/bench_ckpt whose parent holds a Makefile gets it built there).
@@ -53,14 +55,15 @@ for b in "$against" "$build"; do
 done
 
 # One run of build $1 at $2 MiB, in a fresh directory: prints
-# "persist_s raw_s persist/raw stall/memcpy".
+# "persist_s raw_s persist/raw stall/memcpy snap/memcpy".
 one() {
   rm -rf "$work/run" && mkdir "$work/run" || return 1
   "$1/bench/bench_ckpt" "$work/run" "$2" 71 > "$work/out" 2>&1 || { sed 's/^/  /' "$work/out" >&2; return 1; }
   awk '/^RESULT / { for (i = 2; i <= NF; i++) { split($i, kv, "="); r[kv[1]] = kv[2] } }
        /rk_checkpoint stall/ { for (i = 1; i <= NF; i++) if ($i == "=") s = $(i + 1) }
        END { if (!r["persist_s"] || !r["raw_s"]) exit 1
-             sub(/x$/, "", s); printf "%s %s %.2f %s\n", r["persist_s"], r["raw_s"], r["raw_s"] / r["persist_s"], s }' "$work/out"
+             sub(/x$/, "", s); printf "%s %s %.2f %s %s\n", r["persist_s"], r["raw_s"], r["raw_s"] / r["persist_s"], s,
+                                      ("snap_x" in r) ? r["snap_x"] : "-" }' "$work/out"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -76,14 +79,16 @@ for mib in ${RK_BENCH_CKPT_MIB:-1024 4096}; do
       [[ $side == old ]] && b=$against
       r=$(one "$b" "$mib") || { echo "ckpt: the $side build's bench_ckpt failed" >&2; exit 1; }
       echo "$r" >> "$work/$side"
-      read -r ps rs ratio stall <<< "$r"
-      printf "  %4d MiB pair %d %-3s  persist %7.3f s  raw %7.3f s  persist/raw %5.2f  stall/memcpy %s\n" \
-        "$mib" "$p" "$side" "$ps" "$rs" "$ratio" "$stall"
+      read -r ps rs ratio stall snap <<< "$r"
+      printf "  %4d MiB pair %d %-3s  persist %7.3f s  raw %7.3f s  persist/raw %5.2f  stall/memcpy %s  snap/memcpy %s\n" \
+        "$mib" "$p" "$side" "$ps" "$rs" "$ratio" "$stall" "$snap"
     done
   done
   for side in old new; do
-    printf "  %4d MiB %-3s median of %d: persist/raw %.2f (runs: %s)  stall/memcpy %.2f\n" "$mib" "$side" "$pairs" \
-      "$(cut -d' ' -f3 "$work/$side" | median)" "$(cut -d' ' -f3 "$work/$side" | paste -sd' ')" \
-      "$(cut -d' ' -f4 "$work/$side" | median)"
+    snaps=$(cut -d' ' -f5 "$work/$side" | grep -v '^-$')
+    printf "  %4d MiB %-3s median of %d: persist/raw %.2f (runs: %s)  stall/memcpy %.2f (runs: %s)  snap/memcpy %s\n" \
+      "$mib" "$side" "$pairs" "$(cut -d' ' -f3 "$work/$side" | median)" "$(cut -d' ' -f3 "$work/$side" | paste -sd' ')" \
+      "$(cut -d' ' -f4 "$work/$side" | median)" "$(cut -d' ' -f4 "$work/$side" | paste -sd' ')" \
+      "$([[ -n $snaps ]] && median <<< "$snaps" || echo -)"
   done
 done
