@@ -11,8 +11,8 @@
  * survivor's next rk_allreduce returns RK_RECOVERED (from memory, or from disk under
  * RK_ROLLBACK=disk), it learns its new slice (rk_shard_rows), takes it with rk_rebind into a
  * new buffer, checks one word in every 4 KiB of it, and prints
- *   "survivor R recovered_ns=T rebound_ns=T rows=N hwm=B ok|BAD" (hwm: its peak resident
- *   set, VmHWM, in bytes).
+ *   "survivor R recovered_ns=T rebound_ns=T rows=N hwm=B hwm_before=B ok|BAD" (hwm: its peak
+ *   resident set, VmHWM, in bytes; hwm_before: the same before the loss).
  * The new rank 0 then reads the lost rank's shard file of the committed checkpoint with
  * O_DIRECT (4 MiB requests; after dropping the cache again with "drop") and prints
  *   "raw_read bytes=B s=S": the disk's limit for re-reading the lost piece alone.
@@ -141,6 +141,7 @@ int main(int argc, char **argv)
         return fail("rk_register", rc);
     if ((rc = rk_step_done(ctx, 0)) < 0 || (rc = rk_checkpoint(ctx)) != 0 || (rc = rk_wait(ctx)) != 0)
         return fail("checkpoint", rc);
+    long long hwm_before = vm_hwm();
     if (drop && r == 0)
         drop_caches();
     if ((rc = rk_allreduce(ctx, &one, 1, RK_F64, RK_SUM)) != 0)
@@ -167,8 +168,9 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < nw && !status; i += 512)
         if (nb[i] != word_at(w0 + i))
             status = 4;
-    printf("survivor %d recovered_ns=%" PRId64 " rebound_ns=%" PRId64 " rows=%" PRId64 " hwm=%lld %s\n", rk_rank(ctx),
-           t_rec, t_bound, nrows, vm_hwm(), status ? "BAD" : "ok");
+    printf("survivor %d recovered_ns=%" PRId64 " rebound_ns=%" PRId64 " rows=%" PRId64
+           " hwm=%lld hwm_before=%lld %s\n",
+           rk_rank(ctx), t_rec, t_bound, nrows, vm_hwm(), hwm_before, status ? "BAD" : "ok");
     fflush(NULL);
     if (rk_rank(ctx) == 0) {
         if (drop)

@@ -164,19 +164,34 @@ int ckpt_hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
    into it, recover/rollback.c): the snapshot of `step` becomes the held one first where the
    older generation holds it (ckpt_snapshot_select; where neither does, the held one stays),
    *before = what ckpt_snapshot_held says of it (set even when the open fails), then room
-   for t[0..n) (their ptr unused) in a new staging region, where[i] = where tensor i goes.
+   for t[0..n) (their ptr unused) in another staging region (the older generation's, grown
+   in place, where the writer does not read it: snapshot.h S11; else a new one), where[i]
+   = where tensor i goes.
    The snapshot held until now, and *before, stay readable until ckpt_hold_seal or
    ckpt_hold_cancel; nothing is held in between. RK_E_BUSY while an abandoned writer still
    reads two older regions, -ENOMEM; a failure changes nothing (the snapshot stays held). */
 int ckpt_hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
                    const ckpt_snapshot **before);
+/* The partner copy of the snapshot being built since ckpt_hold_open, made by the caller
+   from what the members hold (recover/rollback.c B7), not sent again: room for the left
+   neighbour's out region of `step`, its piece of tensor i bytes[i] bytes (0: replicated,
+   not in it) from row row0[i], laid out and headed as that neighbour's snapshot lays it
+   out (snapshot.h S4); where[i] = where piece i goes, the caller's to fill. It goes into
+   the older generation's partner region (S11: of the membership before, never offered
+   again; grown in place), so the snapshot held before and its partner copy stay readable;
+   ckpt_hold_seal makes it the partner copy (ckpt_snapshot_accept's checks). RK_E_STATE if
+   nothing is open, -ENOMEM; on failure no partner copy is laid out. bytes NULL: the one
+   laid out is dropped (the caller could not fill it): the seal leaves none. */
+int ckpt_hold_partner(ckpt_engine *e, int64_t step, const uint64_t *bytes, const int64_t *row0, size_t n,
+                      unsigned char **where);
 /* Undoes ckpt_hold_open (the rebuild failed): the new region goes, the snapshot held
    before is held again, as it was (its partner copy too). Nothing if none is open. */
 void ckpt_hold_cancel(ckpt_engine *e);
 /* The region filled since ckpt_hold_open becomes the held snapshot of `step` (of this
-   membership; the old snapshot's region becomes the partner copy's inbox), then goes to
-   the buffers of t[0..n) as ckpt_restore_held does; returns what that returns (the
-   snapshot stays held whatever it returns). */
+   membership), with the partner copy laid out by ckpt_hold_partner if one was (else the
+   old snapshot's region becomes the next partner copy's inbox), then goes to the buffers
+   of t[0..n) as ckpt_restore_held does; returns what that returns (the snapshot stays
+   held whatever it returns). */
 int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* The held snapshot (never NULL; step -1 when none). */
 const ckpt_snapshot *ckpt_snapshot_held(ckpt_engine *e);

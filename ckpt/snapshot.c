@@ -70,11 +70,32 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
     return rc;
 }
 
+/* S11: the older generation's region for a rebuild (ckpt_hold_open), grown to `need` in
+   place (the pages it has are touched already: only the growth is new); NULL where it has
+   none or the writer reads it. It is no longer old's: old holds nothing from here on. */
+static void *take_old(ckpt_engine *e, size_t need, size_t *cap)
+{
+    struct ckpt_gen *o = &e->s.old;
+    if (!o->staging || ckpt__pinned(e, o->staging))
+        return NULL;
+    size_t c = need > o->staging_cap ? need : o->staging_cap;
+    ckpt_copy_unpin(e->s.dev_copy, o->staging); /* the CUDA engine's pin (copy.h), not the writer's */
+    void *p = rk__remap(o->staging, o->staging_cap, c);
+    if (!p)
+        return NULL; /* as it was, unpinned: dev_engine pins staging again when it copies */
+    o->staging = NULL;
+    o->staging_cap = 0;
+    o->held_step = -1;
+    memset(o->frozen_ok, 0, o->held_cap * sizeof(*o->frozen_ok));
+    *cap = c;
+    return p;
+}
+
 /* Staging large enough for every tensor in g, and the held snapshot's bookkeeping (S1,
    S2). A region the writer reads is retired, not unmapped (writer.c
    W5). keep (ckpt_hold_open):
-   always a new region, and the old one stays mapped as prev (retired instead while the
-   writer reads it). */
+   always another region (the older generation's where it can be had, S11, else a new
+   one), and the old one stays mapped as prev (retired instead while the writer reads it). */
 static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
 {
     struct ckpt_gen *g = &e->s.g;
@@ -105,7 +126,10 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
                         "checkpoint staging must grow while an abandoned writer still reads two older regions");
     int f = rk__fault_fail("stage");
     size_t cap = need;
-    void *p = f ? NULL : ckpt__region(e, need, &cap);
+    void *p = f || !keep ? NULL : take_old(e, need, &cap);
+    e->s.was.from_old = p != NULL;
+    if (!p && !f)
+        p = ckpt__region(e, need, &cap);
     if (!p)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, f ? f : -errno, "checkpoint staging of %zu bytes: %s", need,
                         strerror(f ? -f : errno));
@@ -476,6 +500,8 @@ static void was_end(ckpt_engine *e)
     free(e->s.was.pieces);
     e->s.was.pieces = NULL;
     e->s.was.open = false;
+    e->s.was.from_old = false;
+    e->s.was.partner = false;
 }
 
 int ckpt__hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,
@@ -528,8 +554,14 @@ void ckpt_hold_cancel(ckpt_engine *e)
     struct ckpt_gen *g = &e->s.g;
     if (!e->s.was.open)
         return;
-    /* Nobody reads the new region (the writer was abandoned before it existed). */
-    ckpt__unmap_region(e, g->staging, g->staging_cap);
+    /* Nobody reads the new region (the writer was abandoned before it existed): the older
+       generation's again where it was its (S11, holding nothing), else it goes. */
+    if (e->s.was.from_old && !e->s.old.staging) {
+        e->s.old.staging = g->staging;
+        e->s.old.staging_cap = g->staging_cap;
+    } else {
+        ckpt__unmap_region(e, g->staging, g->staging_cap);
+    }
     char **old = e->s.was.retired ? &e->s.retired : &e->s.prev;
     size_t *old_cap = e->s.was.retired ? &e->s.retired_cap : &e->s.prev_cap;
     g->staging = *old;
@@ -544,12 +576,80 @@ void ckpt_hold_cancel(ckpt_engine *e)
     was_end(e);
 }
 
+int ckpt_hold_partner(ckpt_engine *e, int64_t step, const uint64_t *bytes, const int64_t *row0, size_t n,
+                      unsigned char **where)
+{
+    struct ckpt_gen *o = &e->s.old;
+    if (!bytes) { /* dropped: the caller could not fill it */
+        e->s.was.partner = false;
+        return 0;
+    }
+    if (!e->s.was.open || n > e->s.g.held_cap)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE, "partner copy of a rebuild: %s",
+                        e->s.was.open ? "more tensors than the rebuilt snapshot" : "no rebuild is open");
+    size_t len = ckpt__hdr_bytes(n);
+    for (size_t i = 0; i < n; i++)
+        len += ALIGN_UP(bytes[i]);
+    /* S11: the older generation holds nothing the job can roll back to any more (its
+       region may be written from here on), whatever follows. */
+    o->held_step = -1;
+    o->left_step = -1;
+    o->partner_len = 0;
+    if (len > o->partner_cap) {
+        ckpt_copy_unpin(e->s.dev_copy, o->partner); /* it may have been staging (ckpt_hold_seal) */
+        void *p = rk__remap(o->partner, o->partner_cap, ALIGN_UP(len));
+        if (!p)
+            return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -errno, "partner copy of %zu bytes: %s", len,
+                            strerror(errno));
+        o->partner = p;
+        o->partner_cap = ALIGN_UP(len);
+    }
+    uint64_t *h = (uint64_t *)o->partner;
+    h[0] = HDR_MAGIC;
+    h[1] = (uint64_t)step;
+    h[2] = n;
+    size_t off = ckpt__hdr_bytes(n);
+    for (size_t i = 0; i < n; i++) {
+        h[3 + 2 * i] = bytes[i];
+        h[4 + 2 * i] = (uint64_t)row0[i];
+        where[i] = (unsigned char *)o->partner + off;
+        off += ALIGN_UP(bytes[i]);
+    }
+    o->partner_len = len;
+    e->s.was.partner = true;
+    return 0;
+}
+
 int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    struct ckpt_gen *g = &e->s.g;
+    struct ckpt_gen *g = &e->s.g, *o = &e->s.old;
     ckpt__seal(e, step);
+    bool partner = e->s.was.partner;
     was_end(e);
-    if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
+    if (partner) { /* S11: the partner copy built beside it; the one it was built from goes */
+        ckpt__unmap_region(e, g->partner, g->partner_cap);
+        g->partner = o->partner;
+        g->partner_cap = o->partner_cap;
+        g->partner_len = o->partner_len;
+        o->partner = NULL;
+        o->partner_cap = o->partner_len = 0;
+        ckpt_snapshot_accept(e); /* its failure (logged) leaves no partner copy */
+    } else {
+        g->left_step = -1; /* of the membership before: not this snapshot's */
+    }
+    size_t need = ckpt__hdr_bytes(n);
+    for (size_t i = 0; i < n; i++)
+        need += ALIGN_UP(t[i].nbytes);
+    if (e->s.prev && !o->staging && e->s.prev_cap >= need) {
+        /* S11: the old snapshot's region is the older generation's, the next turn's (the
+           sizes did not grow: a job of replicated state, or a spare brought in) */
+        o->staging = e->s.prev;
+        o->staging_cap = e->s.prev_cap;
+        o->held_step = -1;
+        memset(o->frozen_ok, 0, o->held_cap * sizeof(*o->frozen_ok));
+    } else if (e->s.prev && partner) { /* too small for the next turn: it goes */
+        ckpt__unmap_region(e, e->s.prev, e->s.prev_cap);
+    } else if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
         /* The old snapshot's region is the next partner copy's inbox: that one is usually
            as large, so a partner copy after a rebuild grows it in place, not anew. */
         ckpt__unmap_region(e, g->partner, g->partner_cap);
@@ -557,6 +657,8 @@ int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         g->partner_cap = e->s.prev_cap;
         g->partner_len = 0;
         g->left_step = -1;
+    }
+    if (e->s.prev) {
         e->s.prev = NULL;
         e->s.prev_cap = 0;
     }

@@ -22,14 +22,16 @@
  *   pin         the one region the writer reads (its job's: job.region), never unmapped
  *               while pinned nor written while that job may commit (writer.c W5).
  *
- * Invariants (tests/test_ckpt_snap.c and tests/test_ckpt.c name the one each test checks):
+ * Invariants (tests/test_ckpt_snap.c, tests/test_ckpt.c and tests/test_shard.c name the one
+ * each test checks):
  *  S1  Staging is a region a generation (two, g and old, and a third, park, made the first
  *      time a disk write lasts longer than a step), each mapped at its first snapshot and
  *      reused; its size is the registered bytes plus the header (each tensor rounded up to
  *      4 KiB, S4); it grows only if the registry grows. Beside each generation, the
  *      partner copy's region (S4). A region replaced while it is pinned is retired until
  *      it is not (writer.c W5); ckpt_hold_open's old one stays mapped until the rebuild is
- *      sealed or cancelled. One copy into staging is under way at a time (S5).
+ *      sealed or cancelled (a rebuild's region is the older generation's, S11). One copy into
+ *      staging is under way at a time (S5).
  *  S2  A held snapshot is complete: every registered tensor (one copy of the registered
  *      bytes), of which this rank writes only its share: after a failure any survivor can
  *      give the whole replicated state of that step back. Sharded and per-rank tensors are
@@ -90,6 +92,16 @@
  *      copy of the last. The whole copy is still waited for, and its outcome known,
  *      before the shard's manifest is written (writer.c W6): a copy that fails or is given
  *      up on halfway commits nothing.
+ *  S11 A rebuild (ckpt_hold_open .. ckpt_hold_seal, recover/rollback.c) is built in the
+ *      older generation's regions, not new ones: once a recovery changed the membership,
+ *      old offers nothing a partnered job can roll back to (S4), so its staging (unless
+ *      the writer reads it: then a new region, as before) takes the new snapshot and its
+ *      partner region the partner copy made from what the members hold
+ *      (ckpt_hold_partner), each grown in place (only the growth is first touched, S9's
+ *      cost). old holds nothing (-1) from the open on, whether the rebuild is sealed or
+ *      cancelled; the snapshot held before and its partner copy stay readable until the
+ *      seal, which swaps the new partner copy in and hands the old snapshot's region to
+ *      old where it fits the next turn (else it goes, or becomes the next inbox).
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *
@@ -103,9 +115,11 @@
  *     g: -1 or t, old: s --ckpt_snapshot_select(s) (ckpt_snapshot_restore, ckpt__hold_open of s)-->
  *                                g: s, old: the other (not offered)
  *     old pinned --the turn--> park: old's region (nothing offered), old: park's region
- *     any --ckpt__hold_space (ckpt_load) / ckpt__hold_open--> g: -1 (filled by other means)
- *         --ckpt__seal / ckpt_hold_seal--> g: the step read or rebuilt; ckpt_hold_cancel:
- *         g as before the open
+ *     any --ckpt__hold_space (ckpt_load) / ckpt__hold_open--> g: -1 (filled by other means;
+ *         a rebuild's in old's region, old: -1, S11) --ckpt_hold_partner--> the partner copy
+ *         laid out in old's partner region --ckpt__seal / ckpt_hold_seal--> g: the step read
+ *         or rebuilt (with that partner copy), old: -1; ckpt_hold_cancel: g as before the
+ *         open, old: -1
  *     any --ckpt__snapshots_end (ckpt_destroy)--> regions unmapped (those a copy may still
  *         write, or the writer read, left mapped)
  * What holds in each: a generation with held_step >= 0 is whole and its header names that
@@ -166,6 +180,9 @@ struct ckpt_snapshots {
         ckpt_piece *pieces; /* the held snapshot's own then left pieces (n each), for view */
         ckpt_snapshot view;  /* what ckpt_hold_open's *before says: the arrays above, not
                                 own_p / left_p, which the new layout may move */
+        bool from_old;       /* the new region is the older generation's (S11) */
+        bool partner;        /* ckpt_hold_partner laid out the new partner copy in the
+                                older generation's partner region (S11) */
     } was;
     ckpt_snapshot snap, snap_old; /* views of g and old (ckpt_snapshot_held, _older) */
     /* The copy engines (ckpt/copy.h): host tensors' and device tensors' (the CUDA engine,

@@ -96,3 +96,43 @@ void rec_plan_shift(const struct rec_plan *p, int me, int k, int slot, struct re
         recv->a = recv->b = 0;
 }
 
+
+/* ---- the new partner copy (rollback.c B7) -------------------------------------------- */
+
+int rec_plan_partner(const struct rec_plan *p, int m, bool sharded, int64_t bytes, struct rec_move in[2], int *nin,
+                     struct rec_move out[3])
+{
+    int l = (m + p->w - 1) % p->w;
+    *nin = 0;
+    if (!sharded && l >= p->w0) { /* not in the vector: the left's own buffer, sent whole */
+        out[0] = (struct rec_move){.q = -2, .a = 0, .b = bytes};
+        return bytes > 0;
+    }
+    int64_t a = p->lo[l], b = p->hi[l];
+    /* What m holds, in the vector's order: its old piece q and its left's, l0 (the partner
+       copy of the snapshot, whether l0 survived or not); after the wrap, l0's comes last. */
+    int q = p->old[m], held[2], nh = 0;
+    if (q >= 0) {
+        int l0 = (q + p->w0 - 1) % p->w0;
+        if (l0 != q && l0 < q)
+            held[nh++] = l0;
+        held[nh++] = q;
+        if (l0 != q && l0 > q)
+            held[nh++] = l0;
+    }
+    int nout = 0;
+    int64_t cur = a;
+    for (int k = 0; k < nh && cur < b; k++) {
+        int64_t ha = p->at[held[k]], hb = p->at[held[k] + 1];
+        int64_t x = ha > cur ? ha : cur, y = hb < b ? hb : b;
+        if (x >= y)
+            continue;
+        if (x > cur)
+            out[nout++] = (struct rec_move){.q = -1, .a = cur, .b = x};
+        in[(*nin)++] = (struct rec_move){.q = held[k], .a = x, .b = y};
+        cur = y;
+    }
+    if (cur < b)
+        out[nout++] = (struct rec_move){.q = -1, .a = cur, .b = b};
+    return nout;
+}

@@ -268,5 +268,13 @@ bool rec_plan_sends(const struct rec_plan *p, int k, int slot);
 /* What member me sends to me + k (of its piece `slot`) and receives from me - k (of that
    member's piece `slot`) in the shift (k, slot). */
 void rec_plan_shift(const struct rec_plan *p, int me, int k, int slot, struct rec_move *send, struct rec_move *recv);
+/* The new partner copy of member m (its left neighbour's new piece, l = m - 1) made from
+   what m holds: in[] the parts of that piece m holds itself (its old piece and its left's
+   partner copy), out[] the parts it must receive from l; each [a, b) of the vector, q
+   the old piece it comes from (in[]) or -1 (out[]); at most 2 and 3. A piece outside
+   the vector (per-rank state of a rank beyond the old world) is all out[], [0, bytes) of
+   it with q -2. Returns the count of out[]; *nin that of in[]. */
+int rec_plan_partner(const struct rec_plan *p, int m, bool sharded, int64_t bytes, struct rec_move in[2], int *nin,
+                     struct rec_move out[3]);
 
 #endif

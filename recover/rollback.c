@@ -35,6 +35,16 @@
  *   B6 Sharded and per-rank state moves only as the plan says (rebuild.c, the same on
  *      every member from what they agreed): each old piece from the member that holds it
  *      (its own, or its right neighbour's partner copy), each new range to its member.
+ *   B7 The rebuilt snapshot's partner copy is made from what each member holds, not sent
+ *      again whole: member m's is its new left neighbour's new piece, whose parts m holds
+ *      already (its old piece and its partner copy of the old left's) are copied locally,
+ *      the rest sent by that neighbour from its new snapshot (rec_plan_partner, the same on
+ *      every member; shifts at distance 1, as many as the member lacking the most parts
+ *      needs). It is built beside the new snapshot (ckpt_hold_partner, ckpt/snapshot.h S11)
+ *      and becomes the partner copy at the seal, so a second loss right after the rebuild
+ *      still rolls back from memory. A member that could not make its own (no memory, a
+ *      length that did not match) keeps none, and says nothing: a loss of its left
+ *      neighbour then goes to disk. A ring that broke interrupts the rebuild (AGAIN).
  *
  * STATES of one member (the function performing each transition)
  *
@@ -42,7 +52,7 @@
  *            the new membership, ckpt_set_membership: rank 0's writer cleans what dead
  *            attempts left before its next write)--> SPLIT
  *   SPLIT --(sharded tensors split over the new world: resplit)--> DECIDE
- *   DECIDE --(memory, partnered: rebuild_partnered, which mirrors itself)--> MIRRORED
+ *   DECIDE --(memory, partnered: rebuild_partnered, with its partner copy, B7)--> MIRRORED
  *   DECIDE --(memory, all hold: ckpt_snapshot_restore)--> RESTORED
  *   DECIDE --(memory, some hold: spread_held)--> RESTORED
  *   DECIDE --(disk: from_disk)--> RESTORED
@@ -304,18 +314,27 @@ static int spread_held(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *
    (src[slot]: its held pieces) is copied into dst (its range), then the shifts at distance
    1 .. w-1 send every other member its part. Every member makes every shift of the plan,
    whatever failed before it: a member that left the series early would keep the others
-   waiting. Returns the first error; *sent counts the bytes sent. */
+   waiting. Returns the first error; *m counts the bytes sent and the time of the local
+   copies and of the shifts. */
+struct rebuild_meter {
+    int64_t sent, copy_ns, shift_ns;
+    int64_t psent, pcopy_ns, pshift_ns; /* the partner copy's (partner_part) */
+};
+
 static int exchange(rk_ctx *ctx, const struct rec_plan *p, const unsigned char *const src[2], unsigned char *dst,
-                    int64_t *sent)
+                    struct rebuild_meter *m)
 {
     ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
     int rc = 0, me = ctx->rank;
+    int64_t t0 = rk__mono_ns();
     for (int slot = 0; slot < 2; slot++) {
         int q = rec_plan_held(p, me, slot);
         int64_t a, b;
         if (q >= 0 && src[slot] && (rec_plan_take(p, q, me, &a, &b), a < b))
             memcpy(dst + (a - p->lo[me]), src[slot] + (a - p->at[q]), (size_t)(b - a));
     }
+    int64_t t1 = rk__mono_ns();
+    m->copy_ns += t1 - t0;
     for (int k = 1; k < p->w; k++)
         for (int slot = 0; slot < 2; slot++) {
             if (!rec_plan_sends(p, k, slot))
@@ -326,10 +345,55 @@ static int exchange(rk_ctx *ctx, const struct rec_plan *p, const unsigned char *
             const unsigned char *sp = sn ? src[slot] + (sm.a - p->at[sm.q]) : NULL;
             unsigned char *rp = rn ? dst + (rm.a - p->lo[me]) : NULL;
             int r2 = ring_shift_by(ctx->ring, k, sp, sn, rp, rn, &cancel);
-            *sent += (int64_t)sn;
+            m->sent += (int64_t)sn;
             if (r2 && !rc)
                 rc = r2;
         }
+    m->shift_ns += rk__mono_ns() - t1;
+    return rc;
+}
+
+/* One tensor's part of the new partner copy (B7): this member's left neighbour's new
+   piece (mine: this member's, in its new snapshot; into: where the left's goes, NULL if
+   this member has no room for it), made from what this member holds of it (its old piece
+   and its partner copy, src[0] and src[1]), the rest received from the left, which sends
+   it from its new snapshot: shifts at distance 1, as many on every member as the member
+   that lacks the most parts needs (rec_plan_partner, the same on every member). size:
+   every member's bytes of the tensor. Returns the first error of the shifts. */
+static int partner_part(rk_ctx *ctx, const struct rec_plan *p, bool sharded, const int64_t *size,
+                        const unsigned char *const src[2], const unsigned char *mine, unsigned char *into,
+                        struct rebuild_meter *m)
+{
+    ring_cancel cancel = {.deadline_ns = 0, .changed = rec_ring_changed, .arg = ctx};
+    int rc = 0, me = ctx->rank, w = p->w, left = (me + w - 1) % w, right = (me + 1) % w;
+    struct rec_move in[2], get[3], put[3];
+    int nin, kmax = 0;
+    int64_t t0 = rk__mono_ns();
+    for (int h = 0; h < w; h++) {
+        int k = rec_plan_partner(p, h, sharded, size[(h + w - 1) % w], in, &nin, get);
+        kmax = k > kmax ? k : kmax;
+    }
+    int nput = rec_plan_partner(p, right, sharded, size[me], in, &nin, put);
+    int nget = rec_plan_partner(p, me, sharded, size[left], in, &nin, get);
+    int64_t base = nget && get[0].q == -2 ? 0 : p->lo[left], mbase = nput && put[0].q == -2 ? 0 : p->lo[me];
+    for (int k = 0; k < nin && into; k++) {
+        int slot = in[k].q == p->old[me] ? 0 : 1;
+        if (src[slot])
+            memcpy(into + (in[k].a - base), src[slot] + (in[k].a - p->at[in[k].q]), (size_t)(in[k].b - in[k].a));
+    }
+    int64_t t1 = rk__mono_ns();
+    m->pcopy_ns += t1 - t0;
+    for (int k = 0; k < kmax; k++) {
+        size_t sn = k < nput ? (size_t)(put[k].b - put[k].a) : 0;
+        size_t rn = k < nget && into ? (size_t)(get[k].b - get[k].a) : 0;
+        const unsigned char *sp = sn ? mine + (put[k].a - mbase) : NULL;
+        unsigned char *rp = rn ? into + (get[k].a - base) : NULL;
+        int r2 = ring_shift_by(ctx->ring, 1, sp, sn, rp, rn, &cancel);
+        m->psent += (int64_t)sn;
+        if (r2 && !rc)
+            rc = r2;
+    }
+    m->pshift_ns += rk__mono_ns() - t1;
     return rc;
 }
 
@@ -372,10 +436,12 @@ static int check_sizes(const rk_ctx *ctx, const struct rec_plan *p, const ckpt_t
    found before the first collective, which says it to all (a failed share); the plan and
    every size check are computed alike on every member from what they agreed. So a member
    that cannot rebuild stops every member at once, not at RK_TIMEOUT_MS per shift. The
-   result is the new held snapshot, copied into the buffers (a slice whose size changed
-   waits for rk_rebind), then mirrored anew; on failure the snapshot held before is kept
-   (ckpt_hold_cancel). Returns 0, RK_E_PEER_LOST / RK_E_TIMEOUT when the ring broke, or
-   another error when the rebuild cannot be done (the caller goes to disk). */
+   result is the new held snapshot with its partner copy (B7: made tensor by tensor after
+   its exchange, from what each member holds and what its left neighbour rebuilt), copied
+   into the buffers (a slice whose size changed waits for rk_rebind); on failure the
+   snapshot held before is kept (ckpt_hold_cancel). Returns 0, RK_E_PEER_LOST /
+   RK_E_TIMEOUT when the ring broke, or another error when the rebuild cannot be done (the
+   caller goes to disk). */
 static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
     size_t n = ctx->ntensors;
@@ -390,14 +456,18 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     int64_t *v = calloc(nv, sizeof(*v)), *at = calloc((size_t)cap + 1, sizeof(*at));
     int64_t *lo = calloc((size_t)w, sizeof(*lo)), *hi = calloc((size_t)w, sizeof(*hi));
     int32_t *nr = calloc((size_t)cap, sizeof(*nr)), *old = calloc((size_t)w, sizeof(*old));
-    unsigned char **where = calloc(n ? n : 1, sizeof(*where));
-    if (!rc && (!v || !at || !lo || !hi || !nr || !old || !where))
+    unsigned char **where = calloc(n ? n : 1, sizeof(*where)), **pwhere = calloc(n ? n : 1, sizeof(*pwhere));
+    uint64_t *pbytes = calloc(n ? n : 1, sizeof(*pbytes));
+    int64_t *prow0 = calloc(n ? n : 1, sizeof(*prow0));
+    if (!rc && (!v || !at || !lo || !hi || !nr || !old || !where || !pwhere || !pbytes || !prow0))
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, -ENOMEM, "rollback: the plan of %zu tensors over %d ranks", n, cap);
-    /* The new snapshot is built in a new staging region; the old one (s: the snapshot of
-       the decision's step, its partner copy beside it) stays readable. */
+    /* The new snapshot is built in another staging region (the older generation's,
+       ckpt/snapshot.h S11); the old one (s: the snapshot of the decision's step, its
+       partner copy beside it) stays readable. */
     int64_t t0 = rk__mono_ns();
     const ckpt_snapshot *s = NULL;
     bool open = !rc && (rc = ckpt_hold_open(ctx->ckpt, dec->step, t, n, where, &s)) == 0, sealed = false;
+    int64_t t_open = rk__mono_ns();
     bool fresh = s && s->step < 0 && dec->joined > 0; /* a spare: holds nothing yet */
     int me = s ? s->rank : 0;
     if (!rc && !fresh && (s->step != dec->step || s->left_step != dec->step || n != s->n || s->world > cap))
@@ -449,7 +519,21 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     }
     if (rc)
         goto out;
-    int64_t orphaned = 0, sent = 0;
+    /* The new partner copy (B7): room for the left neighbour's new pieces, beside the
+       snapshot being built; without it (no memory) this member keeps none, and still
+       makes every shift. A world of one has no neighbour to hold it for. */
+    int left = (ctx->rank + w - 1) % w, prc = w < 2 ? 0 : RK_E_NOTAVAIL;
+    for (size_t i = 0; i < n && w >= 2; i++) {
+        if (!t[i].flags)
+            continue;
+        pbytes[i] = (uint64_t)size[i * (size_t)w + (size_t)left];
+        if (t[i].flags & RK_SHARDED)
+            rec_even_split(ctx->tensors[i].rows_global, w, left, &prow0[i]);
+    }
+    if (w >= 2 && (prc = ckpt_hold_partner(ctx->ckpt, dec->step, pbytes, prow0, n, pwhere)) != 0)
+        memset(pwhere, 0, n * sizeof(*pwhere));
+    int64_t orphaned = 0, t_plan = rk__mono_ns();
+    struct rebuild_meter meter = {0};
     for (size_t i = 0; i < n; i++) {
         size_t nb = t[i].nbytes;
         if (!t[i].flags) { /* replicated: every survivor holds it, a spare receives it (B4) */
@@ -470,12 +554,24 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
             memcpy(where[i], t[i].ptr, nb);
         /* This member's range goes straight into the new snapshot. */
         const unsigned char *src[2] = {fresh ? NULL : s->own[i].data, fresh ? NULL : s->left[i].data};
-        int r2 = exchange(ctx, &p, src, where[i], &sent);
+        int r2 = exchange(ctx, &p, src, where[i], &meter);
         if (r2 && !rc)
             rc = r2;
+        r2 = w < 2 ? 0 : partner_part(ctx, &p, sharded, size + i * (size_t)w, src, where[i], pwhere[i], &meter);
+        if (r2 == RK_E_PEER_LOST || r2 == RK_E_TIMEOUT) {
+            if (!rc)
+                rc = r2;
+        } else if (r2 && !prc) {
+            prc = r2;
+        }
     }
     if (rc)
         goto out;
+    if (prc && w >= 2) {
+        RK_LOG_WARN(RK_SUB_CKPT, "no partner copy of the rebuilt snapshot of step %" PRId64 " (%s): a loss now rolls "
+                    "back from disk", dec->step, rk_strerror(prc));
+        ckpt_hold_partner(ctx->ckpt, dec->step, NULL, NULL, 0, NULL);
+    }
     if (orphaned > 0) {
         char ranks[256] = "";
         for (int q = w, k = 0; q < w0; q++)
@@ -488,23 +584,25 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     }
     /* The new snapshot replaces the old, and goes to the buffers (a slice whose size
        changed waits for rk_rebind). */
-    int64_t t1 = rk__mono_ns(), t2ns = t1, t3 = t1;
+    int64_t t1 = rk__mono_ns();
     sealed = true;
-    if ((rc = ckpt_hold_seal(ctx->ckpt, dec->step, t, n)) == 0) {
-        t2ns = rk__mono_ns();
-        int m = rec_ckpt_mirror(ctx);
-        if (m == RK_E_PEER_LOST || m == RK_E_TIMEOUT)
-            rc = m;
-        t3 = rk__mono_ns();
-    }
+    rc = ckpt_hold_seal(ctx->ckpt, dec->step, t, n);
+    int64_t t2 = rk__mono_ns();
     if (!rc)
-        RK_LOG_INFO(RK_SUB_REC, "rollback of step %" PRId64 " from memory: new snapshot built in %.3f s (%" PRId64
-                    " bytes sent from here), buffers %.3f s, partner copy %.3f s", dec->step,
-                    (double)(t1 - t0) / 1e9, sent, (double)(t2ns - t1) / 1e9, (double)(t3 - t2ns) / 1e9);
+        RK_LOG_INFO(RK_SUB_REC, "rollback of step %" PRId64 " from memory in %.3f s: new region %.3f s, agreement "
+                    "%.3f s; the new slices: local copies %.3f s, transfer %.3f s (%" PRId64 " bytes sent from here); "
+                    "the partner copy: local copies %.3f s, transfer %.3f s (%" PRId64 " bytes sent); buffers %.3f s",
+                    dec->step, (double)(t2 - t0) / 1e9, (double)(t_open - t0) / 1e9, (double)(t_plan - t_open) / 1e9,
+                    (double)meter.copy_ns / 1e9, (double)meter.shift_ns / 1e9, meter.sent,
+                    (double)meter.pcopy_ns / 1e9, (double)meter.pshift_ns / 1e9, meter.psent,
+                    (double)(t2 - t1) / 1e9);
 out:
     if (open && !sealed)
         ckpt_hold_cancel(ctx->ckpt); /* the snapshot held before stays held */
     free(where);
+    free(pwhere);
+    free(pbytes);
+    free(prow0);
     free(v);
     free(at);
     free(lo);
@@ -548,7 +646,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
     /* The generation of that step becomes the held one where it is the older
        (ckpt/snapshot.h S6): ckpt_hold_open and ckpt_snapshot_restore select it. */
     if (memory && own) {
-        rc = rebuild_partnered(ctx, dec, t, trc); /* takes its own partner copy */
+        rc = rebuild_partnered(ctx, dec, t, trc); /* makes its own partner copy (B7) */
         ctx->next_step = dec->step;
     } else if (memory && dec->all_hold) {
         rc = trc ? trc : ckpt_snapshot_restore(ctx->ckpt, dec->step, t, ctx->ntensors);

@@ -27,6 +27,8 @@
  * SPLIT: "even" (rank r gets G/W rows, one more if r < G%W) or "uneven" (rank r gets a
  * share growing with r; rank 0 may get none).
  * PROG_FAULT_RANK=r with PROG_FAULT=spec sets RK_FAULT=spec on launch rank r alone.
+ * PROG_SECOND_VICTIM=r (kill): launch rank r SIGKILLs itself right after its first
+ * recovery, before the step after it (a second loss while the rebuilt snapshot is held).
  * Exit: 0 ok, 3 rk_* failed, 4 wrong data.
  */
 #include <errno.h>
@@ -261,6 +263,9 @@ static int kill_mode(rk_ctx *ctx, struct slot *slot, int64_t steps, uint64_t see
 {
     int rc;
     bool victim = listed(victims, rk_rank(ctx));
+    /* PROG_SECOND_VICTIM=r: launch rank r SIGKILLs itself right after its first recovery. */
+    const char *second = getenv("PROG_SECOND_VICTIM"), *launch_rank = getenv("OMPI_COMM_WORLD_RANK");
+    bool second_victim = second && launch_rank && strcmp(second, launch_rank) == 0;
     for (int64_t s = rk_next_step(ctx); s < steps; s++) {
         if (s == 5 && victim) {
             fflush(NULL);
@@ -293,6 +298,10 @@ static int kill_mode(rk_ctx *ctx, struct slot *slot, int64_t steps, uint64_t see
             if ((rc = check_all(slot, r, next, seed, true)) != 0)
                 return rc;
             printf("rank %d recovered world %d step %" PRId64 " ok\n", r, w, next);
+            if (second_victim) { /* lost right after the rebuild: before any new snapshot */
+                fflush(NULL);
+                raise(SIGKILL);
+            }
             s = next - 1;
             continue;
         }

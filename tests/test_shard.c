@@ -282,6 +282,37 @@ START_TEST(lost_member_rolls_back_from_memory)
 }
 END_TEST
 
+/* A second loss right after a rebuild from memory, before any new snapshot: the rebuilt
+   snapshot's partner copy, made from what each survivor held (rollback.c B7, snapshot.h
+   S4, S11), is what the second rebuild reads, so the two survivors roll back from memory
+   again and find every byte. Launch rank 1 is lost first (new ranks 0, 1, 2 are launch
+   ranks 0, 2, 3); then new rank 2 (its sharded piece on new rank 0, which held all of it:
+   the uneven split put it in old rank 3's), new rank 0 (its piece on new rank 2, all
+   received: the ring wraps), or new rank 1 (its piece on new rank 2, part held, part
+   received). */
+static const char *SECOND[] = {"3", "0", "2"};
+
+START_TEST(second_loss_after_rebuild_rolls_back_from_memory)
+{
+    char env[32], *dir = th_tmpdir("shard");
+    snprintf(env, sizeof(env), "PROG_SECOND_VICTIM=%s", SECOND[_i]);
+    char *out = kill_run_with(dir, "1", env, NULL);
+    ck_assert_msg(count(out, "recovered world 3 step ") == 3 && count(out, "recovered world 2 step ") == 2 &&
+                  count(out, " ok\n") == 5 && count(out, "done world 2") == 2, "survivors:\n%s", out);
+    free(out);
+    for (int r = 0; r < 4; r++) {
+        if (r == 1 || r == atoi(SECOND[_i]))
+            continue;
+        char *ev = events(dir, r);
+        ck_assert_msg(count(ev, "\"from\": \"memory\", \"epoch\"") == 2 && !strstr(ev, "\"from\": \"disk\""),
+                      "rank %d events:\n%s", r, ev);
+        free(ev);
+    }
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Two neighbours lost at once (2 and 3: 2's pieces were only on 3): disk, every byte of the
    restored step on both survivors. */
 START_TEST(adjacent_losses_roll_back_from_disk)
@@ -328,6 +359,8 @@ int main(void)
     tcase_add_test(tc, h5py_reads_global_tensors_from_moved_dir);
     tcase_add_test(tc, corrupt_block_falls_back);
     tcase_add_loop_test(tc, lost_member_rolls_back_from_memory, 0, (int)(sizeof(LOSSES) / sizeof(LOSSES[0])));
+    tcase_add_loop_test(tc, second_loss_after_rebuild_rolls_back_from_memory, 0,
+                        (int)(sizeof(SECOND) / sizeof(SECOND[0])));
     tcase_add_test(tc, adjacent_losses_roll_back_from_disk);
     tcase_add_test(tc, member_that_cannot_rebuild_sends_all_to_disk_at_once);
     suite_add_tcase(s, tc);
