@@ -52,7 +52,7 @@
  *      peer may still read it. Received messages land in such a copy too. (R1's sends and
  *      receives and R6 are rec_msg.c's.)
  *
- * GROWTH IN PLACE (spares asked to join as additional members; docs/PROTOCOL.md)
+ * GROWTH IN PLACE (spares asked to join as additional members; docs/LAUNCHER.md)
  *   G1 A request to grow is a membership change like a loss, learned the same way by every
  *      member: a detector declaration (det_admit, detector/det_proto.c I11) that bumps every
  *      member's epoch and emits DET_EV_ADMIT, so the ring call in flight on each member is
