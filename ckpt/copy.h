@@ -4,13 +4,14 @@
  *
  * A snapshot copies every registered tensor into staging, and a restore copies staging
  * back, through an engine: the host engine for host tensors (a worker thread doing the
- * memcpy), the CUDA engine for device tensors (cudaMemcpyAsync on a stream of the
- * library's own, ordered after the caller's work by an event recorded on the caller's
- * stream: rk_options.cuda_stream). Both are asynchronous in the same way: a batch is
- * started, runs without the caller, and completes once; its completion is queried or
- * waited for with a deadline, never without one (the CUDA engine polls cudaEventQuery,
- * never a blocking synchronize). So the one pipeline in ckpt.c is the same for both, and
- * CI runs it through the host engine on machines without a GPU.
+ * copies, those of 1 MiB or more streamed past the caches: copy_host.c), the CUDA engine
+ * for device tensors (cudaMemcpyAsync on a stream of the library's own, ordered after the
+ * caller's work by an event recorded on the caller's stream: rk_options.cuda_stream).
+ * Both are asynchronous in the same way: a batch is started, runs without the caller, and
+ * completes once; its completion is queried or waited for with a deadline, never without
+ * one (the CUDA engine polls cudaEventQuery, never a blocking synchronize). So the one
+ * pipeline in ckpt.c is the same for both, and CI runs it through the host engine on
+ * machines without a GPU.
  *
  * One batch at a time per engine (one snapshot's copy in flight: snapshot.h S5). A batch stops at
  * its first failure: what it copied before stays copied, the rest is not (a copy failing

@@ -2,11 +2,11 @@
  * tests/test_ckpt_snap.c - the checkpoint engine's in-memory side, on the engine itself
  * (ckpt/ckpt.h) in one process: the held snapshot and a rebuild that fails after opening
  * it, the host copy engine (ckpt/copy.h: batches, waits with a deadline, a copy failing
- * halfway), a snapshot copied before the caller's update, and the two generations of
- * ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region the writer reads is
- * put aside; a frozen tensor copied once a generation), a checkpoint writing from the
- * snapshot in flight (S8) and the next region mapped ahead (S9). The public API's side is
- * tests/test_ckpt.c.
+ * halfway, large copies streamed), a snapshot copied before the caller's update, and the
+ * two generations of ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region
+ * the writer reads is put aside; a frozen tensor copied once a generation), a checkpoint
+ * writing from the snapshot in flight (S8) and the next region mapped ahead (S9). The
+ * public API's side is tests/test_ckpt.c.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -221,6 +221,61 @@ START_TEST(copy_engine_batches)
     copy_faults(NULL, NULL);
     th_rmrf(dir);
     free(dir);
+}
+END_TEST
+
+/* Whether p[0..n) are all byte c. */
+static bool all_bytes(const unsigned char *p, size_t n, unsigned char c)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != c)
+            return false;
+    return true;
+}
+
+/* The host engine streams a copy of 1 MiB or more past the caches, a smaller one is a
+   memcpy (ckpt/copy_host.c): every byte arrives whatever the alignment of either end and
+   the length (a head up to the destination's 16-byte boundary, 64-byte blocks, a tail),
+   nothing beside the destination is written; and a batch of streamed copies failing
+   halfway (RK_FAULT copy@1=eio) leaves the copy before the failure whole and the rest
+   untouched, as copy.h says of any batch. */
+START_TEST(copy_engine_streams_large_copies)
+{
+    ckpt_copy *c = NULL;
+    th_assert_rc(ckpt_copy_host_create(&c), 0);
+    const size_t mib = (size_t)1 << 20, cap = 4 * mib + 64, pad = 32;
+    const size_t sizes[] = {mib - 1, mib, mib + 77, 3 * mib + 4095};
+    const size_t align[][2] = {{0, 0}, {1, 0}, {0, 5}, {7, 13}, {15, 1}}; /* src, dst offsets */
+    unsigned char *src = malloc(cap), *dst = malloc(cap + 2 * pad);
+    ck_assert(src && dst);
+    for (size_t i = 0; i < cap; i++)
+        src[i] = (unsigned char)(i * 131 + (i >> 11));
+    for (size_t s = 0; s < RK_ARRAY_LEN(sizes); s++)
+        for (size_t a = 0; a < RK_ARRAY_LEN(align); a++) {
+            size_t n = sizes[s], so = align[a][0], d = pad + align[a][1];
+            memset(dst, 0xee, cap + 2 * pad);
+            ckpt_copy_op op = {dst + d, src + so, n};
+            uint64_t g = 0;
+            th_assert_rc(ckpt_copy_start(c, &op, 1, &g), 0);
+            th_assert_rc(ckpt_copy_wait(c, g, rk__deadline_ns(10000)), 0);
+            ck_assert_msg(memcmp(dst + d, src + so, n) == 0, "%zu bytes from +%zu to +%zu: not the same", n,
+                          so, align[a][1]);
+            ck_assert_msg(all_bytes(dst, d, 0xee) && all_bytes(dst + d + n, pad, 0xee),
+                          "%zu bytes from +%zu to +%zu: written beside the destination", n, so, align[a][1]);
+        }
+    copy_faults("copy@1=eio", NULL);
+    memset(dst, 0, cap + 2 * pad);
+    ckpt_copy_op ops[3] = {{dst + 3, src + 1, mib + 5}, {dst + 2 * mib, src, mib}, {dst + 3 * mib, src, mib}};
+    uint64_t g = 0;
+    th_assert_rc(ckpt_copy_start(c, ops, 3, &g), 0);
+    th_assert_rc(ckpt_copy_wait(c, g, rk__deadline_ns(10000)), -EIO);
+    ck_assert_msg(strstr(rk_last_error(), "copy 2 of 3"), "unclear: %s", rk_last_error());
+    ck_assert_msg(memcmp(dst + 3, src + 1, mib + 5) == 0, "the copy before the failure is not whole");
+    ck_assert_msg(all_bytes(dst + 2 * mib, 2 * mib, 0), "a copy after the failure was made");
+    copy_faults(NULL, NULL);
+    th_assert_rc(ckpt_copy_destroy(&c, rk__deadline_ns(10000)), 0);
+    free(src);
+    free(dst);
 }
 END_TEST
 
@@ -619,6 +674,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, cancelled_hold_keeps_the_held_snapshot);
     tcase_add_test(tc, copy_engine_batches);
+    tcase_add_test(tc, copy_engine_streams_large_copies);
     tcase_add_test(tc, snapshot_copied_before_the_update);
     tcase_add_test(tc, copy_failing_halfway_fails_the_checkpoint);
     tcase_add_test(tc, failed_snapshot_leaves_the_one_before);
