@@ -87,7 +87,9 @@ START_TEST(verify_names_bad_tensor)
     EXPECT("verify \"$D\"", 0, "step-000000000006: ok");
     EXPECT("verify \"$D\" --all", 0, "step-000000000002: ok");
     flip("step-000000000004/shard-0.h5", 1048576 + 3); /* weights/f32's bytes */
+    flip("step-000000000004/shard-0.h5", 1052672 + 5); /* weights/f64's: read in the same batch */
     EXPECT("verify \"$D\" --step 4", 1, "'weights/f32': checksum mismatch");
+    EXPECT("verify \"$D\" --step 4", 1, "'weights/f64': checksum mismatch"); /* every bad one named */
     EXPECT("verify \"$D\" --all", 1, "step-000000000004: BAD");
     EXPECT("verify \"$D\" --step 5", 2, "step 5");
     EXPECT("verify \"$D\" --step x", 2, "--step");
