@@ -17,8 +17,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group, HashStore  # rekindle
 import os
 import sys  # rekindle
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))  # rekindle
-import rekindle  # noqa: E402  # rekindle
+try:  # rekindle
+    import rekindle  # rekindle: installed (pip install of the wheel, make install)
+except ImportError:  # rekindle: else the source tree's
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))  # rekindle
+    import rekindle  # rekindle
 
 
 class MyTrainDataset(Dataset):

@@ -5,8 +5,13 @@
  * (tests/py/): this suite runs each and shows its output when it fails.
  *
  * Skipped, with the reason, when RK_TEST_PYTHON cannot import torch and sklearn
- * (Debian's python3-torch and python3-sklearn; scripts/install-deps installs them).
+ * (Debian's python3-torch and python3-sklearn; scripts/install-deps installs them). The
+ * fresh-venv cases of the backend and of rekindle.dcp need torch >= 2: under a torch that
+ * lacks it (Debian's 1.13) they are not added, and the log says "NOT RUN <case>: ..."
+ * with what it lacks (`make check-python PYTHON=bench/peers/venv/bin/python` runs them).
  */
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "harness.h"
@@ -188,6 +193,65 @@ START_TEST(wheel_installed_runs_job)
 }
 END_TEST
 
+/* PyTorch users' three ways in, each from the wheel alone: the wheel built from this build
+   and installed into a NEW venv that sees only this interpreter's torch and numpy
+   (tests/py/wheel_venv.py: --system-site-packages of a base interpreter, or a .pth naming
+   a venv's site-packages; nothing downloaded). Every worker runs the program through
+   tests/py/venv_origin.py, which checks that the rekindle package and librekindle the
+   program loaded are the new venv's and that no PYTHONPATH or REKINDLE_LIB is set; the
+   jobs are launched by the venv's `rekindle run`, and a real worker process is SIGKILLed:
+   by itself at a point of its own progress (venv_origin --crash-at: the same point in
+   every run), or from outside once the job printed a step. */
+static void venv_job(const char *mode, const char *want)
+{
+    char *work = th_tmpdir("py-venv");
+    char *argv[] = {th_python, script_job, (char *)getenv("RK_TEST_BUILD"), work, "venv", (char *)mode, NULL};
+    th_py_expect(argv, 0, want, 580);
+    free(work);
+}
+
+/* 1, the DDP hook: examples/multigpu_torchrun_rekindle.py 30 10 on 4 workers, rank 1
+   SIGKILLing itself in its rk_allreduce number 136 (epoch 8): the 3 survivors' checkpoint of
+   epoch 30 equals a replay's bitwise (4 workers to the epoch they resumed at, 3 from there). */
+START_TEST(fresh_venv_example_survives_kill)
+{
+    venv_job("example", "job_check venv example: ok");
+}
+END_TEST
+
+/* 2, the backend: tests/py/backend_train.py (an unchanged DDP on init_process_group("rekindle"),
+   written from docs/PYTHON.md) on 4 workers, one SIGKILLed at step 65: the survivors'
+   final hash equals a replay's (4 workers to the step they resumed at, 3 from there). */
+START_TEST(fresh_venv_backend_program_survives_kill)
+{
+    venv_job("backend", "job_check venv backend: ok");
+}
+END_TEST
+
+/* 3, the checkpoint storage: tests/py/dcp_train.py (DDP over Gloo, dcp.save through
+   rekindle.dcp.Writer, dcp.load through Reader at every launch; written from docs/PYTHON.md)
+   on 4 workers under `rekindle run --max-restarts 1`, rank 1 SIGKILLing itself after its
+   25th optimizer step: launched again from checkpoint 20, it ends with a replay's hash,
+   checkpoints 20 and 40 bitwise. */
+START_TEST(fresh_venv_dcp_program_survives_kill)
+{
+    venv_job("dcp", "job_check venv dcp: ok");
+}
+END_TEST
+
+/* Whether the interpreter runs `code`; if not, says which case is not run and why (the
+   cases that need torch >= 2 under Debian's 1.13). */
+static bool torch_has(const char *code, const char *tcase, const char *lacks)
+{
+    char *cmd = NULL, *out = NULL;
+    int rc = asprintf(&cmd, "%s -c '%s' 2>&1", th_python, code) < 0 ? -1 : th_sh(cmd, 120, &out);
+    free(cmd);
+    free(out);
+    if (rc != 0)
+        printf("NOT RUN %s: %s lacks %s\n", tcase, th_python, lacks);
+    return rc == 0;
+}
+
 /* librekindle loaded after an NCCL older than its build's, as after `import torch` of a
    torch whose NCCL is older (tests/py/nccl_load_check.py, stand-in libnccl.so.2 built
    there, no GPU needed): 2.18 (no ncclCommShrink/Revoke) loads and is used without them,
@@ -248,6 +312,21 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, wheel_installed_runs_job);
     tcase_add_test(tc, library_loads_beside_older_nccl);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("venv");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, fresh_venv_example_survives_kill);
+    if (torch_has("import torch; assert hasattr(torch._C, \"_current_autograd_node\"), torch.__version__",
+                  "fresh_venv_backend_program_survives_kill",
+                  "what a loss inside DDP's backward pass needs (torch >= 2: torch._C._current_autograd_node, "
+                  "ProcessGroup.getSize from Python; test_python_backend says more)"))
+        tcase_add_test(tc, fresh_venv_backend_program_survives_kill);
+    if (torch_has("from torch.distributed.checkpoint.storage import StorageWriter; "
+                  "from torch.distributed.checkpoint.state_dict import get_state_dict",
+                  "fresh_venv_dcp_program_survives_kill",
+                  "what rekindle.dcp needs (torch >= 2.2: torch.distributed.checkpoint's StorageWriter with "
+                  "reset/storage_meta, get_state_dict)"))
+        tcase_add_test(tc, fresh_venv_dcp_program_survives_kill);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

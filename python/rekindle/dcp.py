@@ -5,6 +5,7 @@ checkpoints.
     dcp.save(state_dict, storage_writer=rekindle.dcp.Writer("ckpt"))
     dcp.async_save(state_dict, storage_writer=rekindle.dcp.Writer("ckpt"))
     dcp.load(state_dict, storage_reader=rekindle.dcp.Reader("ckpt"))
+    rekindle.dcp.latest("ckpt")    # the newest committed label, None for none
 
 DCP's own planners decide who writes what (a replicated tensor once, a DDP model's by one
 rank; an FSDP2 model's DTensor shards by their owners) and who reads what (resharding N ->
@@ -118,6 +119,13 @@ def _steps(path):
         return [p[i] for i in range(n.value)]
     finally:
         _libc.free(p)
+
+
+def latest(path):
+    """The newest committed label under path (the step Reader(path) reads), None when there
+    is none (path missing included): where a (re)launched program looks before dcp.load."""
+    done = _steps(path)
+    return done[-1] if done else None
 
 
 @dataclasses.dataclass(frozen=True)

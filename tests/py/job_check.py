@@ -74,9 +74,19 @@ import time
 import torch
 
 import rekindle
+import wheel_venv
 
 BUILD, WORK, MODE, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+VENV = None
+if MODE == "venv":  # the programs from a fresh venv: set up at the start (fresh_venv())
+    MODE, FLAGS, VENV = FLAGS[0], FLAGS[1:], os.path.join(WORK, "wheel", "venv")
+# How a worker's program starts, and the launcher: the source tree's package and the build
+# under test's command, or in venv mode the venv's python through tests/py/venv_origin.py
+# (which checks where its rekindle came from) and the venv's `rekindle`.
+PY = [sys.executable] if VENV is None else [
+    os.path.join(VENV, "bin", "python"), os.path.join(SRC, "tests", "py", "venv_origin.py"), VENV]
+RKCMD = os.path.join(BUILD if VENV is None else VENV, "bin", "rekindle")
 # Anywhere in a line, as the survivors' lines below: mpirun may run another rank's output
 # into the line that holds it.
 FINAL = re.compile(r"(?<![\w=])final step=(\d+) world=(\d+) hash=([0-9a-f]{16})(?![0-9a-f])")
@@ -85,21 +95,21 @@ if MODE in ("docs", "backend"):
     KILL_AT = 65  # rank 0 printed this step
 
     def program(steps):
-        return [sys.executable, TRAIN, str(steps)] + FLAGS
+        return PY + [TRAIN, str(steps)] + FLAGS
 else:
     # horovod: the Elastic Horovod-style example (rekindle.elastic), same arguments
     TRAIN = os.path.join(SRC, "examples", "horovod_style.py" if MODE == "horovod" else "torch_train.py")
     EVERY, KILL_AT = 30, None
 
     def program(steps):  # horovod: epochs enough for any --steps here (19-28 batches an epoch)
-        return [sys.executable, TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS + (
+        return PY + [TRAIN, "--steps", str(steps), "--seed", "5"] + FLAGS + (
             ["--epochs", "400"] if MODE == "horovod" else [])
 
 
 def job_program(steps):
     """The killed job's program; the replays run program()."""
     if MODE == "last":
-        return [sys.executable, os.path.join(SRC, "tests", "py", "last_call.py")] + program(steps)[2:]
+        return PY + [os.path.join(SRC, "tests", "py", "last_call.py")] + program(steps)[len(PY) + 1:]
     return program(steps)
 NAME = " ".join([MODE] + FLAGS)
 GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
@@ -114,10 +124,15 @@ def fail(msg, log=""):
 
 
 def env_for(ckpt, events=None, every=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RK_")}
+    env = {k: v for k, v in (os.environ if VENV is None else wheel_venv.env()).items() if not k.startswith("RK_")}
     # RK_KEEP: the checkpoint a growth resumed from stays for the comparison with the replay's
-    env.update({"RK_CKPT_DIR": ckpt, "RK_CKPT_EVERY": str(every or EVERY), "RK_TIMEOUT_MS": "5000", "RK_KEEP": "1000",
-                "PYTHONPATH": os.path.join(SRC, "python")})
+    env.update({"RK_CKPT_EVERY": str(every or EVERY), "RK_TIMEOUT_MS": "5000", "RK_KEEP": "1000"})
+    if ckpt:  # (none: a program that takes its checkpoint directory as an argument)
+        env["RK_CKPT_DIR"] = ckpt
+    if VENV is None:
+        env["PYTHONPATH"] = os.path.join(SRC, "python")
+    else:  # the example prints with print(): its lines as they come, for the kill's trigger
+        env["PYTHONUNBUFFERED"] = "1"
     if events:
         env["RK_EVENT_LOG"] = events
     return env
@@ -127,13 +142,14 @@ class Job:
     """`rekindle run -n N` of the program (hosts: a discovery script's list instead, for
     at most N workers); its output is collected as it comes."""
 
-    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None, hosts=None):
+    def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None, hosts=None,
+                 launch=(), cwd=None):
         size = ["-n", str(n), "--spares", str(spares)] if hosts is None else [
             "--host-discovery-script", "cat " + hosts, "--discovery-interval", "0.2", "--blacklist-cooldown", "0.5",
             "--max-np", str(n)]
-        cmd = [os.path.join(BUILD, "bin", "rekindle"), "run"] + size + ["--"] + prog(steps) + list(extra)
+        cmd = [RKCMD, "run"] + size + list(launch) + ["--"] + prog(steps) + list(extra)
         self.p = subprocess.Popen(cmd, env=env_for(ckpt, events, every), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=cwd)
         self.lines = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
         self.reader.start()
@@ -164,11 +180,21 @@ def one_final(out, steps, world, what):
     return finals[0][2]
 
 
-def run(n, steps, ckpt, what, extra=(), every=None):
-    rc, out = finish(Job(n, steps, ckpt, extra=extra, every=every))
+def run(n, steps, ckpt, what, extra=(), every=None, prog=program, cwd=None, final=True):
+    rc, out = finish(Job(n, steps, ckpt, extra=extra, every=every, prog=prog, cwd=cwd))
     if rc != 0:
         fail("%s: exit %d" % (what, rc), out)
-    return one_final(out, steps, n, what), out
+    from_venv(out, n, what)
+    return one_final(out, steps, n, what) if final else None, out
+
+
+def from_venv(out, n, what):
+    """In venv mode, every worker that ended said its rekindle was the venv's
+    (tests/py/venv_origin.py); n: how many ended."""
+    if VENV is not None:
+        said = re.findall(r"venv_origin: rank (\d+): rekindle from " + re.escape(os.path.realpath(VENV)), out)
+        if len(said) != n or "venv_origin: the" in out:
+            fail("%s: %d of %d workers say their rekindle was the fresh venv's" % (what, len(said), n), out)
 
 
 def equal_state(a, b):
@@ -253,6 +279,7 @@ def kill():
     # final lines before the stop ended them, and the launch that grew it prints the job's.
     last = out.rsplit(GROW_LINE, 1)[-1] if grow else out
     got = one_final(last, steps, world, "the job's last launch" if grow else "the job")
+    from_venv(out, world, "the job")
     resumed = []
     for path in glob.glob(events + ".*"):
         with open(path) as f:
@@ -363,6 +390,97 @@ def sampler():
     print("job_check sampler: ok: the two survivors took every sample once an epoch (total 21780), reset once")
 
 
+def resumed_events(events):
+    out = []
+    for path in glob.glob(events + ".*"):
+        with open(path) as f:
+            out += [e for e in map(json.loads, f) if e.get("event") == "resumed"]
+    return sorted(out, key=lambda e: e["t_ns"])
+
+
+def example():
+    """examples/multigpu_torchrun_rekindle.py (PyTorch's DDP tutorial with the comm hook)
+    30 10 on 4 workers, each in WORK/<job>/ (its checkpoints: ./snapshot), rank 1
+    SIGKILLing itself in its 137th rk_allreduce (epoch 8 of 16 batches: venv_origin
+    --crash-at): the 3 survivors' checkpoint of epoch 30 must equal a replay's bitwise (4
+    workers to the epoch they resumed at, 3 from there). Its data set and model come from
+    torch's unseeded generator: venv_origin seeds it (--seed 0), the same on every rank and
+    in the replay."""
+    ex = os.path.join(SRC, "examples", "multigpu_torchrun_rekindle.py")
+
+    def prog(epochs, every=10, crash=()):
+        return lambda _: PY + list(crash) + ["--seed", "0", ex, str(epochs), str(every)]
+    work, replay, events = os.path.join(WORK, "job"), os.path.join(WORK, "replay"), os.path.join(WORK, "events")
+    os.makedirs(work)
+    os.makedirs(replay)
+    rc, out = finish(Job(4, 30, None, events, prog=prog(30, crash=["--crash-at", "1:allreduce@136"]), cwd=work))
+    if rc != 0 or "job completed by 3 of 4 workers; lost: rank 1: killed by signal 9" not in out:
+        fail("exit %d: want the job completed by 3 of 4 workers, rank 1 killed by signal 9" % rc, out)
+    from_venv(out, 3, "the job")
+    resumed = resumed_events(events)
+    if not resumed or len({(e["step"], e["from"]) for e in resumed}) != 1:
+        fail("want one resume of every survivor, the same: %s" % resumed, out)
+    step, source = resumed[-1]["step"], resumed[-1]["from"]
+    if step > 0:
+        run(4, step, None, "replay to epoch %d on 4 workers" % step, prog=prog(step, step), cwd=replay, final=False)
+    run(3, 30, None, "replay from epoch %d on 3 workers" % step, prog=prog(30), cwd=replay, final=False)
+    mine, want = rekindle.load(os.path.join(work, "snapshot"), 30), rekindle.load(os.path.join(replay, "snapshot"), 30)
+    if not equal_state(mine, want):
+        fail("the survivors' checkpoint of epoch 30 differs from the replay's (resumed at %d from %s)" % (step, source))
+    print("job_check %s: ok: survivors resumed at epoch %d from %s, checkpoint 30 equals the replay's" % (
+        NAME, step, source))
+
+
+def dcp_relaunch():
+    """tests/py/dcp_train.py (DDP over Gloo, DCP through rekindle.dcp) on 4 workers under
+    `rekindle run --max-restarts 1`, steps 40, a checkpoint every 10, rank 1 SIGKILLing
+    itself after its 25th optimizer step (venv_origin --crash-at; checkpoint 20 is
+    committed then): the survivors fail (Gloo), the job is launched again, loads the
+    newest checkpoint (20) and must end with the final hash of a replay that was not killed
+    (to step 20, then launched again from its checkpoint); checkpoints 20 and 40 equal the
+    replay's bitwise."""
+    train = os.path.join(SRC, "tests", "py", "dcp_train.py")
+    ckpt, replay = os.path.join(WORK, "job"), os.path.join(WORK, "replay")
+
+    def prog(root, crash=()):
+        return lambda steps: PY + list(crash) + [train, root, str(steps), "10"]
+    rc, out = finish(Job(4, 40, None, prog=prog(ckpt, ["--crash-at", "1:step@25"]), launch=["--max-restarts", "1"]))
+    if rc != 0 or not re.search(r"rank 1: killed by signal 9 \(Killed\)[^\n]*relaunching, restart 1 of 1", out):
+        fail("exit %d: want rank 1 killed by signal 9, the job launched again once, then exit 0" % rc, out)
+    again = out.split("relaunching, restart 1 of 1", 1)[1]
+    restored = re.findall(r"restored step (\d+)", again)
+    if restored != ["20"]:
+        fail("the relaunch restored %s, want step 20 (the newest committed at the kill)" % restored, out)
+    got = one_final(again, 40, 4, "the relaunched job")
+    from_venv(again, 4, "the relaunched job")
+    # The replay: to step 20, then launched again from its checkpoint 20 to the end (not
+    # one run to 40: DDP's first pass after its construction buckets the gradients as
+    # they are made, later passes as they came, and Gloo's sum of an element depends on
+    # where it sits in the bucket: a launch that goes on from step 20 differs in the last
+    # bits from one that had run since step 0, kill or no kill).
+    run(4, 20, None, "replay to step 20", prog=prog(replay))
+    want, again = run(4, 40, None, "replay from step 20", prog=prog(replay))
+    if re.findall(r"restored step (\d+)", again) != ["20"]:
+        fail("the replay's second launch did not restore step 20", again)
+    for step in (20, 40):
+        if not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
+            fail("the job's checkpoint %d differs from the replay's" % step)
+    if got != want:
+        fail("final hash %s after the relaunch from step 20, the replay's %s" % (got, want), out)
+    print("job_check %s: ok: launched again from checkpoint 20, checkpoints 20 and 40 and the final hash %s "
+          "equal the replay's" % (NAME, got))
+
+
+def fresh_venv():
+    """venv mode: the wheel built from BUILD installed into a new venv (tests/py/wheel_venv.py)."""
+    made, _, _ = wheel_venv.make(BUILD, os.path.join(WORK, "wheel"), sys.executable, "job_check")
+    assert made == VENV
+
+
 shutil.rmtree(WORK, ignore_errors=True)
 os.makedirs(WORK)
-{"relaunch": relaunch, "elastic": elastic, "first_sync": first_sync, "sampler": sampler}.get(MODE, kill)()
+if VENV is not None:
+    NAME = "venv " + NAME
+    fresh_venv()
+{"relaunch": relaunch, "elastic": elastic, "first_sync": first_sync, "sampler": sampler, "example": example,
+ "dcp": dcp_relaunch}.get(MODE, kill)()
