@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # bench/grow_inplace.sh BUILD - growth onto a spare held back at launch, in place against
 # its peer, the relaunch, on the same job on this host: rk-train -n 3 --spares 1 under
-# `rekindle run` (checkpoints every 50 steps), asked to grow by RK_RUN_DIR/grow once
-# checkpoint 100 is committed, with --grow inplace (the default) and --grow relaunch,
+# `rekindle run` (checkpoints every 50 steps), asked to grow by RK_RUN_DIR/grow once its
+# first checkpoint is committed, with --grow inplace (the default) and --grow relaunch,
 # interleaved. Per run: the time from the request to every worker of the grown job resumed
 # (the last of their `resumed` events at world 4), the steps discarded (rank 0's last step
 # printed at world 3, plus one, minus the step resumed at world 4), and whether workers 0-2
@@ -20,7 +20,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow-inplace.XXXXXX") || exit 2
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runs=${RK_BENCH_GROW_RUNS:-5}
-steps=3000
+steps=10000
 args=(--seed 5 --hidden 32)
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
@@ -36,11 +36,12 @@ one() {
     "$bin/rekindle" run -n 3 --spares 1 --grow "$mode" -- "$here/chaos/worker.sh" "$bin/rk-train" \
       --steps $steps "${args[@]}" > "$w/out" 2>&1 &
     job=$!
-    for _ in $(seq 6000); do [[ -d $w/c/step-000000000100 ]] && break; sleep 0.01; done
+    for _ in $(seq 6000); do grep -qs '"ckpt_committed"' "$w/ev.0" && break; sleep 0.01; done
     pgrep -f "^$bin/rk-train --steps $steps ${args[*]}\$" > "$w/pids"
     date +%s%N > "$w/t0"
     echo 1 > "$w/run/grow"
     wait $job
+    echo $? > "$w/exit"
   )
   "$py" - "$w" "$world" <<'EOF'
 import glob, json, os, re, sys
@@ -67,6 +68,16 @@ for r in range(3):  # the processes that trained at the end: the last attempt's
     except OSError:
         pass
 if not res:
+    # Say what happened instead: the job's exit, the launcher's lines, the resumes.
+    sys.stderr.write("grow_inplace: no worker resumed at world %d after the request (exit %s):\n" %
+                     (world, open(w + "/exit").read().strip()))
+    for line in open(w + "/out"):
+        if not line.startswith("step ") and "WARN" not in line:
+            sys.stderr.write("  " + line)
+    for f in sorted(glob.glob(w + "/ev.*")):
+        for line in open(f):
+            if '"resumed"' in line or '"admit_asked"' in line or '"peer_dead"' in line:
+                sys.stderr.write("  " + line)
     print("nan nan %d" % kept)
 else:
     first = min(res)

@@ -4,12 +4,13 @@
  *
  * "admit": the detector's request that a spare join (det_proto.c I11), driven without
  * sockets or clocks. "job": rk-train under `rekindle run -n 3 --spares 1`, asked to grow
- * by RK_RUN_DIR/grow once checkpoint 100 is committed: it grows to 4 in place (the three
+ * by RK_RUN_DIR/grow once its first checkpoint is committed: it grows to 4 in place (the three
  * workers keep their processes; the final bits are those of a replay whose world changes
  * at the step it resumed), and the spare killed at each point of its join (RK_FAULT on
  * the spare alone: before the ring is built with it, inside that ring's rebuild, before
- * the state is sent to it, in its first allreduce) costs the three one recovery: they go on
- * at 3 from their memory, with the bits of an uninterrupted 3-worker run. With
+ * the state is sent to it, in its first allreduce), or stopped when asked, costs the three
+ * one recovery: they go on at 3 from their memory, with the bits of an uninterrupted
+ * 3-worker run. With
  * --grow relaunch, and for a job with sharded state (G5), the job grows by a relaunch.
  */
 #include <errno.h>
@@ -22,7 +23,7 @@
 #include "rekindle.h"
 
 #define MS 1000000LL
-#define STEPS 2000
+#define STEPS 6000 /* ~0.5 ms each on an idle machine: the request comes well before the end */
 #define ARGS "--seed 5 --hidden 32"
 
 /* ---- admit: the detector's request (I11) ------------------------------------------------- */
@@ -114,12 +115,14 @@ END_TEST
 
 /* ---- job: rk-train under rekindle run -n 3 --spares 1 ------------------------------------- */
 
-/* The job, asked to grow by one once checkpoint 100 is committed; fault: RK_FAULT for the
-   spare (rank 3) alone, or ""; opts: more options of `rekindle run`; args: more of rk-train.
+/* The job, asked to grow by one once its first checkpoint (50) is committed; fault: RK_FAULT for the
+   spare (rank 3) alone, "stop" (the spare SIGSTOPped just before the request, woken once
+   the others finished), or ""; opts: more options of `rekindle run`; args: more of rk-train.
    replay: "grown": the replay of a world 3 then 4 from the step the grown ring resumed at;
    "three": an uninterrupted 3-worker run; "" none. *out: "exit=N", the launcher's and the
    job's lines but the steps, "kept=K" (workers 0-2 whose PID at the end is one they had
-   before the request), "attempts=A", the "resumed" events, "replay", the replay's finals. */
+   before the request), "attempts=A", the "resumed" events, "replay", the replay's lines but
+   the steps (its final lines, and what its launcher said). */
 static void grow_job(const char *fault, const char *opts, const char *args, const char *replay, char **out)
 {
     char *w = th_tmpdir("grow"), *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL, all[128];
@@ -129,11 +132,18 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         &cmd,
         "W=%s; B=%s; R=%s; A='%s'; N=%d\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
-        "if [ -n '%s' ]; then export RK_FAULT='%s' CHAOS_FAULT_RANK=3; fi\n"
+        "F='%s'; case $F in ''|stop) ;; *) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
         "$R run -n 3 --spares 1 %s -- %s/chaos/worker.sh $B --steps $N $A > $W/out 2>&1 & job=$!\n"
-        "for i in $(seq 6000); do [ -d $W/c/step-000000000100 ] && break; sleep 0.01; done\n"
-        "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids\n"
+        "for i in $(seq 6000); do grep -qs '\"ckpt_committed\"' $W/ev.0 && break; sleep 0.01; done\n"
+        "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids; sp=\n"
+        "if [ $F = stop ]; then for p in $(cat $W/pids); do\n"
+        "  tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=3 && sp=$p; done\n"
+        "  [ -n \"$sp\" ] && kill -STOP $sp; fi\n"
         "echo 1 > $W/run/grow\n"
+        /* The stopped spare is woken once the others have finished (it then finds the job
+           over): a stopped process is never reported, so its wrapper beats on meanwhile. */
+        "if [ -n \"$sp\" ]; then for i in $(seq 1200); do grep -q '^final' $W/out && break; sleep 0.1; done\n"
+        "  sleep 1; kill -CONT $sp; fi\n"
         "wait $job; echo \"exit=$?\"; grep -v '^step ' $W/out\n"
         "unset RK_FAULT CHAOS_FAULT_RANK; kept=0\n"
         "for r in 0 1 2; do p=$(sed -n 's/.*pid \\([0-9]*\\).*/\\1/p' $W/run/attempt-0/rank-$r)\n"
@@ -145,10 +155,10 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         "grown) s=$(grep -h '\"resumed\"' $W/ev.* | grep '\"world\": 4' | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
         "  [ -n \"$s\" ] || exit 1; mkdir -p $W/r\n"
         "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s $R run -n 3 -- $B --steps $s $A > /dev/null 2>&1 || exit 1\n"
-        "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>/dev/null | grep '^final';;\n"
-        "three) echo replay; RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>/dev/null | grep '^final';;\n"
+        "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>&1 | grep -v '^step ';;\n"
+        "three) echo replay; RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>&1 | grep -v '^step ';;\n"
         "esac\n",
-        w, bin, rekindle, all, STEPS, fault, fault, opts, src ? src : ".", replay);
+        w, bin, rekindle, all, STEPS, fault, opts, src ? src : ".", replay);
     ck_assert(n > 0);
     int rc = th_sh(cmd, 300, out);
     ck_assert_msg(rc == 0, "job script exit %d:\n%.4000s", rc, *out ? *out : "");
@@ -203,6 +213,20 @@ START_TEST(spare_killed_while_joining)
 }
 END_TEST
 
+/* G4: a spare that hangs (stopped) when asked to join is found by its silence and costs the
+   three the same: they go on at 3 from their memory, an uninterrupted run's bits. */
+START_TEST(spare_hung_while_joining)
+{
+    char *out = NULL;
+    grow_job("stop", "", "", "three", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place from 3 to 4 workers") &&
+                      strstr(out, "kept=3\n") && strstr(out, "attempts=1\n") &&
+                      strstr(out, "\"from\": \"memory\"") && !strstr(out, "grown in place"),
+                  "%.3000s", out);
+    th_job_equals_replay(out, 3, STEPS);
+}
+END_TEST
+
 /* --grow relaunch: the same request grows the job by a relaunch at its next checkpoint,
    the held-back slot started as a worker. */
 START_TEST(grow_relaunch_when_asked)
@@ -213,7 +237,7 @@ START_TEST(grow_relaunch_when_asked)
                       strstr(out, "launching again to grow") && strstr(out, "attempts=2\n") &&
                       !strstr(out, "in place"),
                   "%.3000s", out);
-    ck_assert_int_eq(th_count(out, "final step=2000 world=4 hash="), 4);
+    ck_assert_int_eq(th_count(out, "final step=6000 world=4 hash="), 4);
     free(out);
 }
 END_TEST
@@ -229,7 +253,7 @@ START_TEST(sharded_job_grows_by_relaunch)
                       strstr(out, "launching again to grow") && strstr(out, "attempts=2\n") &&
                       !strstr(out, "grown in place"),
                   "%.3000s", out);
-    ck_assert_int_eq(th_count(out, "final step=2000 world=4 hash="), 4);
+    ck_assert_int_eq(th_count(out, "final step=6000 world=4 hash="), 4);
     free(out);
 }
 END_TEST
@@ -244,6 +268,7 @@ int main(void)
     tcase_set_timeout(tj, 360);
     tcase_add_test(tj, grows_three_to_four_in_place);
     tcase_add_loop_test(tj, spare_killed_while_joining, 0, (int)(sizeof(join_faults) / sizeof(join_faults[0])));
+    tcase_add_test(tj, spare_hung_while_joining);
     tcase_add_test(tj, grow_relaunch_when_asked);
     tcase_add_test(tj, sharded_job_grows_by_relaunch);
     suite_add_tcase(s, tj);
