@@ -5,8 +5,9 @@
  *   bench_zero MIB VICTIM [drop]
  *
  * Every rank registers its MIB MiB slice (f32 rows of 4 KiB) of one RK_SHARDED tensor
- * "optim/m", takes one checkpoint (RK_CKPT_DIR, RK_CKPT_EVERY=0 here) and waits for it to
- * commit. With "drop", rank 0 then drops the page cache (root: /proc/sys/vm/drop_caches).
+ * "optim/m", ends two steps (a snapshot each, as a training loop holds them from its second
+ * step on: both generations with their partner copies), takes one checkpoint (RK_CKPT_DIR,
+ * RK_CKPT_EVERY=0 here) and waits for it to commit. With "drop", rank 0 then drops the page cache (root: /proc/sys/vm/drop_caches).
  * After a barrier rank VICTIM prints "kill_ns=T" (CLOCK_REALTIME) and SIGKILLs itself; every
  * survivor's next rk_allreduce returns RK_RECOVERED (from memory, or from disk under
  * RK_ROLLBACK=disk), it learns its new slice (rk_shard_rows), takes it with rk_rebind into a
@@ -139,7 +140,8 @@ int main(int argc, char **argv)
     double one = 1;
     if ((rc = rk_register(ctx, "optim/m", buf, RK_F32, 2, shape, RK_SHARDED)) != 0)
         return fail("rk_register", rc);
-    if ((rc = rk_step_done(ctx, 0)) < 0 || (rc = rk_checkpoint(ctx)) != 0 || (rc = rk_wait(ctx)) != 0)
+    if ((rc = rk_step_done(ctx, 0)) < 0 || (rc = rk_step_done(ctx, 1)) < 0 || (rc = rk_checkpoint(ctx)) != 0 ||
+        (rc = rk_wait(ctx)) != 0)
         return fail("checkpoint", rc);
     long long hwm_before = vm_hwm();
     if (drop && r == 0)

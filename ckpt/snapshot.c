@@ -70,6 +70,16 @@ int ckpt__snapshots_end(ckpt_engine *e, int64_t deadline_ns)
     return rc;
 }
 
+/* S11: the older generation holds nothing from here on (its region is about to change
+   hands): nothing offered, and no RK_FROZEN tensor's bytes counted as there (S7). */
+static void forget_old(ckpt_engine *e)
+{
+    struct ckpt_gen *o = &e->s.old;
+    o->held_step = -1;
+    if (o->held_cap)
+        memset(o->frozen_ok, 0, o->held_cap * sizeof(*o->frozen_ok));
+}
+
 /* S11: the older generation's region for a rebuild (ckpt_hold_open), grown to `need` in
    place (the pages it has are touched already: only the growth is new); NULL where it has
    none or the writer reads it. It is no longer old's: old holds nothing from here on. */
@@ -85,8 +95,7 @@ static void *take_old(ckpt_engine *e, size_t need, size_t *cap)
         return NULL; /* as it was, unpinned: dev_engine pins staging again when it copies */
     o->staging = NULL;
     o->staging_cap = 0;
-    o->held_step = -1;
-    memset(o->frozen_ok, 0, o->held_cap * sizeof(*o->frozen_ok));
+    forget_old(e);
     *cap = c;
     return p;
 }
@@ -645,8 +654,7 @@ int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
            sizes did not grow: a job of replicated state, or a spare brought in) */
         o->staging = e->s.prev;
         o->staging_cap = e->s.prev_cap;
-        o->held_step = -1;
-        memset(o->frozen_ok, 0, o->held_cap * sizeof(*o->frozen_ok));
+        forget_old(e);
     } else if (e->s.prev && partner) { /* too small for the next turn: it goes */
         ckpt__unmap_region(e, e->s.prev, e->s.prev_cap);
     } else if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
