@@ -11,7 +11,7 @@
 # the ratios persist/raw (raw write time / persist time: 1 is the disk's speed), stall/memcpy
 # (a checkpoint step's) and snap/memcpy (an ordinary step's wait for its snapshot; "-" from a
 # bench_ckpt that does not measure it) of every run and their medians are printed. Each run
-# keeps all its checkpoints: the work directory needs 8 x the size. An older tree:
+# keeps all its checkpoints: the work directory needs 9 x the size (checked first). An older tree:
 #   git worktree add /tmp/rk-old REV && make -C /tmp/rk-old -j2
 #   bench/ckpt.sh --against /tmp/rk-old/build build
 # (an OLD_BUILD without bench/bench_ckpt whose parent holds a Makefile gets it built there).
@@ -31,6 +31,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 py=/usr/bin/python3
 work=$(mktemp -d "${RK_BENCH_TMP:-/var/tmp}/rk-bench-ckpt.XXXXXX") || { echo "ckpt: cannot make a work directory under ${RK_BENCH_TMP:-/var/tmp}" >&2; exit 2; }
 trap 'rm -rf "$work"' EXIT
+# Each bench_ckpt run keeps all its checkpoints (RK_BENCH_ROUNDS + 2: 8 by default) beside a
+# raw file of the same size: refused at once where the work directory has not that room.
+rounds=${RK_BENCH_ROUNDS:-6}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || rounds=6
+avail=$(df -Pm "$work" | awk 'NR == 2 { print $4 }')
+for mib in ${RK_BENCH_CKPT_MIB:-1024 4096}; do
+  need=$(((rounds + 3) * mib))
+  ((avail >= need)) || { echo "ckpt: $mib MiB needs $need MiB free under $work (RK_BENCH_TMP); $avail there" >&2; exit 2; }
+done
 export RK_JOB_SECRET=${RK_JOB_SECRET:-$(printf '%064d' 1)}
 
 if [[ -z $against ]]; then
