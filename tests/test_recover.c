@@ -311,6 +311,37 @@ END_TEST
 
 /* ---- the rebuild's plan (rebuild.c, pure; rollback.c B6), without MPI ------------------ */
 
+/* The rebuilt snapshot's partner copy of member m (rollback.c B7): what it holds of its
+   new left neighbour's range (from its old piece or its partner copy of its old left's),
+   then what the left sends (from within the left's own range) cover that range, every
+   byte once. Returns the bytes sent. */
+static int64_t partner_moved;
+static int64_t simulate_partner(const struct rec_plan *p, int m, bool sharded)
+{
+    int l = (m + p->w - 1) % p->w, q = p->old[m], q0 = q >= 0 ? (q + p->w0 - 1) % p->w0 : -1;
+    struct rec_move in[2], out[3];
+    int nin, nout = rec_plan_partner(p, m, sharded, p->hi[l] - p->lo[l], in, &nin, out);
+    static int got[4096];
+    memset(got, 0, sizeof(got));
+    int64_t sent = 0;
+    for (int k = 0; k < nin; k++) {
+        ck_assert(in[k].q == q || in[k].q == q0);
+        ck_assert(in[k].a >= p->at[in[k].q] && in[k].b <= p->at[in[k].q + 1] && in[k].a < in[k].b);
+        for (int64_t i = in[k].a; i < in[k].b; i++)
+            got[i - p->lo[l]]++;
+    }
+    for (int k = 0; k < nout; k++) {
+        ck_assert(out[k].q == -1 && out[k].a >= p->lo[l] && out[k].b <= p->hi[l] && out[k].a < out[k].b);
+        for (int64_t i = out[k].a; i < out[k].b; i++)
+            got[i - p->lo[l]]++;
+        sent += out[k].b - out[k].a;
+    }
+    for (int64_t i = p->lo[l]; i < p->hi[l]; i++)
+        ck_assert_msg(got[i - p->lo[l]] == 1, "partner copy of new rank %d on %d: byte %lld %d times", l, m,
+                      (long long)i, got[i - p->lo[l]]);
+    return sent;
+}
+
 /* The exchange of one tensor simulated for every member at once: old rank q's piece is
    bytes at[q] .. of a vector whose byte i is (i * 7 + 1); each new member copies what it
    holds of its range, then at every shift (k, slot) that the plan makes, what member h
@@ -360,6 +391,9 @@ static int64_t simulate(int w0, int w, const int32_t *nr, const int64_t *len, bo
         for (int64_t i = lo[r]; i < hi[r]; i++)
             ck_assert_msg(got[r][i - lo[r]] == 1, "new rank %d: byte %lld arrived %d times", r, (long long)i,
                           got[r][i - lo[r]]);
+    partner_moved = 0;
+    for (int m = 0; m < w && w > 1; m++) /* B7: each member's new partner copy, its left's range, once */
+        partner_moved += simulate_partner(&p, m, sharded);
     return moved;
 }
 
@@ -373,6 +407,10 @@ START_TEST(plan_one_loss_moves_only_what_changes_hands)
     int64_t moved = simulate(4, 3, nr, len, true, 10, 4);
     /* new split 4,3,3 rows: [0,16) [16,28) [28,40); old 0 holds [0,12), old 2 [12,32) (with 1's), old 3 [32,40) */
     ck_assert_int_eq(moved, 4 + 4 + 0); /* 12..16 to rank 0, 28..32 to rank 2 */
+    /* B7: the partner copies send 28..32 to rank 0 (it holds 32..40), 0..12 to rank 1 (it
+       holds 12..16), 16..24 to rank 2 (it holds 24..28): 24 of the 40 bytes a partner
+       copy sent whole would move */
+    ck_assert_int_eq(partner_moved, 4 + 12 + 8);
 }
 END_TEST
 
