@@ -36,8 +36,9 @@ one() {
     "$bin/rekindle" run -n 3 --spares 1 --grow "$mode" -- "$here/chaos/worker.sh" "$bin/rk-train" \
       --steps $steps "${args[@]}" > "$w/out" 2>&1 &
     job=$!
-    for _ in $(seq 6000); do grep -qs '"ckpt_committed"' "$w/ev.0" && break; sleep 0.01; done
+    for i in $(seq 6000); do grep -qs '"ckpt_committed"' "$w/ev.0" && break; sleep 0.01; done
     pgrep -f "^$bin/rk-train --steps $steps ${args[*]}\$" > "$w/pids"
+    echo "$i polls for the first commit, $(wc -l < "$w/pids") trainers running at the request" > "$w/polls"
     date +%s%N > "$w/t0"
     echo 1 > "$w/run/grow"
     wait $job
@@ -69,8 +70,8 @@ for r in range(3):  # the processes that trained at the end: the last attempt's
         pass
 if not res:
     # Say what happened instead: the job's exit, the launcher's lines, the resumes.
-    sys.stderr.write("grow_inplace: no worker resumed at world %d after the request (exit %s):\n" %
-                     (world, open(w + "/exit").read().strip()))
+    sys.stderr.write("grow_inplace: no worker resumed at world %d after the request (exit %s; %s):\n" %
+                     (world, open(w + "/exit").read().strip(), open(w + "/polls").read().strip()))
     for line in open(w + "/out"):
         if not line.startswith("step ") and "WARN" not in line:
             sys.stderr.write("  " + line)
