@@ -28,8 +28,8 @@ py=/usr/bin/python3
 # One job: $1 mode (inplace|relaunch), $2 RK_FAULT for the spare ("" none). Prints
 # "ms discarded kept": ms from the request to the last `resumed` after it at world $3.
 one() {
-  local mode=$1 fault=$2 world=$3 w="$work/$1-$RANDOM" t0
-  mkdir -p "$w"
+  local mode=$1 fault=$2 world=$3 w
+  w=$(mktemp -d "$work/$1.XXXXXX") || return 1  # never a directory of an earlier run
   (
     export RK_CKPT_DIR=$w/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$w/ev RK_RUN_DIR=$w/run
     [[ -n $fault ]] && export RK_FAULT=$fault CHAOS_FAULT_RANK=3
