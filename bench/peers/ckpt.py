@@ -28,7 +28,10 @@ Run by bench/peers/run, each method under its own launcher, as its documentation
 
 Each method saves twice and the second save is measured, as in a training loop whose
 first checkpoint has passed (Rekindle's staging memory is allocated then; DCP's default
-stager allocates anew every time). Every rank is measured between barriers; rank 0
+stager allocates anew every time). The rekindle-dcp methods save both into the same
+directory, with the Writer's keep=1: the second's retention removes the first, as in a
+loop (DCP's own storage deletes nothing: the others' first save is removed before the
+second, unmeasured). Every rank is measured between barriers; rank 0
 prints the slowest rank's times:
     RESULT METHOD stall=S durable=D         the training stall (the call returns) and
                                             the time until the checkpoint is on disk
@@ -193,7 +196,11 @@ def torch_job():
             dist.destroy_process_group()
             return
     try:
-        if not RESTORE:
+        if not RESTORE and BASE.startswith("rekindle-dcp"):
+            # a loop's first checkpoint, in the same directory: the measured save is its
+            # second, whose retention (keep=1) removes the first, as in a training loop
+            save_once(BASE, root, sd, kwargs, rank)
+        elif not RESTORE:
             save_once(BASE, os.path.join(root, "first"), sd, kwargs, rank)
             shutil.rmtree(os.path.join(root, "first"), ignore_errors=True)
         dist.barrier()
