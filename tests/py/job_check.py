@@ -57,6 +57,18 @@ judged as the C trainer is: run by tests/test_python.c.
         (step 60), ends with the hash of an uninterrupted 90-step run, and rekindle.load of
         its last checkpoint equals the model's final state_dict() bitwise.
 
+    job_check.py BUILD WORK venv example|backend|dcp
+        The wheel built from BUILD, installed into a fresh venv (tests/py/wheel_venv.py);
+        every program run by the venv's python through tests/py/venv_origin.py (which
+        checks that its rekindle and librekindle are the venv's), every job launched by
+        the venv's `rekindle run`. example: examples/multigpu_torchrun_rekindle.py 30 10
+        on 4 workers, rank 1 SIGKILLing itself in its rk_allreduce number 136; the 3
+        survivors' checkpoint 30 must equal a replay's bitwise. backend: mode backend
+        above. dcp: tests/py/dcp_train.py (DDP over Gloo, DCP through rekindle.dcp) under
+        `rekindle run --max-restarts 1`, rank 1 SIGKILLing itself after its 25th
+        optimizer step; launched again from checkpoint 20, its final hash and checkpoints
+        20 and 40 must equal a replay's (to step 20, then launched again from it).
+
 Exit 0 when every check passed; otherwise a message saying which and why (exit 1).
 """
 import glob
