@@ -425,18 +425,18 @@ void th_job_equals_replay(char *out, int world, int steps)
     free(out);
 }
 
-int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_at,
+int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_call,
                          int timeout_s, char **out)
 {
     char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL;
+    const char *src = getenv("RK_TEST_SRC");
     int n = asprintf(
         &cmd,
         "W=%s; B=%s; R=%s; N=%d; A='%s'\n"
         "export RK_CKPT_DIR=$W/c RK_KEEP=100 RK_EVENT_LOG=$W/ev %s\n"
-        "$R run -n $N -- $B --steps %d $A > $W/out 2>&1 & job=$!\n"
-        "for i in $(seq 6000); do [ -d $W/c/step-%012d ] && break; sleep 0.01; done\n"
-        "v=$(pgrep -f \"^$B --steps %d $A\\$\" | sed -n 2p); [ -n \"$v\" ] && kill -9 $v\n"
-        "wait $job; echo \"exit=$?\"; grep '^final' $W/out\n"
+        "RK_FAULT=allreduce@%d=crash CHAOS_FAULT_RANK=1 $R run -n $N -- %s/chaos/worker.sh $B --steps %d $A "
+        "> $W/out 2>&1\n"
+        "echo \"exit=$?\"; grep '^final' $W/out\n"
         "echo \"unpartnered=$(grep -c 'no partner copy of the snapshot' $W/out)\"\n"
         "grep -h '\"resumed\"' $W/ev.*\n"
         "s=$(grep -h '\"resumed\"' $W/ev.* | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
@@ -449,7 +449,7 @@ int th_train_kill_replay(const char *dir, int world, int steps, const char *args
         "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s RK_EVENT_LOG= $R run -n $N -- $B --steps $s $A > /dev/null || exit 1\n"
         "  [ -d $W/r/$d ] || exit 1; fi\n"
         "echo replay; RK_CKPT_DIR=$W/r RK_EVENT_LOG= $R run -n $((N - 1)) -- $B --steps %d $A | grep '^final'\n",
-        dir, bin, rekindle, world, args, env, steps, kill_at, steps, steps);
+        dir, bin, rekindle, world, args, env, kill_call, src ? src : ".", steps, steps);
     int rc = n < 0 ? -1 : th_sh(cmd, timeout_s, out);
     free(cmd);
     free(bin);

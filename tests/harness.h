@@ -89,13 +89,15 @@ void th_job_equals_replay(char *out, int world, int steps);
 
 /* rk-train --steps STEPS ARGS (ARGS: shell words without --steps) on `world` workers
    through `rekindle run`, checkpoints in dir/c and events in dir/ev.*, with env (shell
-   assignments: RK_CKPT_EVERY=...) exported; once checkpoint `kill_at` is committed the
-   second worker found is SIGKILLed. Then the replay: the checkpoint of the step the
+   assignments: RK_CKPT_EVERY=...) exported; rank 1 SIGKILLs itself in its kill_call-th
+   rk_allreduce (RK_FAULT=allreduce@kill_call=crash through chaos/worker.sh: the loss comes
+   at the same call in every run, where a kill from outside raced the job's pace and could
+   miss a job that ended first). Then the replay: the checkpoint of the step the
    survivors resumed at (the job's, or a fault-free run's of that many steps) resumed on
    world - 1 workers. *out: "exit=N", the job's final lines, "unpartnered=K" (workers that
    had no partner copy of the snapshot), the events "resumed", a line "replay", the
    replay's final lines (th_job_equals_replay compares them). Returns th_sh's status. */
-int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_at,
+int th_train_kill_replay(const char *dir, int world, int steps, const char *args, const char *env, int kill_call,
                          int timeout_s, char **out);
 
 /* rk-train --steps STEPS ARGS through `rekindle run -n 3 --spares 1`, checkpoints every 50

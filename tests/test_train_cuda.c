@@ -128,7 +128,8 @@ END_TEST
    NCCL) that checkpoint 50 is committed well before the end of the run. */
 #define BIG "--device cuda --hidden 512 --layers 4"
 
-/* Three ranks on the device, one SIGKILLed once checkpoint 50 is committed: the two
+/* Three ranks on the device, one SIGKILLed in its 101st rk_allreduce (one a step: in step
+   100, after checkpoint 50): the two
    survivors roll their device tensors back from their memory (a snapshot at every step:
    at most one step lost), go on with a ring of two, and end with the bits of a fault-free
    replay on two ranks from the state of the step they resumed at. */
@@ -136,7 +137,7 @@ START_TEST(killed_rank_equals_replay)
 {
     char *w = th_tmpdir("train_cuda_kill"), *out = NULL;
     unsetenv("RK_CKPT_DIR");
-    int rc = th_train_kill_replay(w, 3, 1500, "--seed 5 " BIG, "RK_CKPT_EVERY=50 RK_TIMEOUT_MS=8000", 50, 280, &out);
+    int rc = th_train_kill_replay(w, 3, 1500, "--seed 5 " BIG, "RK_CKPT_EVERY=50 RK_TIMEOUT_MS=8000", 101, 280, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
     ck_assert_msg(th_count(out, "\"from\": \"memory\"") == 2, "the survivors did not both resume from memory:\n%s",
                   out);

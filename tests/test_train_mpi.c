@@ -309,7 +309,8 @@ END_TEST
 
 /* ---- --zero: sharded Adam moments, per-rank RNG ------------------------------------------ */
 
-/* One of 4 `rk-train --zero` workers SIGKILLed once checkpoint 40 is committed: the 3
+/* One of 4 `rk-train --zero` workers SIGKILLed in its 91st rk_allreduce (two a step: the
+   gradients', then the parameters' allgather; so in step 45's gradients): the 3
    survivors rebuild the lost slices from their partners' memory (every survivor's event
    `resumed` says memory) at most one step back (a snapshot at every step: steps_lost
    <= 1), and end with the hash of a fault-free replay on 3 workers from the state of the
@@ -320,7 +321,7 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
     char *w = th_tmpdir("train-zero"), *out = NULL;
     clear_rk_env();
     int rc = th_train_kill_replay(w, 4, 200, "--zero --seed 7",
-                                  "RK_CKPT_EVERY=20 RK_TIMEOUT_MS=8000 RK_HEARTBEAT_MS=250", 40, 2 * JOB_TIMEOUT_S,
+                                  "RK_CKPT_EVERY=20 RK_TIMEOUT_MS=8000 RK_HEARTBEAT_MS=250", 91, 2 * JOB_TIMEOUT_S,
                                   &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
     bool memory = th_count(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
