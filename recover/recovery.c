@@ -86,6 +86,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../detector/det.h"
@@ -692,7 +693,7 @@ static void note_joined(const rk_ctx *ctx)
     char path[4096];
     if (!dir || !*dir || snprintf(path, sizeof(path), "%s/joined-%d", dir, ctx->rank0) >= (int)sizeof(path))
         return;
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a planted link */
     if (fd >= 0)
         close(fd);
     else
@@ -791,13 +792,30 @@ bool rec_grow_admit(rk_ctx *ctx, int slot)
     return true;
 }
 
-/* The world asked for in the grow file: > 0, or 0 when there is none (or it says nothing). */
+/* The world asked for in the grow file: > 0, or 0 when there is none (or it says nothing).
+   The file is the launcher's, in a directory of the job's user: one that is not this
+   user's own regular file, or that others may write, is refused (said once), never a link
+   followed. */
 static int grow_target(const char *path)
 {
+    static bool warned;
     char buf[32];
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ELOOP && !warned)
+            RK_LOG_WARN(RK_SUB_REC, "%s is a symbolic link: not followed, no growth asked", path);
+        warned |= errno == ELOOP;
         return 0;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
+        if (!warned)
+            RK_LOG_WARN(RK_SUB_REC, "%s refused: not a regular file of this user (uid %ld) that only it may write: no "
+                        "growth asked", path, (long)geteuid());
+        warned = true;
+        close(fd);
+        return 0;
+    }
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     close(fd);
     if (n <= 0)
