@@ -73,6 +73,7 @@ struct rk_ctx {
                                  member, known from the detector (DET_EV_ADMIT; recovery.c G1) */
     char *grow_file;          /* RK_RUN_RECORDS/grow-to: the world the launcher asks for (G2) */
     int64_t grow_poll_ns;     /* CLOCK_MONOTONIC of the next look at it */
+    bool grow_file_refused;   /* it was refused (not this user's own): said once */
     bool is_spare;            /* this worker waits in rk_resume until recovery needs it */
     uint64_t agreed_epoch;    /* the detector epoch of that view */
     uint64_t seen_seq;        /* det_seq() when last looked at */

@@ -796,23 +796,23 @@ bool rec_grow_admit(rk_ctx *ctx, int slot)
    The file is the launcher's, in a directory of the job's user: one that is not this
    user's own regular file, or that others may write, is refused (said once), never a link
    followed. */
-static int grow_target(const char *path)
+static int grow_target(rk_ctx *ctx, const char *path)
 {
-    static bool warned;
+    bool *warned = &ctx->grow_file_refused;
     char buf[32];
     struct stat st;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
-        if (errno == ELOOP && !warned)
+        if (errno == ELOOP && !*warned)
             RK_LOG_WARN(RK_SUB_REC, "%s is a symbolic link: not followed, no growth asked", path);
-        warned |= errno == ELOOP;
+        *warned |= errno == ELOOP;
         return 0;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
-        if (!warned)
+        if (!*warned)
             RK_LOG_WARN(RK_SUB_REC, "%s refused: not a regular file of this user (uid %ld) that only it may write: no "
                         "growth asked", path, (long)geteuid());
-        warned = true;
+        *warned = true;
         close(fd);
         return 0;
     }
@@ -853,7 +853,7 @@ void rec_grow_poll(rk_ctx *ctx)
     if (now < ctx->grow_poll_ns)
         return;
     ctx->grow_poll_ns = now + REC_GROW_POLL_NS;
-    int want = grow_target(ctx->grow_file);
+    int want = grow_target(ctx, ctx->grow_file);
     if (want > ctx->world && rec_ckpt_partnered(ctx)) { /* G5 */
         grow_refuse(ctx, want);
         ctx->grow_poll_ns = INT64_MAX;

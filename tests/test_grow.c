@@ -132,14 +132,14 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         &cmd,
         "W=%s; B=%s; R=%s; A='%s'; N=%d\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
-        "F='%s'; case $F in ''|stop) ;; *) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
+        "F='%s'; case $F in ''|stop|planted) ;; *) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
         "$R run -n 3 --spares 1 %s -- %s/chaos/worker.sh $B --steps $N $A > $W/out 2>&1 & job=$!\n"
         "for i in $(seq 6000); do grep -qs '\"ckpt_committed\"' $W/ev.0 && break; sleep 0.01; done\n"
         "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids; sp=\n"
         "if [ $F = stop ]; then for p in $(cat $W/pids); do\n"
         "  tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=3 && sp=$p; done\n"
         "  [ -n \"$sp\" ] && kill -STOP $sp; fi\n"
-        "echo 1 > $W/run/grow\n"
+        "if [ $F = planted ]; then g=$W/run/attempt-0/grow-to; echo 4 > $g; chmod 666 $g; else echo 1 > $W/run/grow; fi\n"
         /* The stopped spare is woken once the others have finished (it then finds the job
            over): a stopped process is never reported, so its wrapper beats on meanwhile. */
         "if [ -n \"$sp\" ]; then for i in $(seq 1200); do grep -q '^final' $W/out && break; sleep 0.1; done\n"
@@ -227,6 +227,21 @@ START_TEST(spare_hung_while_joining)
 }
 END_TEST
 
+/* G2: the grow-to file is read only when it is the job user's own and only it may write
+   it: one others may write (planted, or left so) is refused, said once, and the job goes
+   on at 3. (Before: any content of that file made the job grow.) */
+START_TEST(grow_file_others_may_write_is_refused)
+{
+    char *out = NULL;
+    grow_job("planted", "", "", "", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "grow-to refused: not a regular file of this user") &&
+                      !strstr(out, "grown in place") && strstr(out, "kept=3\n"),
+                  "%.3000s", out);
+    ck_assert_int_eq(th_count(out, "final step=6000 world=3 hash="), 3);
+    free(out);
+}
+END_TEST
+
 /* --grow relaunch: the same request grows the job by a relaunch at its next checkpoint,
    the held-back slot started as a worker. */
 START_TEST(grow_relaunch_when_asked)
@@ -269,6 +284,7 @@ int main(void)
     tcase_add_test(tj, grows_three_to_four_in_place);
     tcase_add_loop_test(tj, spare_killed_while_joining, 0, (int)(sizeof(join_faults) / sizeof(join_faults[0])));
     tcase_add_test(tj, spare_hung_while_joining);
+    tcase_add_test(tj, grow_file_others_may_write_is_refused);
     tcase_add_test(tj, grow_relaunch_when_asked);
     tcase_add_test(tj, sharded_job_grows_by_relaunch);
     suite_add_tcase(s, tj);
