@@ -182,13 +182,14 @@ static int write_target(const struct grow *g, int world)
     return 0;
 }
 
-/* The bound on a growth in place: the survivors' recovery rounds (3 of RK_TIMEOUT_MS) and
-   a few seconds for the spares' notes. */
+/* The bound on a growth in place: the survivors' recovery rounds (3 of RK_TIMEOUT_MS, as
+   the workers read it: the options' table, its default where unset or refused) and a few
+   seconds for the spares' notes. */
 static int64_t in_place_bound_ns(void)
 {
-    const char *t = getenv("RK_TIMEOUT_MS");
-    long ms = t && *t ? strtol(t, NULL, 10) : 0;
-    return ((ms > 0 ? ms : 30000) * 3 + 5000) * 1000000LL;
+    rk_options o;
+    rk_options_init(&o);
+    return ((int64_t)o.timeout_ms * 3 + 5000) * 1000000LL;
 }
 
 bool grow_spares_tick(struct grow *g)
