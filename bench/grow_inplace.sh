@@ -3,7 +3,7 @@
 # its peer, the relaunch, on the same job on this host: rk-train -n 3 --spares 1 under
 # `rekindle run` (checkpoints every 50 steps), asked to grow by RK_RUN_DIR/grow once its
 # first checkpoint is committed, with --grow inplace (the default) and --grow relaunch,
-# interleaved. Per run: the time from the request to every worker of the grown job resumed
+# interleaved, the order swapped every round. Per run: the time from the request to every worker of the grown job resumed
 # (the last of their `resumed` events at world 4), the steps discarded (rank 0's last step
 # printed at world 3, plus one, minus the step resumed at world 4), and whether workers 0-2
 # kept their processes (the PIDs the last launch recorded are those they had before the
@@ -16,7 +16,8 @@ build=${1:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(cd "$build" && pwd)/bin
 [[ -x $bin/rk-train && -x $bin/rekindle ]] || { echo "grow_inplace: skipped: $build/bin is not built"; exit 0; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow-inplace.XXXXXX") || exit 2
+work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow-inplace.XXXXXX") ||
+  { echo "grow_inplace: cannot make a work directory under ${TMPDIR:-/tmp}" >&2; exit 2; }
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runs=${RK_BENCH_GROW_RUNS:-5}
@@ -29,7 +30,7 @@ py=/usr/bin/python3
 # "ms discarded kept": ms from the request to the last `resumed` after it at world $3.
 one() {
   local mode=$1 fault=$2 world=$3 w
-  w=$(mktemp -d "$work/$1.XXXXXX") || return 1  # never a directory of an earlier run
+  w=$(mktemp -d "$work/$1.XXXXXX") || { echo "grow_inplace: cannot make a run directory under $work" >&2; return 1; }
   (
     export RK_CKPT_DIR=$w/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$w/ev RK_RUN_DIR=$w/run
     [[ -n $fault ]] && export RK_FAULT=$fault CHAOS_FAULT_RANK=3
@@ -92,8 +93,10 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (
 
 : > "$work/inplace" ; : > "$work/relaunch"
 for i in $(seq "$runs"); do
-  for mode in inplace relaunch; do
-    r=$(one $mode "" 4)
+  order="inplace relaunch"
+  ((i % 2 == 0)) && order="relaunch inplace" # rotated: neither way always takes the later turn
+  for mode in $order; do
+    r=$(one $mode "" 4) || exit 1
     echo "grow_inplace: run $i $mode: $r (ms from the request to the grown job resumed, steps discarded, of 3 workers kept)"
     echo "$r" >> "$work/$mode"
   done
@@ -105,7 +108,7 @@ echo "grow_inplace: request -> 4 workers resumed: in place p50 $ip ms, by relaun
      "workers kept p50 $(cut -d' ' -f3 "$work/inplace" | median) of 3 in place, $(cut -d' ' -f3 "$work/relaunch" | median) by relaunch"
 for fault in join@0=crash rebuild@0=crash join@1=crash allreduce@0=crash; do
   : > "$work/f"
-  for i in $(seq "$runs"); do one inplace "$fault" 3 | cut -d' ' -f1 >> "$work/f"; done
+  for i in $(seq "$runs"); do r=$(one inplace "$fault" 3) || exit 1; echo "${r%% *}" >> "$work/f"; done
   echo "grow_inplace: spare killed at $fault: request -> the 3 resumed at world 3: p50 $(median < "$work/f") ms" \
        "(runs: $(tr '\n' ' ' < "$work/f"))"
 done
