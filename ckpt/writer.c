@@ -48,6 +48,7 @@
  *      copy that failed or was given up on halfway commits nothing.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -188,7 +189,10 @@ static void write_note(const char *tmpdir, const char *name, uint64_t nonce, con
 {
     char path[SUB_CAP];
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644); /* never through a link */
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f && fd >= 0)
+        close(fd);
     if (f) {
         fprintf(f, "%016" PRIx64 " %s\n", nonce, why);
         fclose(f);
@@ -200,9 +204,13 @@ static bool noted(const char *tmpdir, const char *name, uint64_t nonce, char *wh
 {
     char path[SUB_CAP], line[512] = "";
     snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0)
+            close(fd);
         return false;
+    }
     bool ours = fgets(line, sizeof(line), f) && strtoull(line, NULL, 16) == nonce && strlen(line) > 17;
     fclose(f);
     if (ours) {
