@@ -49,6 +49,16 @@ listing the hosts the harness says are up (each host's slots summing to the work
   host_add          the job starts on the hosts but one; that host is listed at a random
                     step (and, half the time, RK_RUN_DIR/grow touched to push the news):
                     the job grows to W at its next checkpoint
+Growth in place onto a spare held back at launch (`rekindle run --spares 1`, this host):
+  grow_spare        RK_RUN_DIR/grow written at a random checkpoint's commit: the job must grow to W+1 in
+                    place (no relaunch, the workers keep their processes), the newcomer
+                    taking the newest snapshot from the others' memory
+  kill_joining      the same request, and the spare killed at a random point of its join:
+                    by a fault point of its own (RK_FAULT join@0, rebuild@0, join@1 or
+                    allreduce@0 =crash: the decision arrived, inside the ring's rebuild, before
+                    the state is sent, in its first allreduce) or SIGKILLed from outside
+                    0-150 ms after the launcher said it grows in place. The others go on at W
+                    in place, from their memory, with one bounded wait
 Moments: 'step' (a random step), 'snapshot' (the step whose rk_step_done takes a
 snapshot), 'persist' (a few ms after it: the write is in flight), 'commit' (as soon as a
 ckpt_committed event is seen), 'dead' (as soon as a peer_dead event is seen: recovery).
@@ -63,14 +73,18 @@ from job import marked_processes, now_ns
 
 KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "kill_in_rebuild", "stop_cont",
          "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world",
-         "host_loss", "partition", "link_loss", "host_return", "host_add"]
+         "host_loss", "partition", "link_loss", "host_return", "host_add", "grow_spare", "kill_joining"]
 # Kinds that need the job on several hosts (chaos/run --hosts K).
 NEED_HOSTS = {"host_loss", "partition", "link_loss", "host_return", "host_add"}
 # Kinds whose job runs elastic (host discovery) and must grow to its full size.
 GROWS = {"host_return", "host_add"}
+# Kinds whose job is launched with a spare held back (--spares 1) and asked to grow onto it.
+SPARES = {"grow_spare", "kill_joining"}
+# The spare's own fault points while it joins (recover/recovery.c G4; tests/test_grow.c).
+JOIN_FAULTS = ["join@0=crash", "rebuild@0=crash", "join@1=crash", "allreduce@0=crash"]
 # Kinds whose run must survive without any relaunch (in place, by the recovery coordinator).
 IN_PLACE = {"kill_worker", "kill_coord", "kill_in_recovery", "kill_in_rebuild", "stop_cont", "io_fault",
-            "disk_hang", "hb_jitter", "host_loss", "partition", "link_loss"}
+            "disk_hang", "hb_jitter", "host_loss", "partition", "link_loss", "grow_spare", "kill_joining"}
 # A writer stuck on a dead disk keeps its attempt's temporary directory (removed at the
 # next start): these kinds may end with one.
 LEAVES_TEMP = {"disk_hang"}
@@ -78,6 +92,10 @@ LEAVES_TEMP = {"disk_hang"}
 IO_OPS = ["write", "sync", "rename", "syncdir", "open", "odirect", "truncate"]
 IO_KINDS = ["eio", "enospc", "short", "crash"]
 HANG_OPS = ["write", "sync", "rename", "open"]
+
+
+# What the launcher says when it asks the job to grow onto its spares (tools/run_grow.c).
+GROWING_TEXT = "growing in place from"
 
 
 def majority_left(world, killed, lowest):
@@ -90,7 +108,8 @@ def majority_left(world, killed, lowest):
 def draw(rng, kinds, workers, steps, every, hosts=0, grow_steps=0):
     """The run's plan: {'kind', 'faults': [fault dicts], 'env', 'max_restarts', 'netns',
     'expect'}. expect: 'finish' (completes, in place if the kind is in IN_PLACE) or
-    'stop' (ends with the min_world error). An elastic kind (GROWS) adds 'steps' (the
+    'stop' (ends with the min_world error). A kind of SPARES adds 'spares' (held back at
+    launch; rank W is the spare). An elastic kind (GROWS) adds 'steps' (the
     run's, grow_steps), 'cooldown_s' (the launcher's --blacklist-cooldown) and
     'unlisted' (the host left off the list at the start, or None)."""
     kind = rng.choice(kinds)
@@ -183,6 +202,23 @@ def draw(rng, kinds, workers, steps, every, hosts=0, grow_steps=0):
     elif kind == "host_add":
         plan["unlisted"] = rng.randrange(hosts)
         fault("host_add", pick="host", n=0, host=plan["unlisted"], push=rng.random() < 0.5, **early)
+    elif kind in SPARES:
+        plan["spares"] = 1
+        # early: room after it for the join, a loss and its recovery, and a checkpoint or two
+        # at a commit: the event log is read as it is written, where rank 0's step lines
+        # reach the harness through mpirun, late on a loaded machine (a request after the
+        # job's end grows nothing)
+        fault("grow", pick="all", n=0, moment="commit", step=rng.randint(lo, max(lo, steps // 3)) // every * every,
+              delay_ms=0)
+        if kind == "kill_joining":
+            if rng.random() < 0.5:
+                spec = rng.choice(JOIN_FAULTS)
+                plan["env"] = {"RK_FAULT": spec, "CHAOS_FAULT_RANK": str(workers), "CHAOS_FAULT_ATTEMPT": "0"}
+                plan["faults"].append({"kind": "io", "spec": spec, "rank": workers, "moment": "start", "step": -1,
+                                       "delay_ms": 0, "fired": False})
+            else:
+                fault("kill", pick="given", ranks=[workers], n=1, moment="growing", step=-1,
+                      delay_ms=rng.randint(0, 150))
     if kind in ("kill_two",):
         plan["in_place"] = None  # decided when the victims are known (majority rule)
     return plan
@@ -198,7 +234,8 @@ def due(f, job, t_now_ns):
         ok = (m == "start"
               or (m in ("step", "snapshot", "persist") and job.last_step >= f["step"])
               or (m == "commit" and any(e.get("step", -1) >= f["step"] for e in job.events_named("ckpt_committed")))
-              or (m == "dead" and job.events_named("peer_dead")))
+              or (m == "dead" and job.events_named("peer_dead"))
+              or (m == "growing" and GROWING_TEXT in job.stderr_text()))
         if not ok:
             return False
         f["armed_ns"] = t_now_ns
@@ -272,6 +309,13 @@ def inject(f, job, rng, world_start):
     k = f["kind"]
     if k == "io":
         f["victims"] = [f["rank"]]
+        return None
+    if k == "grow":  # the scheduler's request to grow by one (docs/LAUNCHER.md)
+        f["victims"] = []
+        path = os.path.join(job.run_dir(), "grow")
+        with open(path + ".tmp", "w") as fh:
+            fh.write("1\n")
+        os.rename(path + ".tmp", path)
         return None
     if k in ("kill", "stop", "relaunch", "corrupt"):
         victims = pick_victims(f, rng, live)

@@ -121,7 +121,7 @@ def kill_marked(mark, exact=True, sig=signal.SIGKILL):
 
 class Job:
     def __init__(self, run_dir, build, src, workers, train_args, env, mark, max_restarts=0, netns=False, hosts=None,
-                 elastic=None):
+                 elastic=None, spares=0):
         self.dir = run_dir
         self.build, self.src = build, src
         self.workers = workers
@@ -134,6 +134,7 @@ class Job:
         # Elastic (a dict: cooldown_s, unlisted): `rekindle run --host-discovery-script`
         # reading the list of the hosts up, which the harness changes (list_host).
         self.elastic = elastic
+        self.spares = spares      # held back at launch (--spares): ranks workers.. of the launch
         self.listed = set()
         self.hosts_list = os.path.join(run_dir, "hosts-up")
         if elastic:
@@ -188,6 +189,8 @@ class Job:
                     "--blacklist-cooldown", "%g" % self.elastic["cooldown_s"], "--max-np", str(self.workers)]
         else:
             cmd += ["-n", str(self.workers)] + (["--hostfile", self.hosts.hostfile] if self.hosts else [])
+        if self.spares:
+            cmd += ["--spares", str(self.spares)]
         if self.max_restarts:
             cmd += ["--max-restarts", str(self.max_restarts)]
         cmd += ["--", os.path.join(self.src, "chaos", "worker.sh"),

@@ -18,7 +18,10 @@ after a run that had to stop; the reason is in the detail and in the report).
                minority) did not finish (no 'exit 0' record) and committed nothing
                after the partition began; an elastic kind (host_return, host_add)
                was relaunched only to grow and ended at the full world, or had no
-               checkpoint after the host was back to grow at (skipped, said)
+               checkpoint after the host was back to grow at (skipped, said); a growth
+               onto a spare (grow_spare, kill_joining) was made in place (the launcher said
+               it grows in place, no relaunch) and ended at W+1, or at W when the spare was
+               killed while it joined
   verify       `rekindle verify` passes every committed checkpoint (--all), and fails
                each one the harness damaged
   h5           every committed checkpoint opens with h5py: root attributes step (equal
@@ -224,9 +227,66 @@ def check_grown(job, plan, cfg):
                                                     (later[0]["t_ns"] - ready) / 1e9))
 
 
+# A request to grow this close to the job's end may find it over: the launcher looks every
+# 100 ms, the workers every 50 ms, and a loaded machine delays both.
+TOO_LATE_NS = 1_000_000_000
+
+
+def first_end_ns(job, workers):
+    """When the first worker (rank < workers, of the first attempt) ended: its end record's
+    time (tools/run_loop.c's records), or None."""
+    d = os.path.join(job.launch_dir, "phase-0", "attempt-0")
+    times = []
+    for r in range(workers):
+        try:
+            times.append(os.stat(os.path.join(d, "rank-%d" % r)).st_mtime_ns)
+        except OSError:
+            pass
+    return min(times, default=None)
+
+
+def check_grown_in_place(job, plan, cfg):
+    """A growth onto the spare held back at launch (faults.SPARES): asked once, made in
+    place (the launcher says so; no relaunch, so every worker kept its process); the final
+    world W+1, or W when the spare was killed while joining (before or after it became a
+    member: the others go on without it)."""
+    workers, err = cfg["workers"], job.stderr_text()
+    ask = [f for f in plan["faults"] if f["kind"] == "grow"][0]
+    if not ask.get("fired"):
+        return _skip("in_place", "the job ended before the request to grow")
+    if job.phase != 0 or job.relaunches():
+        return _bad("in_place", "the job was relaunched %d time(s): a growth onto a waiting spare must be made "
+                    "in place" % job.relaunches())
+    if faults.GROWING_TEXT not in err:
+        return _bad("in_place", "asked to grow at step %d, the launcher never grew in place" % ask["progress"])
+    grew = any(e.get("world", 0) > workers for e in job.events_named("resumed"))
+    end = first_end_ns(job, workers)
+    if not grew and end is not None and ask["t_ns"] > end - TOO_LATE_NS:
+        # The harness reads the job's progress late under load: its request may reach the
+        # launcher after (or just before) the workers ended, when there is nothing to grow.
+        return _skip("in_place", "asked to grow %.0f ms before the first worker ended: too late to grow" % (
+            (end - ask["t_ns"]) / 1e6))
+    spare = workers  # rank W: the first spare
+    lost = lost_ranks(job, plan)
+    late = killed_after_end(job, plan)
+    want = workers if spare in lost and spare not in late else workers + 1
+    finals = last_finals(job)
+    if finals and finals[0][2] != want:
+        return _bad("in_place", "final world %d, want %d (the spare %s)" % (
+            finals[0][2], want, "killed while joining" if want == workers else "joined"))
+    if want == workers + 1 and "grown in place to %d workers" % want not in err:
+        return _bad("in_place", "final world %d but the launcher never said it grew in place" % want)
+    mem = [e for e in job.events_named("resumed") if e.get("from") == "memory"]
+    return _ok("in_place", "%s; %d resume(s) from memory" % (
+        "grown in place to %d" % want if want > workers else
+        "the spare lost while joining or after: final world %d" % want, len(mem)))
+
+
 def check_in_place(job, plan, cfg):
     if plan["kind"] in faults.GROWS:
         return check_grown(job, plan, cfg)
+    if plan["kind"] in faults.SPARES:
+        return check_grown_in_place(job, plan, cfg)
     workers = cfg["workers"]
     lost = lost_ranks(job, plan)
     in_place = plan["in_place"]
@@ -495,7 +555,7 @@ def check_replay(job, plan, cfg, damaged, cache, scratch, sabotage):
         # An elastic kind's history is replayed whole, world by world: the checkpoint the
         # growth resumed from is checked too, not taken as given.
         where, prefix = state_at(job, cfg, step, resumes[-1]["t_ns"] if resumes else 0, args, scratch + "-state",
-                                 trust=plan["kind"] not in faults.GROWS)
+                                 trust=plan["kind"] not in faults.GROWS | faults.SPARES)
         if where is None:
             return _bad("replay", "the state of resumed step %d: %s" % (step, prefix))
         want, how = replay_hash(cfg["build"], cfg["src"], where, step, world, args, scratch,
@@ -612,6 +672,10 @@ def latencies(job, plan):
     # A growth's relaunch resumes every worker again, from disk: not the fault's recovery.
     grown = min((t0 for t0, _ in growth_stops(job)), default=float("inf"))
     for f in plan["faults"]:
+        if f.get("fired") and f["kind"] == "grow":  # request -> the first resume at the grown world
+            t = f["t_ns"]
+            at = [e["t_ns"] for e in job.events_named("resumed", t) if e.get("world", 0) > job.workers]
+            out.append({"fault": "grow", "grow_ms": (min(at) - t) / 1e6 if at else None})
         if not f.get("fired") or f["kind"] not in ("kill", "stop", "host_loss", "partition") or f["pick"] == "all":
             continue
         t = f["t_ns"]
@@ -622,7 +686,9 @@ def latencies(job, plan):
         for e in sorted(job.events_named("resumed", t), key=lambda e: e["t_ns"]):
             if e["t_ns"] < grown:
                 first.setdefault(e["rank"], e)
-        rec = {"fault": f["kind"], "victims": f["victims"], "progress": f["progress"],
+        # a spare killed while it joins is not a member's loss: counted apart
+        kind = "kill_spare" if plan["kind"] == "kill_joining" else f["kind"]
+        rec = {"fault": kind, "victims": f["victims"], "progress": f["progress"],
                "detect_ms": (min(dead) - t) / 1e6 if dead else None,
                "recover_ms": (max(e["t_ns"] for e in first.values()) - t) / 1e6 if first else None,
                "steps_lost": f["progress"] - min(e["step"] for e in first.values()) if first else None,

@@ -147,6 +147,21 @@ START_TEST(kill_in_rebuild_campaign)
     campaign_shows("--runs 1 --seed 1 --workers 4 --faults kill_in_rebuild", 1, "(crashed inside the ring's rebuild)");
 }
 END_TEST
+/* Growth in place onto a spare held back at launch (chaos/faults.py SPARES, recover/recovery.c
+   G1-G4): one job asked to grow at a commit grows to 4 in place; in the other the spare is
+   SIGKILLed from outside just after the launcher said it grows in place, and the three go on
+   at 3. The oracles check no relaunch, the final world, and the whole history replayed world
+   by world; in_place must apply to both (not skipped as a request that came too late). */
+START_TEST(growth_in_place_campaign)
+{
+    need_h5py();
+    char *out = campaign_ok("--runs 2 --seed 23 --steps 600 --faults grow_spare,kill_joining", 2);
+    ck_assert_msg(strstr(out, "grow_spare") && strstr(out, "kill [3] @growing") &&
+                      !strstr(out, "oracle in_place not applicable"),
+                  "%.3000s", out);
+    free(out);
+}
+END_TEST
 
 static Suite *chaos_suite(void)
 {
@@ -158,6 +173,7 @@ static Suite *chaos_suite(void)
     tcase_add_test(tc, kill_while_persisting);
     tcase_add_test(tc, disk_hang_campaign);
     tcase_add_test(tc, kill_in_rebuild_campaign);
+    tcase_add_test(tc, growth_in_place_campaign);
     suite_add_tcase(s, tc);
     tc = tcase_create("oracles");
     tcase_set_timeout(tc, SELFTEST_TIMEOUT_S + 30);
