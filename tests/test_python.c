@@ -17,7 +17,7 @@
 #include "harness.h"
 #include "harness_py.h"
 
-static char *script_api, *script_job;
+static char *script_api, *script_job, *script_grow;
 
 /* Each api_check run's bound: 3 interpreters on 2 cores spend most of it importing torch,
    which takes 1.8x as long under PyPI's torch 2.x as under Debian's 1.13 (its CUDA
@@ -131,6 +131,37 @@ END_TEST
 START_TEST(horovod_style_killed_then_grown_back)
 {
     job("horovod", NULL, "job_check horovod: ok");
+}
+END_TEST
+
+/* Growth in place under a rekindle.elastic program (tests/py/grow_check.py): `rekindle run -n 3
+   --spares 1`, RK_RUN_DIR/grow written once a checkpoint is committed. */
+static void grow(const char *mode, const char *want)
+{
+    char *work = th_tmpdir("py-grow");
+    char *argv[] = {th_python, script_grow, (char *)getenv("RK_TEST_BUILD"), work, (char *)mode, NULL};
+    th_py_expect(argv, 0, want, 540);
+    free(work);
+}
+
+/* examples/horovod_style.py grows from 3 to 4 in place: the three keep their processes,
+   the launcher says "grown in place", the 4 resume from memory with no step lost, rank 0
+   says each sample was trained on once in every epoch (one after the growth: the
+   ElasticSampler shared out the rest of the epoch over 4), and the final hash equals a
+   replay (3 workers to the step the grown ring resumed at, 4 from there). */
+START_TEST(horovod_style_grows_in_place)
+{
+    grow("example", "grow_check example: ok");
+}
+END_TEST
+
+/* The same request under tests/py/elastic_grow.py, written from docs/PYTHON.md alone: each
+   of the three sees one HostsUpdatedInterrupt (from commit(), the optimizer's step() or
+   check_host_updates()) and one reset at size 4, the joining spare one reset and no
+   interrupt, and the 4 end with every sample's value taken once an epoch. */
+START_TEST(elastic_program_grows_in_place)
+{
+    grow("program", "grow_check program: ok");
 }
 END_TEST
 
@@ -285,6 +316,7 @@ int main(void)
                 "cannot import torch and sklearn (install python3-torch python3-sklearn: scripts/install-deps)");
     script_api = th_py_script("api_check.py");
     script_job = th_py_script("job_check.py");
+    script_grow = th_py_script("grow_check.py");
     Suite *s = suite_create("python");
     TCase *tc = tcase_create("api");
     tcase_set_timeout(tc, 2 * API_BOUND_S + 60);
@@ -307,6 +339,8 @@ int main(void)
     tcase_add_test(tc, elastic_state_rolls_back);
     tcase_add_test(tc, elastic_loss_in_first_sync);
     tcase_add_test(tc, elastic_sampler_reshards_after_a_loss);
+    tcase_add_test(tc, horovod_style_grows_in_place);
+    tcase_add_test(tc, elastic_program_grows_in_place);
     suite_add_tcase(s, tc);
     tc = tcase_create("package");
     tcase_set_timeout(tc, 600);

@@ -28,17 +28,23 @@ What maps to what (docs/PYTHON.md, "Horovod Elastic API"):
   the state already rolled back to the last commit they all hold (what Horovod's
   restore() does after a HorovodInternalError); run() then calls the reset callbacks and
   the function again.
+- The job growing in place (`rekindle run --spares S`, then RK_RUN_DIR/grow: spares held
+  back at launch join the ring, docs/LAUNCHER.md) makes every member's next collective
+  call of this module (commit(), check_host_updates(), sync(), DistributedOptimizer's
+  step()) raise HostsUpdatedInterrupt, a Recovered whose ring is larger than before: the
+  state is the last commit every worker holds (from their memory: no step of theirs is
+  trained again from a checkpoint on disk) and the joining workers received it. run() catches it as it catches a loss: the reset
+  callbacks, then the function again, without a sync; a joining spare's run() starts
+  there, after its reset callbacks.
 - sync() gives every worker rank 0's state (rk_broadcast: an exact byte-wise broadcast
   over the ring).
 - restore() from user code is not available: the library keeps the snapshot, and rolls
-  back only on a loss (rekindle.Error, RK_E_NOTAVAIL).
+  back only on a loss or a growth (rekindle.Error, RK_E_NOTAVAIL).
 - ElasticSampler (hvd.elastic.ElasticSampler) given to TorchState rolls back with it:
-  after a loss the rest of the epoch is shared out again over the survivors, each sample
-  still taken once.
-- A running job only shrinks (or takes a spare); `rekindle run --host-discovery-script`
-  grows a job by launching it again from a checkpoint, which the first call of the run()
-  function resumes. So no HostsUpdatedInterrupt reaches a running program, and there is
-  no check_host_updates().
+  after a loss or a growth the rest of the epoch is shared out again over the workers
+  there are now, each sample still taken once.
+- `rekindle run --host-discovery-script` (and `--grow relaunch`) grows a job by launching
+  it again from a checkpoint, which the first call of the run() function resumes.
 """
 import functools
 import numbers
@@ -48,9 +54,42 @@ from . import init as _init
 from ._lib import Error, Recovered
 
 __all__ = ["init", "shutdown", "context", "rank", "size", "run", "TorchState", "DistributedOptimizer",
-           "ElasticSampler"]
+           "ElasticSampler", "HostsUpdatedInterrupt"]
 
 _ctx = None
+
+
+class HostsUpdatedInterrupt(Recovered):
+    """hvd.elastic.HostsUpdatedInterrupt: the ring grew while a collective call of this
+    module ran (commit(), check_host_updates(), sync(), DistributedOptimizer's step()):
+    spares held back at launch joined in place (rekindle run --spares, RK_RUN_DIR/grow).
+    Every registered tensor is at the last commit every worker holds, from the workers'
+    memory, and the joining workers received it; continue from `next_step` at size() (run()
+    does: the reset callbacks, then the function again). skip_sync is True: run() calls
+    sync() only at its first call, never after a growth (Horovod's syncs here unless only
+    hosts were removed). A Recovered, so a program that catches Recovered catches this too;
+    a ring that is not larger after the recovery (a lost member, even one a spare replaced,
+    or a spare lost while joining) is a plain Recovered."""
+
+    def __init__(self, next_step, skip_sync=True):
+        super().__init__(next_step)
+        self.skip_sync = skip_sync
+        self.args = ("hosts updated: the ring grew to %d workers; continue from step %d" % (
+            _ctx.world if _ctx is not None and _ctx._h is not None else -1, next_step),)
+
+
+def _collective(call, *args):
+    """call(*args), a collective of the context; a Recovered it raises becomes a
+    HostsUpdatedInterrupt when the ring is larger after it than before."""
+    world = context().world
+    try:
+        return call(*args)
+    except HostsUpdatedInterrupt:
+        raise
+    except Recovered as r:
+        if context().world > world:
+            raise HostsUpdatedInterrupt(r.next_step).with_traceback(r.__traceback__) from None
+        raise
 
 
 def init(**options):
@@ -94,18 +133,23 @@ def run(func):
     there is one (a relaunched job goes on from it). When a worker is lost, the survivors'
     next collective call raises rekindle.Recovered with every registered tensor (the
     state's scalars too) already rolled back to the last commit they all hold: the reset
-    callbacks run, then func is called again with the same state. A loss during the first
+    callbacks run, then func is called again with the same state. A growth in place
+    (HostsUpdatedInterrupt, a Recovered) is handled alike: nothing to restore (the state is
+    the last commit every worker holds, from memory), no sync (the joining workers
+    received it), the reset callbacks at the new size(), func again. A loss during the first
     call's sync is retried alike (the survivors sync and resume again at the new size,
     then the reset callbacks run) where the job has a checkpoint on disk to roll back to
     (one launched again); a job's very first launch has none yet: rekindle.Error
     (RK_E_NOCKPT) ends it. A spare worker (rekindle
     run --spares) that a loss brings in runs the reset callbacks once before its first
-    call: its rank and world are known only then.
+    call: its rank and world are known only then; so does one that a growth in place
+    brings in (it then starts func with the others' state at the step they go on from).
 
     Every other exception propagates, rekindle.Error included: a recovery that cannot
     go on (RK_E_MIN_WORLD, RK_E_NO_MAJORITY, RK_E_PEER_LOST, ...) ends the call, never
     another try. Each retry follows a recovery that succeeded, each of those followed the
-    loss of a worker, so the retries are bounded by the number of workers launched."""
+    loss of a worker or the arrival of a spare, so the retries are bounded by the number
+    of workers launched."""
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         reset = False
@@ -135,7 +179,7 @@ def DistributedOptimizer(optimizer, named_parameters=None):
     step = optimizer.step
 
     def averaged_step(*args, **kwargs):
-        ctx._reduce_flat([p.grad for p in params if p.grad is not None], "avg")
+        _collective(ctx._reduce_flat, [p.grad for p in params if p.grad is not None], "avg")
         return step(*args, **kwargs)
     optimizer.step = averaged_step
     optimizer._rekindle_averaged = True
@@ -341,9 +385,10 @@ class TorchState:
 
     # ---- Horovod's State -------------------------------------------------------------
     def register_reset_callbacks(self, callbacks):
-        """Functions called (in order, no arguments) after each recovery, before the run()
-        function is called again: to rescale a learning rate by size(), make samplers for
-        the new world."""
+        """Functions called (in order, no arguments) after each recovery (a loss or a
+        growth in place), before the run() function is called again: to rescale a learning
+        rate by size(), make samplers for the new world. Also once on a spare brought in,
+        before its first call."""
         self._callbacks.extend(callbacks)
 
     def _on_reset(self):
@@ -361,20 +406,39 @@ class TorchState:
         if spare:  # brought in by a loss: its rank and world are known only now
             self._on_reset()
 
+    def _require_started(self, what):
+        if not self._started:
+            raise Error(_lib.CODES["RK_E_STATE"], "%s belongs inside the function decorated by "
+                        "rekindle.elastic.run (its first call syncs and resumes the state)" % what,
+                        "TorchState." + what.split("(")[0])
+
     def commit(self):
         """Rekindle's step_done: a snapshot of every registered tensor is held in memory
-        (copied while the next step computes), which a loss rolls back to; every
-        RK_CKPT_EVERY commits it is also written to disk. Collective like any step_done,
-        and it may raise rekindle.Recovered (run() handles it)."""
-        if not self._started:
-            raise Error(_lib.CODES["RK_E_STATE"], "commit() belongs inside the function decorated by "
-                        "rekindle.elastic.run (its first call syncs and resumes the state)", "TorchState.commit")
-        self._ctx.step_done(self._ctx.next_step)
+        (copied while the next step computes), which a loss or a growth rolls back to; every
+        RK_CKPT_EVERY commits it is also written to disk. As Horovod's commit() (save, then
+        check_host_updates()), in one call: rk_step_done looks for a membership change
+        before it takes the snapshot. Collective like any step_done; it raises
+        HostsUpdatedInterrupt when the job grew in place, rekindle.Recovered when a worker
+        was lost (run() handles both); the step just finished is then run again."""
+        self._require_started("commit()")
+        _collective(self._ctx.step_done, self._ctx.next_step)
+
+    def check_host_updates(self):
+        """Horovod's: raises HostsUpdatedInterrupt if the job grew in place since the last
+        collective call (a growth asked for by RK_RUN_DIR/grow takes place at the next ring
+        call of every member). Collective, as Horovod's (a broadcast there): one allreduce of
+        a byte over the ring, so every worker raises it at the same call; rekindle.Recovered
+        if a worker was lost instead. commit() needs no call of it (it checks itself); call
+        it to look for a growth between commits."""
+        self._require_started("check_host_updates()")
+        torch = _tensor.torch
+        _collective(self._ctx.allreduce, torch.zeros(1, dtype=torch.uint8), "max")
 
     def restore(self):
         """Not available: the snapshot of the last commit lives in the library, which
-        restores it only when a worker is lost (then run() sees rekindle.Recovered with the
-        state already restored). Raises rekindle.Error (RK_E_NOTAVAIL)."""
+        restores it only when a worker is lost or the job grows (then run() sees
+        rekindle.Recovered or HostsUpdatedInterrupt with the state already restored).
+        Raises rekindle.Error (RK_E_NOTAVAIL)."""
         raise Error(_lib.CODES["RK_E_NOTAVAIL"], "restore() of uncommitted changes from user code is not "
                     "available: the last commit is restored by the library when a worker is lost",
                     "TorchState.restore")
@@ -383,7 +447,8 @@ class TorchState:
         """Every worker gets rank 0's state: the model, the optimizer and the scalars of this
         TorchState, as bytes in one host buffer (device tensors copied through it) given to
         rk_broadcast (rank 0's bytes, zeros elsewhere, a byte-wise MAX over the ring: exact
-        for every dtype). Collective; it may raise rekindle.Recovered."""
+        for every dtype). Collective; it may raise rekindle.Recovered or
+        HostsUpdatedInterrupt."""
         torch, ctx = _tensor.torch, self._ctx
         tensors = [e.obj for e in self._entries if e.nbytes]
         root = ctx.rank == 0
@@ -398,7 +463,8 @@ class TorchState:
             for src, part in views:
                 part.copy_(src)
         ctx._raise_pending()
-        ctx._outcome("rk_broadcast", _lib.lib.rk_broadcast(ctx._handle(), flat.data_ptr() or None, flat.numel(), 0))
+        _collective(lambda: ctx._outcome("rk_broadcast", _lib.lib.rk_broadcast(
+            ctx._handle(), flat.data_ptr() or None, flat.numel(), 0)))
         if not root:
             for dst, part in views:
                 dst.copy_(part)
