@@ -459,6 +459,40 @@ START_TEST(committed_label_rank0_alone_knows_is_not_retaken)
 }
 END_TEST
 
+/* J7, the notes read never through a link (ckpt/writer.c): a link planted at COMMITTED in
+   an attempt's directory, pointing at a file that says what rank 0 would say (this attempt's
+   nonce), is not believed: rank 1 waits for rank 0 to the end of its bound and counts
+   nothing as committed, and the link's target is left as it was. (Read through the link,
+   rank 1 counted step 0 as committed, a step no rank ever wrote.) */
+START_TEST(note_through_a_planted_link_is_not_believed)
+{
+    char *dir = th_tmpdir("planted"), path[4400], name[64], target[4400], link[4500], *out = NULL;
+    fmt_tmp_name(name, sizeof(name), 0, 7); /* start_one_of_two: step 0, nonce 7 */
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    ck_assert_int_eq(mkdir(path, 0755), 0); /* rank 0's, made before rank 0's writer got to it */
+    snprintf(target, sizeof(target), "%s/elsewhere", dir);
+    FILE *f = fopen(target, "w");
+    ck_assert(f);
+    fprintf(f, "%016x planted\n", 7);
+    fclose(f);
+    snprintf(link, sizeof(link), "%s/COMMITTED", path);
+    ck_assert_int_eq(symlink(target, link), 0);
+    ckpt_engine *e1 = start_one_of_two(dir, 1, 500);
+    int rc = ckpt_wait(e1, rk__deadline_ns(10000));
+    ck_assert_msg(rc == RK_E_TIMEOUT, "rank 1: ckpt_wait: %d (%s), want RK_E_TIMEOUT (rank 0 never came)", rc,
+                  rk_last_error());
+    ck_assert_int_eq(ckpt_last_committed(e1), -1);
+    th_assert_rc(ckpt_destroy(&e1, rk__deadline_ns(10000)), 0);
+    char cmd[4500];
+    snprintf(cmd, sizeof(cmd), "cat '%s'", target);
+    ck_assert_int_eq(th_sh(cmd, 10, &out), 0);
+    ck_assert_str_eq(out, "0000000000000007 planted\n");
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
    was; the output goes to *out. */
 static void resume_untouched(const char *dir, const char *extra, char **out)
@@ -874,6 +908,7 @@ int main(void)
     tcase_add_loop_test(tc, lost_member_abandons_the_job_waited_for, 0, 2);
     tcase_add_test(tc, survivor_removes_abandoned_attempt_of_dead_rank0);
     tcase_add_test(tc, committed_label_rank0_alone_knows_is_not_retaken);
+    tcase_add_test(tc, note_through_a_planted_link_is_not_believed);
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, failure_superseded_by_a_later_commit);
     tcase_add_test(tc, h5py_reads_index);
