@@ -321,6 +321,12 @@ START_TEST(nccl_shrink_plan)
     ck_assert_int_eq(ring_nccl_plan(old, 4, last, 1, excl, &nex), RING_NCCL_SHRINK);
     ck_assert_int_eq(nex, 3);
     ck_assert(excl[0] == 0 && excl[1] == 1 && excl[2] == 2);
+    /* Growth in place (recover/recovery.c G3): the members all stay and a spare is added
+       beyond them: NCCL 2.28 cannot grow a communicator, so every member takes a fresh one
+       (recover/api_ring_nccl.c: CAN_FRESH), the spare included. */
+    int grown[] = {0, 1, 2, 3, 4};
+    ck_assert_int_eq(ring_nccl_plan(old, 4, grown, 5, excl, &nex), RING_NCCL_FRESH);
+    ck_assert_int_eq(nex, 0);
     /* NCCL ranks, not job ranks: after an earlier shrink the old list is sparse. */
     int old2[] = {2, 5, 7, 9}, now2[] = {5, 9};
     ck_assert_int_eq(ring_nccl_plan(old2, 4, now2, 2, excl, &nex), RING_NCCL_SHRINK);
