@@ -301,7 +301,6 @@ def netem(job, on, f=None):
 def inject(f, job, rng, world_start):
     """Fires fault f at the live job. Records in f: t_ns, victims, progress (rank 0's
     steps done when it fired). Returns None, or why it could not fire."""
-    live = job.live_workers()
     f["fired"] = True
     f["t_ns"] = now_ns()
     f["progress"] = job.last_step + 1
@@ -317,6 +316,11 @@ def inject(f, job, rng, world_start):
             fh.write("1\n")
         os.rename(path + ".tmp", path)
         return None
+    # Reading every process's environment may take seconds on a loaded machine (/proc/PID/
+    # environ waits for a process that is changing its memory map): after the above, which
+    # need none of it.
+    live = job.live_workers()
+    f["t_ns"] = now_ns()  # a kill's time is when it is sent (the latencies count from it)
     if k in ("kill", "stop", "relaunch", "corrupt"):
         victims = pick_victims(f, rng, live)
         if not victims:

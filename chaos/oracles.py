@@ -257,8 +257,6 @@ def check_grown_in_place(job, plan, cfg):
     if job.phase != 0 or job.relaunches():
         return _bad("in_place", "the job was relaunched %d time(s): a growth onto a waiting spare must be made "
                     "in place" % job.relaunches())
-    if faults.GROWING_TEXT not in err:
-        return _bad("in_place", "asked to grow at step %d, the launcher never grew in place" % ask["progress"])
     grew = any(e.get("world", 0) > workers for e in job.events_named("resumed"))
     end = first_end_ns(job, workers)
     if not grew and end is not None and ask["t_ns"] > end - TOO_LATE_NS:
@@ -266,6 +264,8 @@ def check_grown_in_place(job, plan, cfg):
         # launcher after (or just before) the workers ended, when there is nothing to grow.
         return _skip("in_place", "asked to grow %.0f ms before the first worker ended: too late to grow" % (
             (end - ask["t_ns"]) / 1e6))
+    if faults.GROWING_TEXT not in err:
+        return _bad("in_place", "asked to grow at step %d, the launcher never grew in place" % ask["progress"])
     spare = workers  # rank W: the first spare
     lost = lost_ranks(job, plan)
     late = killed_after_end(job, plan)
