@@ -365,6 +365,24 @@ long rk_reader_find(const rk_reader *r, const char *name);
 /* Reads tensor i into buf (exactly its nbytes: -EINVAL otherwise) and verifies its
    checksum: RK_E_CORRUPT naming the tensor and file if it fails (buf then holds garbage). */
 int rk_reader_read(rk_reader *r, size_t i, void *buf, uint64_t nbytes);
+/* Reads a batch of n tensors, each whole into its buffer (req[k].nbytes exactly the
+   tensor's: -EINVAL naming the request otherwise, and nothing is read), with up to 16
+   reads of 4 MiB in flight across them (O_DIRECT where the pages are not in the page
+   cache, pread where they are), every tensor checked against its checksum as its bytes
+   arrive: RK_E_CORRUPT naming the first that fails and its file, -errno for a read that
+   fails (RK_FAULT included); then the buffers hold what was read so far. flags:
+   RK_READ_SHARED when other processes of this machine read the same tensors (every rank
+   loading a replicated model): the batch is read through the page cache, its next 256 MiB
+   handed to the kernel's readahead while the current ones are read, so the disk is read
+   once for the machine instead of once for each process (Linux >= 6.5; before, the flag
+   changes nothing). 0 otherwise. rk_reader_read is a batch of one. */
+typedef struct rk_read_req {
+    size_t i;        /* the tensor, 0..count-1 */
+    void *buf;       /* its bytes go here (may be NULL for a tensor of 0 bytes) */
+    uint64_t nbytes; /* the tensor's nbytes */
+} rk_read_req;
+#define RK_READ_SHARED 1u
+int rk_reader_read_many(rk_reader *r, const rk_read_req *req, size_t n, unsigned flags);
 void rk_reader_close(rk_reader **r);
 
 #ifdef __cplusplus

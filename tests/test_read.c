@@ -200,22 +200,35 @@ typedef struct {
     unsigned long long straight, bounce, buffered, most;
 } ways;
 
-static int read_logged(fmt_ckpt *c, region *g, const ckpt_files *w, bool drop, ways *out)
+/* The reader's debug lines captured from here on; log_end stops and, where out is not
+   NULL, reads the last batch's line into it. */
+static void log_begin(th_capture *cap, bool debug)
 {
-    setenv("RK_LOG", "debug", 1);
+    setenv("RK_LOG", debug ? "debug" : "error", 1);
     setenv("RK_LOG_SUBSYS", "fmt", 1);
     rk__log_reload();
-    th_capture cap;
-    th_capture_begin(&cap);
-    int rc = read_all(c, g, w, drop);
-    char *log = th_capture_end(&cap);
+    th_capture_begin(cap);
+}
+
+static void log_end(th_capture *cap, ways *out)
+{
+    char *log = th_capture_end(cap);
     setenv("RK_LOG", "error", 1);
     rk__log_reload();
     const char *l = log ? strstr(log, "bytes straight ") : NULL;
-    ck_assert_msg(l && sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu, most in flight %llu",
-                              &out->straight, &out->bounce, &out->buffered, &out->most) == 4,
+    ck_assert_msg(!out ||
+                      (l && sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu, most in flight %llu",
+                                   &out->straight, &out->bounce, &out->buffered, &out->most) == 4),
                   "log: %s", log ? log : "");
     free(log);
+}
+
+static int read_logged(fmt_ckpt *c, region *g, const ckpt_files *w, bool drop, ways *out)
+{
+    th_capture cap;
+    log_begin(&cap, true);
+    int rc = read_all(c, g, w, drop);
+    log_end(&cap, out);
     return rc;
 }
 
@@ -537,6 +550,103 @@ START_TEST(resume_fault_and_damage_leave_buffers)
 }
 END_TEST
 
+/* ---- rk_reader_read_many, the public batch (recover/api_read.c A1-A3) ---------------- */
+
+/* Every tensor of w whole into g through the public reader, in spec order; bad: the
+   request whose nbytes is one too many (-1: none). The reader's log line of the (last)
+   batch in *h when h is not NULL. */
+static int reader_batch(rk_reader *r, region *g, const ckpt_files *w, unsigned flags, int bad, ways *h)
+{
+    rk_read_req q[NT];
+    for (size_t k = 0; k < NT; k++) {
+        long i = rk_reader_find(r, spec[k].name);
+        ck_assert_int_ge(i, 0);
+        q[k] =
+            (rk_read_req){.i = (size_t)i, .buf = g->mem + g->at[k], .nbytes = w->bytes[k] + ((int)k == bad)};
+    }
+    th_capture cap;
+    log_begin(&cap, h != NULL);
+    int rc = rk_reader_read_many(r, q, NT, flags);
+    log_end(&cap, h);
+    return rc;
+}
+
+/* A1-A3: rk_reader_read_many of every tensor (the sharded one whole), cold: one request
+   one byte too long fails the batch with -EINVAL naming it and writes nothing; without
+   RK_READ_SHARED the batch goes O_DIRECT (the reader's buffers: the caller's memory is
+   not its to drop), with it through the page cache (the hint made every page cached
+   before the reads: pread, no O_DIRECT read); a byte damaged in b fails either with
+   RK_E_CORRUPT naming b; RK_FAULT read@N=eio half-way fails it with -EIO naming a
+   tensor, and the same reader's next batch reads everything right. */
+START_TEST(reader_read_many_shared_corrupt_fault)
+{
+    ckpt_files w;
+    write_files(&w);
+    region g;
+    region_make(&g, &w);
+    for (unsigned flags = 0; flags <= RK_READ_SHARED; flags++) {
+        rk_reader *r = NULL;
+        cache(&w, false);
+        th_assert_rc(rk_reader_open(&r, w.top, 3), 0);
+        memset(g.mem, 0xA5, g.size);
+        th_assert_rc(reader_batch(r, &g, &w, flags, 2, NULL), -EINVAL);
+        ck_assert_msg(strstr(rk_last_error(), "request 2: tensor 'c' has 100 bytes, the buffer 101"), "%s",
+                      rk_last_error());
+        size_t j = 0;
+        while (j < g.size && g.mem[j] == 0xA5)
+            j++;
+        ck_assert_msg(j == g.size, "byte %zu written by a refused batch", j);
+        ways h;
+        th_assert_rc(reader_batch(r, &g, &w, flags, -1, &h), 0);
+        region_check(&g, &w);
+        if (flags & RK_READ_SHARED)
+            ck_assert_msg(h.straight == 0 && h.bounce == 0 && h.buffered >= 20 * MIB,
+                          "shared: straight %llu bounce %llu buffered %llu", h.straight, h.bounce,
+                          h.buffered);
+        else
+            ck_assert_msg(h.bounce >= 20 * MIB && h.buffered < MIB, "bounce %llu buffered %llu", h.bounce,
+                          h.buffered);
+        rk_reader_close(&r);
+        ck_assert_ptr_null(r);
+
+        char path[4300];
+        snprintf(path, sizeof(path), "%s/shard-0.h5", w.step);
+        const fmt_tensor *b = &w.m[0]->t[1];
+        th_flip_byte(path, (off_t)(b->offset + b->nbytes / 2 + 3));
+        cache(&w, false);
+        th_assert_rc(rk_reader_open(&r, w.top, 3), 0);
+        th_assert_rc(reader_batch(r, &g, &w, flags, -1, NULL), RK_E_CORRUPT);
+        ck_assert_msg(strstr(rk_last_error(), "tensor 'b': checksum mismatch"), "%s", rk_last_error());
+        rk_reader_close(&r);
+        th_flip_byte(path, (off_t)(b->offset + b->nbytes / 2 + 3));
+
+        cache(&w, false);
+        quiet("read@100000=eio", "shard-");
+        th_assert_rc(rk_reader_open(&r, w.top, 3), 0);
+        uint64_t opened = rk__fault_count(RK_FAULT_OP_READ);
+        th_assert_rc(reader_batch(r, &g, &w, flags, -1, NULL), 0);
+        uint64_t reads = rk__fault_count(RK_FAULT_OP_READ) - opened;
+        rk_reader_close(&r);
+        ck_assert_uint_ge(reads, 6);
+        char fault[64];
+        snprintf(fault, sizeof(fault), "read@%llu=eio", (unsigned long long)(opened + reads / 2));
+        cache(&w, false);
+        quiet(fault, "shard-");
+        th_assert_rc(rk_reader_open(&r, w.top, 3), 0);
+        memset(g.mem, 0xA5, g.size);
+        th_assert_rc(reader_batch(r, &g, &w, flags, -1, NULL), -EIO);
+        ck_assert_msg(strstr(rk_last_error(), "reading tensor '"), "%s", rk_last_error());
+        ck_assert_uint_eq(rk__fault_count(RK_FAULT_OP_READ), opened + reads / 2 + 1); /* it stopped there */
+        quiet(NULL, NULL);
+        th_assert_rc(reader_batch(r, &g, &w, flags, -1, NULL), 0);
+        region_check(&g, &w);
+        rk_reader_close(&r);
+    }
+    free(g.mem);
+    files_free(&w);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("read");
@@ -553,6 +663,10 @@ int main(void)
     tcase_set_timeout(tc, 180);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, resume_fault_and_damage_leave_buffers);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("reader");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, reader_read_many_shared_corrupt_fault);
     suite_add_tcase(s, tc);
     return th_main(s);
 }
