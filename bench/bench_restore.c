@@ -3,7 +3,7 @@
  * raw read of the same bytes, and against memcpy when the file is in the page cache
  * (bench/disk.sh runs it, part 3).
  *
- *   bench_restore DIR MIB [ROUNDS] [NTENSORS] [full|sharded]
+ *   bench_restore DIR MIB [ROUNDS] [NTENSORS] [full|sharded] [OLD_BENCH_RESTORE]
  *       writes one checkpoint of MIB in NTENSORS float32 tensors (registered with flags 0,
  *       or RK_SHARDED: one rank, so its rows are all the rows) under DIR/ck, then each
  *       round, in an order that rotates by round:
@@ -19,9 +19,12 @@
  *         warm: the step directory's files read into the page cache first
  *           rk_resume      the same, from the page cache
  *           memcpy         of the same bytes, between two touched buffers
- *       and prints per round cold rk_resume / best raw and warm rk_resume / memcpy, then
- *       their medians and a RESULT line. Every rk_resume's bytes are compared with what
- *       was written (outside the time).
+ *         with OLD_BENCH_RESTORE (an older build's bench_restore): its rk_resume cold
+ *           and warm too, as two more ways of the same rounds (interleaved pairs, the
+ *           same rotation, the checkpoint this build wrote)
+ *       and prints per round cold rk_resume / best raw and warm rk_resume / memcpy (and
+ *       the old build's), then their medians and a RESULT line. Every rk_resume's bytes
+ *       are compared with what was written (outside the time).
  * GB/s are 1e9 bytes per second; the ratios are of the same bytes (the tensors').
  */
 #include <dirent.h>
@@ -217,9 +220,10 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-enum way { RAW_DIRECT, RAW_BUFFERED, RAW_PREAD, RESUME_COLD, RESUME_WARM, MEMCPY, NWAYS };
+enum way { RAW_DIRECT, RAW_BUFFERED, RAW_PREAD, RESUME_COLD, RESUME_WARM, MEMCPY, OLD_COLD, OLD_WARM, NWAYS };
 static const char *const way_name[NWAYS] = {"raw O_DIRECT",   "raw buffered",   "raw pread",
-                                            "rk_resume cold", "rk_resume warm", "memcpy"};
+                                            "rk_resume cold", "rk_resume warm", "memcpy",
+                                            "old rk_resume cold", "old rk_resume warm"};
 
 static double raw_read(const char *step, const char *shard, char *buf, size_t len, enum way w)
 {
@@ -247,13 +251,14 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "--child") == 0)
         return child(argc - 1, argv + 1);
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_restore DIR MIB [ROUNDS] [NTENSORS] [full|sharded]\n");
+        fprintf(stderr, "usage: bench_restore DIR MIB [ROUNDS] [NTENSORS] [full|sharded] [OLD_BENCH_RESTORE]\n");
         return 2;
     }
     const char *dir = argv[1];
     size_t len = (size_t)atol(argv[2]) * MIB;
     int rounds = argc > 3 ? atoi(argv[3]) : 5, nt = argc > 4 ? atoi(argv[4]) : 71;
-    const char *kind = argc > 5 ? argv[5] : "full";
+    const char *kind = argc > 5 ? argv[5] : "full", *old = argc > 6 ? argv[6] : NULL;
+    int nways = old ? NWAYS : OLD_COLD;
     if (len == 0 || rounds < 1 || rounds > MAXROUNDS || nt < 1 ||
         (strcmp(kind, "full") != 0 && strcmp(kind, "sharded") != 0)) {
         fprintf(stderr, "bench_restore: MIB > 0, ROUNDS in 1..%d, NTENSORS > 0, full or sharded\n",
@@ -271,15 +276,17 @@ int main(int argc, char **argv)
     run_child(self, "write", dir, per, nt, kind, "cold");
     char *buf = make_buf(total, false), *dst = make_buf(total, false);
     size_t rawlen = total & ~(size_t)4095; /* the shard's first bytes: as many as the tensors' */
-    double gbs[NWAYS][MAXROUNDS], cold[MAXROUNDS], warm[MAXROUNDS];
+    double gbs[NWAYS][MAXROUNDS], cold[MAXROUNDS], warm[MAXROUNDS], ocold[MAXROUNDS], owarm[MAXROUNDS];
     printf("restore: %.2f GiB in %d %s tensors, one rank, %s; GB/s per round (order rotated)\n",
            (double)total / (1 << 30), nt, kind, dir);
     for (int k = 0; k < rounds; k++) {
-        for (int j = 0; j < NWAYS; j++) {
-            enum way w = (enum way)((j + k) % NWAYS);
+        for (int j = 0; j < nways; j++) {
+            enum way w = (enum way)((j + k) % nways);
             double s;
             if (w == RESUME_COLD || w == RESUME_WARM)
                 s = run_child(self, "resume", dir, per, nt, kind, w == RESUME_COLD ? "cold" : "warm");
+            else if (w == OLD_COLD || w == OLD_WARM)
+                s = run_child(old, "resume", dir, per, nt, kind, w == OLD_COLD ? "cold" : "warm");
             else if (w == MEMCPY) {
                 double t0 = now_s();
                 memcpy(dst, buf, total);
@@ -294,15 +301,25 @@ int main(int argc, char **argv)
         cold[k] = gbs[RESUME_COLD][k] / best;
         warm[k] = gbs[RESUME_WARM][k] / gbs[MEMCPY][k];
         printf("  round %d:", k + 1);
-        for (int w = 0; w < NWAYS; w++)
-            printf(" %s %.2f%s", way_name[w], gbs[w][k], w < NWAYS - 1 ? "," : ";");
-        printf(" cold/best raw %.3f, warm/memcpy %.3f\n", cold[k], warm[k]);
+        for (int w = 0; w < nways; w++)
+            printf(" %s %.2f%s", way_name[w], gbs[w][k], w < nways - 1 ? "," : ";");
+        printf(" cold/best raw %.3f, warm/memcpy %.3f", cold[k], warm[k]);
+        if (old) {
+            ocold[k] = gbs[OLD_COLD][k] / best;
+            owarm[k] = gbs[OLD_WARM][k] / gbs[MEMCPY][k];
+            printf("; old: cold/best raw %.3f, warm/memcpy %.3f", ocold[k], owarm[k]);
+        }
+        printf("\n");
+        fflush(stdout);
     }
     printf("  median:");
-    for (int w = 0; w < NWAYS; w++)
-        printf(" %s %.2f%s", way_name[w], median(gbs[w], rounds), w < NWAYS - 1 ? "," : ";");
-    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f\n", median(cold, rounds),
-           median(warm, rounds));
+    for (int w = 0; w < nways; w++)
+        printf(" %s %.2f%s", way_name[w], median(gbs[w], rounds), w < nways - 1 ? "," : ";");
+    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f", median(cold, rounds), median(warm, rounds));
+    if (old)
+        printf("; old: cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f", median(ocold, rounds),
+               median(owarm, rounds));
+    printf("\n");
     printf("RESULT kind=%s cold_ratio=%.3f warm_ratio=%.3f resume_cold_gbs=%.3f resume_warm_gbs=%.3f "
            "raw_direct_gbs=%.3f raw_buffered_gbs=%.3f raw_pread_gbs=%.3f memcpy_gbs=%.3f\n",
            kind, median(cold, rounds), median(warm, rounds), median(gbs[RESUME_COLD], rounds),

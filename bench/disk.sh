@@ -29,8 +29,10 @@
 #    warm (the file in the page cache), memcpy of the same bytes, the order rotating each
 #    round; cold rk_resume / best raw cold read and warm rk_resume / memcpy per round and
 #    their medians; the tensors registered whole (full), then as RK_SHARDED rows (sharded).
-#    RK_BENCH_RESTORE="full sharded" picks; with --against OLD_BUILD its bench_restore runs
-#    after the new one (copy bench/bench_restore.c there as for bench_disk).
+#    RK_BENCH_RESTORE="full sharded" picks; with --against OLD_BUILD the old build's
+#    rk_resume cold and warm are two more ways of the same rounds (interleaved pairs, the
+#    order rotating with the rest; its bench_restore serves as the child: copy
+#    bench/bench_restore.c there as for bench_disk).
 # The machine's load is printed before and after: this disk slows after a burst and other
 # work shares it; compare within one run.
 set -u
@@ -103,14 +105,15 @@ for kind in $restores; do
   [[ $kind == full || $kind == sharded ]] || { echo "disk: RK_BENCH_RESTORE: '$kind' is not full or sharded" >&2; exit 2; }
   for b in "$build" ${against:+"$against"}; do
     [[ -x $b/bench/bench_restore ]] || { echo "disk: no $b/bench/bench_restore" >&2; exit 2; }
-    rm -rf "$work/run" && mkdir "$work/run" || exit 1
-    if ! "$b/bench/bench_restore" "$work/run" "$mib" "$pairs" 71 "$kind" > "$work/out" 2>&1; then
-      sed 's/^/  /' "$work/out" >&2
-      echo "disk: restore ($kind, $b) failed" >&2
-      exit 1
-    fi
-    echo "  restore, $kind ($b):"
-    grep -E '^(restore|  round|  median)' "$work/out" | sed 's/^/  /'
   done
+  rm -rf "$work/run" && mkdir "$work/run" || exit 1
+  if ! "$build/bench/bench_restore" "$work/run" "$mib" "$pairs" 71 "$kind" \
+       ${against:+"$against/bench/bench_restore"} > "$work/out" 2>&1; then
+    sed 's/^/  /' "$work/out" >&2
+    echo "disk: restore ($kind) failed" >&2
+    exit 1
+  fi
+  echo "  restore, $kind ($build${against:+, old: $against}):"
+  grep -E '^(restore|  round|  median)' "$work/out" | sed 's/^/  /'
 done
 echo "disk.sh: load $(cut -d' ' -f1-3 /proc/loadavg) at the end"
