@@ -264,12 +264,20 @@ class ElasticSampler:
             rest += (rest * w)[:w - len(rest) % w]  # padded as DistributedSampler pads
         return rest[r::w]
 
-    def __iter__(self):
+    def _reset(self):
+        """A new iteration shares out what the epoch has not processed now: after a
+        rollback (run() calling the function again, a resume) as at __iter__."""
         self._base = self.processed
+
+    def __iter__(self):
+        self._reset()
         return iter(self._mine(self._base))
 
     def __len__(self):
-        return len(self._mine(self.processed))
+        """This worker's samples in the current iteration (Horovod's num_samples): what the
+        epoch had left when the iteration began, shared out; record_batch does not change it
+        (a DataLoader's len() stays its batches of the iteration)."""
+        return len(self._mine(self._base))
 
     def get_indices(self, batch_idx, batch_size):
         """This worker's indices of batch `batch_idx` of the current iteration."""
@@ -289,7 +297,7 @@ class ElasticSampler:
     def load_state_dict(self, d):
         self._set(0, int(d["epoch"]))
         self._set(1, int(d["processed"]))
-        self._base = self.processed
+        self._reset()
 
 
 def _fits(kind, value):
@@ -392,8 +400,14 @@ class TorchState:
         self._callbacks.extend(callbacks)
 
     def _on_reset(self):
+        self._reset_samplers()
         for callback in self._callbacks:
             callback()
+
+    def _reset_samplers(self):
+        for obj in self._objects.values():
+            if isinstance(obj, ElasticSampler):
+                obj._reset()
 
     def _start(self):
         if self._started:
@@ -402,6 +416,7 @@ class TorchState:
         if not spare:  # a spare receives the members' state in resume()
             self.sync()
         self._ctx.resume()
+        self._reset_samplers()  # the progress resumed, if any
         self.__dict__["_started"] = True
         if spare:  # brought in by a loss: its rank and world are known only now
             self._on_reset()

@@ -10,12 +10,14 @@ is shared out over 4 without the padding that would take a sample twice), a
 linear model under a DistributedOptimizer (SGD with momentum), and a TorchState holding
 them with `epoch` and a float `total`. Every step trains on the batch, adds the sum of the
 values every worker took (hvd.context().allreduce) to `total`, records the batch, asks
-check_host_updates() every 5th batch, and commits; an epoch's end commits too. Each
+check_host_updates() every 5th batch, and commits; an epoch's end commits too. len(loader)
+must stay what it was at the iteration's first batch (a change is noted). Each
 interrupt the function sees is noted with the call it came from (re-raised for run()).
 Each sample taken once an epoch gives total = EPOCHS * 28920. Every worker that ends
 prints one line:
-    grow launch L rank R: total T epochs E size S resets [...] interrupts [...] hash H
-resets: size() in each reset callback; interrupts: "<exception>@<call>".
+    grow launch L rank R: total T epochs E size S resets [...] interrupts [...] lens [...] hash H
+resets: size() in each reset callback; interrupts: "<exception>@<call>"; lens: "<first>-><now>"
+for the first 5 changes of len(loader) inside an iteration.
 """
 import os
 import sys
@@ -38,7 +40,7 @@ sampler = hvd.ElasticSampler(data, shuffle=True, seed=11)
 loader = DataLoader(data, batch_size=4, sampler=sampler)
 model = torch.nn.Linear(1, 1)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-5, momentum=0.5))
-resets, interrupts = [], []
+resets, interrupts, lens = [], [], []
 
 
 @hvd.run
@@ -47,6 +49,9 @@ def train(state):
     try:
         while state.epoch < EPOCHS:
             for state.batch, x in enumerate(loader):
+                first = len(loader) if state.batch == 0 else first
+                if len(loader) != first and len(lens) < 5:
+                    lens.append("%d->%d" % (first, len(loader)))
                 at = "step"
                 optimizer.zero_grad()
                 loss = ((model(x.float().view(-1, 1)) - 1.0) ** 2).mean()
@@ -80,7 +85,7 @@ def on_reset():
 state = hvd.TorchState(model, optimizer, train_sampler=sampler, epoch=0, batch=0, total=0.0)
 state.register_reset_callbacks([on_reset])
 train(state)
-print("grow launch %d rank %d: total %.1f epochs %d size %d resets %r interrupts %r hash %s" % (
-    LAUNCH, hvd.rank(), state.total, state.epoch, hvd.size(), resets, interrupts, hvd.context().state_hash()),
+print("grow launch %d rank %d: total %.1f epochs %d size %d resets %r interrupts %r lens %r hash %s" % (
+    LAUNCH, hvd.rank(), state.total, state.epoch, hvd.size(), resets, interrupts, lens, hvd.context().state_hash()),
     flush=True)
 hvd.shutdown()

@@ -18,7 +18,7 @@
         28920, exact); each of the three saw one interrupt, HostsUpdatedInterrupt from
         commit(), the optimizer's step() or check_host_updates() (or a plain Recovered
         from hvd.context().allreduce) and one reset at size 4; the spare one reset at size 4
-        and no interrupt; one hash.
+        and no interrupt; len(loader) the same through each iteration; one hash.
 
 Exit 0 when every check passed; otherwise a message saying which and why (exit 1).
 """
@@ -161,13 +161,15 @@ def example():
 def program_mode():
     out, step = grown_job()
     ends = re.findall(r"grow launch (\d) rank (\d): total ([\d.]+) epochs (\d+) size (\d) resets \[([^\]]*)\] "
-                      r"interrupts \[([^\]]*)\] hash ([0-9a-f]{16})", out)
+                      r"interrupts \[([^\]]*)\] lens \[([^\]]*)\] hash ([0-9a-f]{16})", out)
     if len(ends) != 4 or {(t, e, s) for _, _, t, e, s, *_ in ends} != {("%.1f" % (EPOCHS * 28920), str(EPOCHS), "4")} \
             or len({h for *_, h in ends}) != 1:
         fail("want 4 workers ending with total %d epochs %d size 4 and one hash: %s" % (EPOCHS * 28920, EPOCHS, ends),
              out)
-    for launch_rank, rank, _, _, _, resets, interrupts, _ in ends:
+    for launch_rank, rank, _, _, _, resets, interrupts, lens, _ in ends:
         seen = re.findall(r"'(\w+)@(\w+)'", interrupts)
+        if lens:
+            fail("launch rank %s: len(loader) changed inside an iteration: %s" % (launch_rank, lens), out)
         if resets.strip() != "4":
             fail("launch rank %s: resets [%s], want one at size 4" % (launch_rank, resets), out)
         if launch_rank == "3":
@@ -179,7 +181,7 @@ def program_mode():
         if not ok:
             fail("launch rank %s (rank %s): interrupts %s" % (launch_rank, rank, seen), out)
     print("grow_check program: ok: grown in place at step %d, each of the three interrupted once (%s), every "
-          "sample once an epoch" % (step, ", ".join(i for *_, i, _ in ends if i)))
+          "sample once an epoch, len(loader) steady" % (step, ", ".join(e[6] for e in ends if e[6])))
 
 
 {"example": example, "program": program_mode}[MODE]()
