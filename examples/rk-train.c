@@ -29,7 +29,9 @@
  * made whole again by an allgather (a byte-wise MAX allreduce of the parameters, zero
  * outside each rank's slice: exact). Each rank also keeps a per-rank RNG ("data/rng",
  * RK_PER_RANK) that shuffles its share of the batch: its samples of a step are drawn at an
- * offset the RNG picks. Registration order: the model's tensors, "optim/m", "optim/v",
+ * offset the RNG picks; rank r's starts from r (zero_seed: a spare's once it has a rank, so a
+ * job grown in place onto spares has the bits of one launched at the larger world from a
+ * checkpoint of that step). Registration order: the model's tensors, "optim/m", "optim/v",
  * "optim/t", "data/rng". The final hash covers the global tensors in that order: the
  * parameters, m and v of every rank's slice end to end, t, and every rank's RNG state in
  * rank order, so it is the same on every rank. After a recovery the slices are those of the
@@ -271,6 +273,22 @@ static int reg(rk_ctx *ctx, struct model *md, char *what, size_t cap, void *ptr,
     return 0;
 }
 
+/* --zero: rank r's data stream starts at 0x9e3779b97f4a7c15 * (r + 1). A spare registers
+   before it has a rank (rk_rank -1): its RNG stays 0, no stream, until a recovery brings it
+   in. There it receives the RNG of the rank it takes, if that rank had one (it replaces a
+   lost member); a rank new to the job (growth: rank 3 of a job grown 3 -> 4) has none, in
+   memory as in a checkpoint of the smaller world, and starts its own stream here, as the
+   worker of that rank in a job launched at the larger world does. (0 is never a state of
+   the stream: splitmix64's output is 0 for one input in 2^64.) */
+static void zero_seed(rk_ctx *ctx, struct model *md)
+{
+    int r = rk_rank(ctx);
+    if (md->rng != 0 || r < 0)
+        return;
+    rk_before_update(ctx); /* registered state: after the copy of a snapshot in flight */
+    md->rng = 0x9e3779b97f4a7c15ull * ((uint64_t)r + 1);
+}
+
 /* --zero: registers m and v as this rank's even slice of the flat parameters. */
 static int zero_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
 {
@@ -301,7 +319,8 @@ static int zero_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
         snprintf(what, cap, "rk_register optim/t");
         rc = rk_register(ctx, "optim/t", &md->t, RK_I64, 0, (int64_t[]){0}, 0);
     }
-    md->rng = 0x9e3779b97f4a7c15ull * ((uint64_t)r + 1) ^ md->t; /* rank r's stream */
+    md->rng = 0;
+    zero_seed(ctx, md); /* a spare's waits for its rank */
     if (rc == 0) {
         snprintf(what, cap, "rk_register data/rng");
         rc = rk_register(ctx, "data/rng", &md->rng, RK_U8, 1, (int64_t[]){sizeof(md->rng)}, RK_PER_RANK);
@@ -309,13 +328,15 @@ static int zero_register(rk_ctx *ctx, struct model *md, char *what, size_t cap)
     return rc;
 }
 
-/* --zero after RK_RECOVERED: the slice of the new world, rebound if its size changed. */
+/* --zero after rk_resume and RK_RECOVERED: the slice of the new world, rebound if its size
+   changed, and the stream of a rank new to the job (zero_seed). */
 static int zero_rebind(rk_ctx *ctx, struct model *md)
 {
     int64_t off, rows;
     int rc = rk_shard_rows(ctx, "optim/m", &off, &rows, NULL);
     if (rc)
         return rc;
+    zero_seed(ctx, md);
     md->off = off;
     if (rows == md->rows)
         return 0;

@@ -12,6 +12,9 @@
  *      per-rank state (partnered reports) the newest step that every survivor holds, and
  *      only if every lost member's right neighbour in the previous view (ring order:
  *      ascending, cyclic) survived: it holds the lost pieces (two losses in a row: disk).
+ *      Where no member was lost (a growth in place), no piece is needed from a neighbour:
+ *      the newest step of which every member holds its own pieces counts too (own_step),
+ *      its partner copy sent or not (the request landed before it was).
  *   I6 new ranks are the survivors' ranks at start, ascending.
  */
 #include <errno.h>
@@ -109,6 +112,15 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
                 if (s > best && partners_cover(prev, nprev, rep, nrep, s))
                     best = s;
             }
+        if (nrep == nprev) { /* nobody lost: the newest step whose own pieces all hold */
+            int64_t own = INT64_MAX;
+            for (int i = 0; i < nrep; i++)
+                own = rep[i].own_step < own ? rep[i].own_step : own;
+            for (int i = 0; i < nrep && own > best; i++)
+                if (rep[i].own_step != own && !holds(&rep[i], own))
+                    own = -1;
+            best = own > best ? own : best;
+        }
         newest_held = best;
     }
     if (newest_held >= 0 && newest_held >= newest_commit) {

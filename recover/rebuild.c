@@ -110,9 +110,12 @@ int rec_plan_partner(const struct rec_plan *p, int m, bool sharded, int64_t byte
     }
     int64_t a = p->lo[l], b = p->hi[l];
     /* What m holds, in the vector's order: its old piece q and its left's, l0 (the partner
-       copy of the snapshot, whether l0 survived or not); after the wrap, l0's comes last. */
+       copy of the snapshot, whether l0 survived or not, unless it is not of the step:
+       no_left); after the wrap, l0's comes last. */
     int q = p->old[m], held[2], nh = 0;
-    if (q >= 0) {
+    if (q >= 0 && p->no_left) {
+        held[nh++] = q;
+    } else if (q >= 0) {
         int l0 = (q + p->w0 - 1) % p->w0;
         if (l0 != q && l0 < q)
             held[nh++] = l0;

@@ -25,6 +25,9 @@ typedef struct rec_report {
                                offered like held_step; -1: none */
     int grow;               /* spares this survivor knows were asked to join as additional
                                members (growth in place: recovery.c G1), still waiting and alive */
+    int64_t own_step;       /* partnered: the newest step of which it holds its own pieces,
+                               whether their partner copy was sent or not; offered only where
+                               no member was lost (a growth: coord.c I5), -1: none */
 } rec_report;
 
 enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };

@@ -247,6 +247,7 @@ struct rec_plan {
     const int64_t *len; /* each old rank's piece, bytes (rec_plan_tensor) */
     int64_t *at;        /* where each starts, w0 + 1 */
     int64_t *lo, *hi;   /* each new rank's range, w */
+    bool no_left;       /* the partner copies are not of the step (rollback.c B8): none is held */
 };
 /* One transfer of a shift: [a, b) of the vector (a == b: nothing), from old piece q. */
 struct rec_move {

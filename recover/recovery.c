@@ -68,18 +68,26 @@
  *      largest count reported) beyond the lost members' places (add_spares), the asked ones
  *      first. The decision's ring is then N+k, every survivor keeps its process and memory,
  *      and the spares receive the state as a spare replacing a lost member does
- *      (rollback.c: the survivors' snapshot spread from its root; replicated state: G5).
+ *      (rollback.c: the survivors' snapshot spread from its root; sharded state: G5).
  *   G4 A spare that dies, or goes silent, at any point of its join is a loss like any
  *      other: before the decision it is not brought in (the view no longer holds it);
  *      during the ring rebuild or the transfer the survivors start a new round (REC_AGAIN)
  *      that decides without it; in the first allreduce after, the survivors recover from
  *      it. Each costs the survivors one detection and one round, within R5's bound, and
  *      they go on at N from the same step.
- *   G5 Replicated state only: a job with sharded or per-rank state is not grown in place
- *      (rk-train --zero grown 3 -> 4 so, from memory or from disk, did not end with the bits
- *      of a replay whose world changes at that step). The lowest member says so in the log
- *      and in RK_RUN_RECORDS/grow-refused, asks no spare, and looks no more; the launcher
- *      grows such a job by a relaunch from a checkpoint (tools/run_grow.c).
+ *   G5 Sharded and per-rank state grow the same way (rollback.c, rebuild_partnered): the
+ *      members' newest snapshot with its partner copies is re-split from N to N+k in their
+ *      memory as a loss re-splits it from N to N-1 (each new range from the members that
+ *      hold it, the spares' whole, the new partner copies made in the same pass), and a
+ *      spare at a rank new to the job finds no per-rank state of that rank, in memory as in
+ *      a checkpoint of the smaller world: it keeps what it registered, as the worker of that
+ *      rank does in a job launched at N+k from that checkpoint (a program that seeds such
+ *      state from its rank does so once rk_resume returns: rk-train's zero_seed). No
+ *      member is lost, so the newest step of which every member holds its own pieces is
+ *      rebuilt even where its partner copies were not all sent yet (coord.c I5, rollback.c
+ *      B8): the step in flight is run again on N+k, none lost. tests/test_grow.c: rk-train
+ *      --zero grown 3 -> 4 ends with the bits of a replay whose world changes at the step
+ *      the grown ring resumed at.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -826,25 +834,6 @@ static int grow_target(rk_ctx *ctx, const char *path)
     return end != buf && (*end == '\0' || *end == '\n') && w > 0 && w <= REC_MAX_WORLD ? (int)w : 0;
 }
 
-/* G5: the log line, and the note the launcher reads (RK_RUN_RECORDS/grow-refused). */
-static void grow_refuse(const rk_ctx *ctx, int want)
-{
-    static const char why[] = "this job has sharded or per-rank state, which growth in place does not re-split "
-                              "(replicated state only)";
-    RK_LOG_WARN(RK_SUB_REC, "growth in place to %d workers refused: %s: it grows by a relaunch from a checkpoint",
-                want, why);
-    char path[4096];
-    size_t n = strlen(ctx->grow_file) - strlen(REC_GROW_FILE);
-    if (snprintf(path, sizeof(path), "%.*sgrow-refused", (int)n, ctx->grow_file) >= (int)sizeof(path))
-        return;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return;
-    if (write(fd, why, sizeof(why) - 1) < 0)
-        RK_LOG_INFO(RK_SUB_REC, "cannot write %s: %s", path, strerror(errno));
-    close(fd);
-}
-
 void rec_grow_poll(rk_ctx *ctx)
 {
     if (!ctx->grow_file || ctx->nspares == 0 || ctx->is_spare || ctx->rank != 0 || !ctx->det)
@@ -854,11 +843,6 @@ void rec_grow_poll(rk_ctx *ctx)
         return;
     ctx->grow_poll_ns = now + REC_GROW_POLL_NS;
     int want = grow_target(ctx, ctx->grow_file);
-    if (want > ctx->world && rec_ckpt_partnered(ctx)) { /* G5 */
-        grow_refuse(ctx, want);
-        ctx->grow_poll_ns = INT64_MAX;
-        return;
-    }
     det_view v;
     det_view_get(ctx->det, &v);
     int more = want - ctx->world - asked_waiting(ctx, &v);

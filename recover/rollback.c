@@ -45,6 +45,11 @@
  *      still rolls back from memory. A member that could not make its own (no memory, a
  *      length that did not match) keeps none, and says nothing: a loss of its left
  *      neighbour then goes to disk. A ring that broke interrupts the rebuild (AGAIN).
+ *   B8 A growth that loses no member (recovery.c G5) may rebuild a step whose partner copy
+ *      some member has not (the request came before it was sent: coord.c I5). Every member
+ *      learns so in the failed share, and the plan then uses no partner copy (struct
+ *      rec_plan.no_left): no old piece is missing, and each member receives from its new
+ *      left whatever of its new partner copy it does not hold itself.
  *
  * STATES of one member (the function performing each transition)
  *
@@ -118,6 +123,11 @@ void rec_ckpt_offer(rk_ctx *ctx, bool memory, struct rec_report *r)
         o.committed = ckpt_last_committed(ctx->ckpt);
     r->held_step = o.held;
     r->older_step = o.older;
+    r->own_step = -1;
+    if (ctx->ckpt && memory && r->partnered) { /* a growth needs no partner copy (coord.c I5) */
+        ckpt_offer own = offer(ctx, false);
+        r->own_step = own.held > own.older ? own.held : own.older;
+    }
     /* Before rk_resume: the directory's newest. */
     r->committed_step = o.committed > ctx->disk_newest ? o.committed : ctx->disk_newest;
 }
@@ -470,13 +480,17 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     int64_t t_open = rk__mono_ns();
     bool fresh = s && s->step < 0 && dec->joined > 0; /* a spare: holds nothing yet */
     int me = s ? s->rank : 0;
-    if (!rc && !fresh && (s->step != dec->step || s->left_step != dec->step || n != s->n || s->world > cap))
+    /* A partner copy not of the step (a growth asked before it was sent: coord.c I5) is not
+       used: the plan then takes no piece from it (no member was lost, B8). */
+    bool unpartnered = !rc && !fresh && s->left_step != dec->step;
+    if (!rc && !fresh && (s->step != dec->step || n != s->n || s->world > cap))
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: the snapshot of step %" PRId64
                       " and its partner copy are no longer held (held %" PRId64 ", left %" PRId64 ", %zu of %zu tensors)",
                       dec->step, s->step, s->left_step, s->n, n);
-    /* The failed share: whether every member can go on, and the old world. */
-    int64_t a[2] = {rc ? 1 : 0, rc || fresh ? 0 : s->world};
-    int arc = rec_ckpt_call(ctx, a, 2, RK_I64, RK_MAX);
+    /* The failed share: whether every member can go on, the old world, and whether any
+       member's partner copy is not of the step. */
+    int64_t a[3] = {rc ? 1 : 0, rc || fresh ? 0 : s->world, unpartnered};
+    int arc = rec_ckpt_call(ctx, a, 3, RK_I64, RK_MAX);
     if (arc || a[0]) {
         if (!rc)
             rc = arc ? arc : rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_ABORTED, "rollback: another member cannot "
@@ -492,7 +506,7 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
             if (!t[i].flags)
                 continue;
             len[i * (size_t)cap + (size_t)me] = (int64_t)s->own[i].nbytes;
-            if (left != me)
+            if (left != me && !unpartnered)
                 len[i * (size_t)cap + (size_t)left] = (int64_t)s->left[i].nbytes;
         }
     }
@@ -503,11 +517,18 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
     /* From here on every member decides alike. */
     for (int q = 0; q < w0; q++)
         nr[q] = (int32_t)v[q];
-    struct rec_plan p = {.w0 = w0, .w = w, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi};
+    struct rec_plan p = {.w0 = w0, .w = w, .nr = nr, .old = old, .at = at, .lo = lo, .hi = hi, .no_left = a[2] != 0};
     if (w0 < 1 || w0 > cap)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: an old world of %d", w0);
     else
         rc = rec_plan_members(&p);
+    for (int q = 0; q < w0 && !rc && p.no_left; q++)
+        if (!nr[q])
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rollback: old rank %d is lost and the partner "
+                          "copies of step %" PRId64 " were not all sent", q, dec->step);
+    if (!rc && p.no_left)
+        RK_LOG_INFO(RK_SUB_REC, "rollback of step %" PRId64 ": its partner copies were not all sent (no member lost): "
+                    "each member's own pieces only", dec->step);
     bool spread = false; /* a member holds nothing: the replicated tensors go to it */
     for (int r = 0; r < w && !rc; r++)
         spread |= old[r] < 0;
@@ -553,7 +574,7 @@ static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_te
         if (!sharded && ctx->rank >= w0 && nb)
             memcpy(where[i], t[i].ptr, nb);
         /* This member's range goes straight into the new snapshot. */
-        const unsigned char *src[2] = {fresh ? NULL : s->own[i].data, fresh ? NULL : s->left[i].data};
+        const unsigned char *src[2] = {fresh ? NULL : s->own[i].data, fresh || p.no_left ? NULL : s->left[i].data};
         int r2 = exchange(ctx, &p, src, where[i], &meter);
         if (r2 && !rc)
             rc = r2;

@@ -4,14 +4,15 @@
  *
  * "admit": the detector's request that a spare join (det_proto.c I11), driven without
  * sockets or clocks. "job": rk-train under `rekindle run -n 3 --spares 1`, asked to grow
- * by RK_RUN_DIR/grow once its first checkpoint is committed: it grows to 4 in place (the three
+ * by RK_RUN_DIR/grow once it trains (its first step printed): it grows to 4 in place (the three
  * workers keep their processes; the final bits are those of a replay whose world changes
  * at the step it resumed), and the spare killed at each point of its join (RK_FAULT on
  * the spare alone: before the ring is built with it, inside that ring's rebuild, before
  * the state is sent to it, in its first allreduce), or stopped when asked, costs the three
  * one recovery: they go on at 3 from their memory, with the bits of an uninterrupted
- * 3-worker run. With
- * --grow relaunch, and for a job with sharded state (G5), the job grows by a relaunch.
+ * 3-worker run. A job with sharded and per-rank state (rk-train --zero, G5) the same: grown
+ * in place with a replay's bits, and the spare killed while joining. With --grow relaunch,
+ * the job grows by a relaunch.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -23,8 +24,8 @@
 #include "rekindle.h"
 
 #define MS 1000000LL
-#define STEPS   4000   /* ~0.5 ms each on an idle machine: the request (after the first commit, ~step */
-#define STEPS_S "4000" /* 50) grows the job by step ~1000 at the slowest measured (433 ms): 4x margin */
+#define STEPS   4000   /* ~0.5 ms each on an idle machine: the request (at the first step) grows the */
+#define STEPS_S "4000" /* job by step ~1000 at the slowest measured (433 ms): 4x margin */
 #define ARGS "--seed 5 --hidden 32"
 
 /* ---- admit: the detector's request (I11) ------------------------------------------------- */
@@ -116,7 +117,8 @@ END_TEST
 
 /* ---- job: rk-train under rekindle run -n 3 --spares 1 ------------------------------------- */
 
-/* The job, asked to grow by one once its first checkpoint (50) is committed; fault: RK_FAULT for the
+/* The job, asked to grow by one once it trains (rank 0's first step line: not its first
+   commit, which under load came after the job had ended); fault: RK_FAULT for the
    spare (rank 3) alone, "stop" (the spare SIGSTOPped just before the request, woken once
    the others finished), or ""; opts: more options of `rekindle run`; args: more of rk-train.
    replay: "grown": the replay of a world 3 then 4 from the step the grown ring resumed at;
@@ -135,12 +137,13 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
         "F='%s'; case $F in ''|stop|planted) ;; *) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
         "$R run -n 3 --spares 1 %s -- %s/chaos/worker.sh $B --steps $N $A > $W/out 2>&1 & job=$!\n"
-        "for i in $(seq 6000); do grep -qs '\"ckpt_committed\"' $W/ev.0 && break; sleep 0.01; done\n"
+        "for i in $(seq 6000); do grep -qs '^step ' $W/out && break; sleep 0.01; done\n"
         "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids; sp=\n"
-        "if [ $F = stop ]; then for p in $(cat $W/pids); do\n"
+        "if [ \"$F\" = stop ]; then for p in $(cat $W/pids); do\n"
         "  tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=3 && sp=$p; done\n"
         "  [ -n \"$sp\" ] && kill -STOP $sp; fi\n"
-        "if [ $F = planted ]; then g=$W/run/attempt-0/grow-to; echo 4 > $g; chmod 666 $g; else echo 1 > $W/run/grow; fi\n"
+        "if [ \"$F\" = planted ]; then g=$W/run/attempt-0/grow-to; echo 4 > $g.p; chmod 666 $g.p; mv $g.p $g;\n"
+        "else echo 1 > $W/run/grow; fi\n"
         /* The stopped spare is woken once the others have finished (it then finds the job
            over): a stopped process is never reported, so its wrapper beats on meanwhile. */
         "if [ -n \"$sp\" ]; then for i in $(seq 1200); do grep -q '^final' $W/out && break; sleep 0.1; done\n"
@@ -157,9 +160,9 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         "  [ -n \"$s\" ] || exit 1; mkdir -p $W/r\n"
         "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s $R run -n 3 -- $B --steps $s $A > /dev/null 2>&1 || exit 1\n"
         "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>&1 | grep -v '^step ';;\n"
-        /* One uninterrupted 3-worker run serves every case of the suite (same steps, same
-           arguments: the same bits), kept under the suite's RK_TEST_TMP. */
-        "three) echo replay; c=${RK_TEST_TMP:-$W}/grow-three-$N.out\n"
+        /* One uninterrupted 3-worker run serves every case of the suite with the same steps
+           and arguments (the same bits), kept under the suite's RK_TEST_TMP. */
+        "three) echo replay; c=${RK_TEST_TMP:-$W}/grow-three-$N-$(echo \"$A\" | cksum | cut -d' ' -f1).out\n"
         "  if [ ! -s $c ]; then RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>&1 | grep -v '^step ' > $c.$$ &&\n"
         "    mv $c.$$ $c; fi; cat $c;;\n"
         "esac\n",
@@ -192,28 +195,36 @@ START_TEST(grows_three_to_four_in_place)
 END_TEST
 
 /* G4: the spare killed at each point of its join. The three recover without it, from
-   their memory, no step lost, and finish at 3 with an uninterrupted run's bits. */
-static const char *const join_faults[] = {
-    "join@0=crash",      /* the decision that brings it in arrived: before the ring */
-    "rebuild@0=crash",   /* inside the rebuild of the ring over 4, after its handshake */
-    "join@1=crash",      /* the ring over 4 is built: before the state is sent to it */
-    "allreduce@0=crash", /* its first allreduce as a member */
+   their memory, no step lost, and finish at 3 with an uninterrupted run's bits. With sharded
+   state (rk-train --zero, G5) too: killed before the state is sent to it (the rebuild's
+   shifts over 4 cut), and in its first allreduce (the three rebuild 4 -> 3 from the partner
+   copies the growth made, its pieces on rank 0). */
+static const struct {
+    const char *fault, *args;
+} join_faults[] = {
+    {"join@0=crash", ""},      /* the decision that brings it in arrived: before the ring */
+    {"rebuild@0=crash", ""},   /* inside the rebuild of the ring over 4, after its handshake */
+    {"join@1=crash", ""},      /* the ring over 4 is built: before the state is sent to it */
+    {"allreduce@0=crash", ""}, /* its first allreduce as a member */
+    {"join@1=crash", "--zero"},
+    {"allreduce@0=crash", "--zero"},
 };
 
 START_TEST(spare_killed_while_joining)
 {
     char *out = NULL;
-    grow_job(join_faults[_i], "", "", "three", &out);
+    const char *fault = join_faults[_i].fault, *args = join_faults[_i].args;
+    grow_job(fault, "", args, "three", &out);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place from 3 to 4 workers") &&
                       strstr(out, "kept=3\n") && strstr(out, "attempts=1\n") &&
                       strstr(out, "lost: rank 3: killed by signal 9"),
-                  "%s: %.3000s", join_faults[_i], out);
+                  "%s %s: %.3000s", fault, args, out);
     /* Before it joined, the launcher says the growth failed; after (allreduce), it joined. */
-    ck_assert_msg(_i == 3 ? strstr(out, "grown in place to 4 workers") != NULL
-                          : strstr(out, "did not complete (no spare left waiting") != NULL,
-                  "%s: %.3000s", join_faults[_i], out);
+    ck_assert_msg(strncmp(fault, "allreduce", 9) == 0 ? strstr(out, "grown in place to 4 workers") != NULL
+                                                      : strstr(out, "did not complete (no spare left waiting") != NULL,
+                  "%s %s: %.3000s", fault, args, out);
     ck_assert_msg(strstr(out, "\"from\": \"memory\"") && !strstr(out, "\"from\": \"disk\""),
-                  "%s: the three did not recover from memory:\n%.3000s", join_faults[_i], out);
+                  "%s %s: the three did not recover from memory:\n%.3000s", fault, args, out);
     th_job_equals_replay(out, 3, STEPS);
 }
 END_TEST
@@ -262,19 +273,22 @@ START_TEST(grow_relaunch_when_asked)
 }
 END_TEST
 
-/* G5: sharded state (rk-train --zero) is not grown in place: refused, said, and grown by a
-   relaunch from a checkpoint. */
-START_TEST(sharded_job_grows_by_relaunch)
+/* G5: sharded and per-rank state (rk-train --zero: Adam's moments sharded, a per-rank RNG)
+   grows in place as replicated state does: the three keep their processes, the slices are
+   re-split 3 -> 4 from their memory, and the final bits are a replay's, 3 workers up to the
+   step the grown ring resumed at, then 4 from it. (Before, such a job was refused in place;
+   with the refusal lifted, the spare seeded its RNG as rank -1, and the bits differed.) */
+START_TEST(sharded_job_grows_in_place)
 {
     char *out = NULL;
-    grow_job("", "", "--zero", "", &out);
-    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growth in place to 4 workers refused") &&
-                      strstr(out, "growth in place refused by the job (sharded or per-rank state): growing to 4") &&
-                      strstr(out, "launching again to grow") && strstr(out, "attempts=2\n") &&
-                      !strstr(out, "grown in place"),
+    grow_job("", "", "--zero", "grown", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place from 3 to 4 workers") &&
+                      strstr(out, "grown in place to 4 workers") && strstr(out, "kept=3\n") &&
+                      strstr(out, "attempts=1\n") && !strstr(out, "launching again"),
                   "%.3000s", out);
-    ck_assert_int_eq(th_count(out, "final step=" STEPS_S " world=4 hash="), 4);
-    free(out);
+    ck_assert_msg(strstr(out, "\"from\": \"memory\", \"epoch\": 2, \"world\": 4, \"steps_lost\": 0"),
+                  "no resume from memory at world 4 with no step lost:\n%.3000s", out);
+    th_job_equals_replay(out, 4, STEPS);
 }
 END_TEST
 
@@ -291,7 +305,7 @@ int main(void)
     tcase_add_test(tj, spare_hung_while_joining);
     tcase_add_test(tj, grow_file_others_may_write_is_refused);
     tcase_add_test(tj, grow_relaunch_when_asked);
-    tcase_add_test(tj, sharded_job_grows_by_relaunch);
+    tcase_add_test(tj, sharded_job_grows_in_place);
     suite_add_tcase(s, tj);
     return th_main(s);
 }

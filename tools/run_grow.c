@@ -200,11 +200,6 @@ bool grow_spares_tick(struct grow *g)
         return relaunch_tick(g, g->target, "");
     if (g->ip_target > 0) { /* a growth in place under way */
         census(g, &alive, &waiting, &in);
-        if (rec_exists(g->rec, "grow-refused")) { /* recover/recovery.c G5 */
-            int want = g->ip_target;
-            g->ip_target = 0;
-            return relaunch_tick(g, want, "growth in place refused by the job (sharded or per-rank state)");
-        }
         if (in - g->ip_joined >= g->ip_target - g->ip_from) {
             fprintf(stderr, "rekindle: run: grown in place to %d workers in %.0f ms: %d spare(s) joined, no worker "
                             "restarted\n", g->ip_target, (double)(now - g->ip_since) / 1e6, in - g->ip_joined);
