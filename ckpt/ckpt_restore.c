@@ -165,8 +165,12 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
         rc = -ENOMEM;
         goto out;
     }
-    if ((rc = check_match(c, t, n, e->rank, e->world, path, k, &orphans, orphan_ranks, sizeof(orphan_ranks))) != 0 ||
-        (rc = ckpt__hold_space(e, t, n)) != 0)
+    if ((rc = check_match(c, t, n, e->rank, e->world, path, k, &orphans, orphan_ranks, sizeof(orphan_ranks))) != 0)
+        goto out;
+    ckpt__prep_defer(e, true); /* staging faulted in by the reads; nothing mapped ahead (S9) */
+    rc = ckpt__hold_space(e, t, n);
+    ckpt__prep_defer(e, false);
+    if (rc)
         goto out;
     /* One batch: the reads stay in flight across tensors, straight into staging (each
        tensor 4 KiB-aligned there, with the room to a 4 KiB end: S4), every byte checked

@@ -823,6 +823,7 @@ int ckpt_restore_held(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     int hrc = ckpt_copy_wait(e->s.host_copy, hg, deadline);
     int drc = dg ? ckpt_copy_wait(e->s.dev_copy, dg, deadline) : 0;
     rc = rc ? rc : hrc ? hrc : drc;
+    ckpt__prep_release(e); /* a restore's next region, mapped ahead only now (S9) */
     if (rc) {
         char why[512];
         snprintf(why, sizeof(why), "%s", rk_last_error());

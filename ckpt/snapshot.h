@@ -85,7 +85,10 @@
  *      first touch of 1 GiB costs 0.04-2.5 s here): when g gets a region of a size the other
  *      generation lacks, a thread maps one for the next turn (prepare), which stage() takes
  *      (waiting for the thread at most timeout_ms / 4, else mapping its own). Nothing but
- *      the thread touches the region until it is joined.
+ *      the thread touches the region until it is joined. At a restore (ckpt_load) nothing
+ *      is mapped ahead while the checkpoint is read and copied out: the region is asked
+ *      for once ckpt_restore_held copied it out; g's own new region is mapped unpopulated,
+ *      faulted in by the reads themselves while the disk works (staging.c).
  *  S10 A checkpoint's writer reads a tensor's bytes from staging as soon as the copy that
  *      brings them is done (copy.h ckpt_copy_wait_op: the host engine copies in registry
  *      order), not after the whole copy: the disk write of the first tensors overlaps the
@@ -193,6 +196,10 @@ struct ckpt_snapshots {
         pthread_t thr;
         struct ckpt_prep *job; /* the thread's (staging.c); NULL: none started */
         void *p;         /* the last region it mapped and handed over (tests) */
+        bool defer;      /* a restore reads into g (ckpt_load): g's new region is mapped
+                            unpopulated, and none is mapped ahead while it reads */
+        size_t wanted;   /* the region asked for meanwhile: mapped ahead once the restore
+                            was copied out (ckpt__prep_release) */
     } prep;
     ckpt_copy_op *ops;   /* a batch being built */
     size_t *op_of;       /* S10: tensor i's copy in the last batch into staging (ckpt__op) */
@@ -231,8 +238,17 @@ void ckpt__unmap_retired(ckpt_engine *e);
    or a thread cannot be had); ckpt__region takes it, ckpt__prep_end lets it go. */
 void ckpt__prepare(ckpt_engine *e, size_t cap);
 /* A region of at least `need` bytes (*cap: its size): the one mapped ahead if it fits
-   (its thread waited for at most timeout_ms / 4), else one mapped now; NULL, errno set. */
+   (its thread waited for at most timeout_ms / 4), else one mapped now (unpopulated while
+   a restore defers: ckpt__prep_defer); NULL, errno set. */
 void *ckpt__region(ckpt_engine *e, size_t need, size_t *cap);
+/* A restore's reads into g (ckpt_load), on: a new region for them is mapped unpopulated
+   (the reads fault it in while the disk works), and a region asked of ckpt__prepare is
+   not mapped ahead but remembered; off: as before. S9 at a restore: mapping ahead 1 GiB
+   beside the reads and the copy out competed with both for the 2 cores. */
+void ckpt__prep_defer(ckpt_engine *e, bool on);
+/* After a restore's copy out (ckpt_restore_held): the region remembered while it read is
+   mapped ahead now, off the caller's thread, for the first turn after it (S9). */
+void ckpt__prep_release(ckpt_engine *e);
 /* At the engine's end: the region mapped ahead unmapped (its thread waited for until
    deadline_ns, else left to unmap it itself). */
 void ckpt__prep_end(ckpt_engine *e, int64_t deadline_ns);

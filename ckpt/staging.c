@@ -2,8 +2,10 @@
  * ckpt/staging.c - the staging regions of the snapshot generations (snapshot.h): mapped
  * (common/mem.c: huge pages, populated), the next one mapped ahead off the training thread
  * (S9), pinned by the writer while it reads one (writer.c W5), retired rather than
- * unmapped while pinned, unmapped once not. The generations themselves, and which region
- * each holds, are snapshot.c's.
+ * unmapped while pinned, unmapped once not. While a restore reads into g (ckpt_load), g's
+ * new region is mapped unpopulated (its O_DIRECT reads fault it in while the disk works)
+ * and the next turn's is mapped ahead only after the copy out (ckpt__prep_defer, _release).
+ * The generations themselves, and which region each holds, are snapshot.c's.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -96,9 +98,15 @@ static void *prep_join(ckpt_engine *e, int64_t deadline_ns, size_t *cap)
     return p;
 }
 
-/* Starts mapping a region of `cap` bytes for the next turn, unless one is being mapped. */
+/* Starts mapping a region of `cap` bytes for the next turn, unless one is being mapped
+   (or, while a restore reads, remembers it for ckpt__prep_release). */
 void ckpt__prepare(ckpt_engine *e, size_t cap)
 {
+    if (e->s.prep.defer) {
+        e->s.prep.wanted = cap;
+        return;
+    }
+    e->s.prep.wanted = 0;
     if (e->s.prep.job)
         return;
     struct ckpt_prep *j = calloc(1, sizeof(*j));
@@ -124,11 +132,23 @@ void *ckpt__region(ckpt_engine *e, size_t need, size_t *cap)
     }
     rk__unmap(p, pcap);
     *cap = need;
-    return rk__map(need);
+    return e->s.prep.defer ? rk__map_lazy(need) : rk__map(need);
+}
+
+void ckpt__prep_defer(ckpt_engine *e, bool on)
+{
+    e->s.prep.defer = on;
+}
+
+void ckpt__prep_release(ckpt_engine *e)
+{
+    if (e->s.prep.wanted && !e->s.prep.defer)
+        ckpt__prepare(e, e->s.prep.wanted);
 }
 
 void ckpt__prep_end(ckpt_engine *e, int64_t deadline_ns)
 {
     size_t cap = 0;
+    e->s.prep.wanted = 0;
     rk__unmap(prep_join(e, deadline_ns, &cap), cap);
 }

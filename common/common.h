@@ -116,6 +116,9 @@ double rk__ms_since(int64_t mono_ns_then);
  * Anonymous, zeroed, private memory advised for huge pages and populated at once (cheap
  * first touch). NULL with errno on failure; rk__unmap takes the size given to rk__map. */
 void *rk__map(size_t bytes);
+/* The same, not populated: each page is first touched by its first write (a restore's
+   staging, which its O_DIRECT reads fault in while the disk works). */
+void *rk__map_lazy(size_t bytes);
 /* Grows a region of rk__map (NULL/0: maps one) to `bytes`, in place or moved, keeping its
    pages (only the new tail is first touched); NULL with errno on failure (p still valid). */
 void *rk__remap(void *p, size_t old_bytes, size_t bytes);

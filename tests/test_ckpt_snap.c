@@ -5,7 +5,8 @@
  * halfway, large copies streamed), a snapshot copied before the caller's update, and the
  * two generations of ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region
  * the writer reads is put aside; a frozen tensor copied once a generation), a checkpoint
- * writing from the snapshot in flight (S8) and the next region mapped ahead (S9). The
+ * writing from the snapshot in flight (S8) and the next region mapped ahead (S9; at a
+ * restore, staging faulted in by the reads and the next region mapped after). The
  * public API's side is tests/test_ckpt.c.
  */
 #include <dirent.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../ckpt/ckpt.h"
@@ -175,6 +177,95 @@ START_TEST(next_region_mapped_ahead)
     ck_assert(e->s.prep.p != NULL && ckpt_snapshot_held(e)->out == e->s.prep.p);
     ck_assert_int_eq(ckpt_snapshot_older(e)->step, 1);
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* The shard of dir's checkpoint `step` dropped from the page cache: a restore of it reads
+   O_DIRECT, straight into staging (formats/fmt_readdirect.c R2). */
+static void drop_shard(const char *dir, const char *step)
+{
+    char path[4300];
+    snprintf(path, sizeof(path), "%s/%s/shard-0.h5", dir, step);
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fdatasync(fd), 0);
+    ck_assert_int_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/* Bytes of [p, p + n) not in memory (p page-aligned). */
+static size_t not_resident(const void *p, size_t n)
+{
+    size_t pages = (n + 4095) / 4096, out = 0;
+    unsigned char *vec = malloc(pages);
+    ck_assert_ptr_nonnull(vec);
+    ck_assert_int_eq(mincore((void *)p, n, vec), 0);
+    for (size_t i = 0; i < pages; i++)
+        out += (vec[i] & 1) ? 0 : 4096;
+    free(vec);
+    return out;
+}
+
+/* S9 at a restore, S3: a fresh engine's ckpt_load maps staging unpopulated and its O_DIRECT
+   reads fault it in (a read failing in the middle, RK_FAULT read@N=eio: the pages of the
+   reads never sent are not in memory, the load fails, nothing is held), and nothing is
+   mapped ahead while it reads; the region for the next turn is mapped ahead once
+   ckpt_restore_held copied the checkpoint out, and that turn takes it. Before, staging was
+   populated whole before the first read and the next region mapped beside the reads. */
+START_TEST(restore_faults_staging_in_maps_ahead_after)
+{
+    char *dir = th_tmpdir("rsprep");
+    enum { N = 2 << 20 }; /* 16 MiB: four O_DIRECT reads of 4 MiB */
+    double *v = malloc(N * sizeof(*v)), *out = calloc(N, sizeof(*out));
+    ck_assert(v && out);
+    for (size_t i = 0; i < N; i++)
+        v[i] = (double)i * 0.5;
+    int64_t shape[1] = {N};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = N * sizeof(*v)};
+    ckpt_engine *e = engine_in(dir, 1, 5000);
+    th_assert_rc(ckpt_start(e, 2, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    t.ptr = out;
+    /* the reads a clean load makes (the opener's, then the tensor's four) */
+    setenv("RK_FAULT_PATH", "shard-0.h5", 1);
+    copy_faults("read@100000=eio", NULL);
+    e = engine_in(dir, 1, 5000);
+    drop_shard(dir, S2);
+    th_assert_rc(ckpt_load(e, 2, &t, 1), 0);
+    uint64_t reads = rk__fault_count(RK_FAULT_OP_READ);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    ck_assert_uint_ge(reads, 4);
+    char rule[64];
+    snprintf(rule, sizeof(rule), "read@%llu=eio", (unsigned long long)(reads - 2)); /* the third of four */
+    copy_faults(rule, NULL);
+    e = engine_in(dir, 1, 5000);
+    drop_shard(dir, S2);
+    th_assert_rc(ckpt_load(e, 2, &t, 1), -EIO);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, -1);
+    size_t absent = not_resident(e->s.g.staging, e->s.g.staging_cap);
+    ck_assert_msg(absent >= (4u << 20), "%zu bytes of %zu-byte staging not in memory: populated before the reads",
+                  absent, e->s.g.staging_cap);
+    ck_assert(e->s.prep.job == NULL);
+    copy_faults(NULL, NULL);
+    unsetenv("RK_FAULT_PATH");
+    drop_shard(dir, S2);
+    th_assert_rc(ckpt_load(e, 2, &t, 1), 0);
+    ck_assert_msg(e->s.prep.job == NULL, "the next region is mapped ahead beside the reads");
+    ck_assert(memcmp(out, v, N * sizeof(*v)) != 0); /* S3: not before the copy out */
+    th_assert_rc(ckpt_restore_held(e, &t, 1), 0);
+    ck_assert(memcmp(out, v, N * sizeof(*v)) == 0);
+    ck_assert_msg(e->s.prep.job != NULL, "nothing mapped ahead after the copy out");
+    th_assert_rc(ckpt_snapshot_take(e, 3, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert(e->s.prep.p != NULL && ckpt_snapshot_held(e)->out == e->s.prep.p);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 2);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    free(v);
+    free(out);
     th_rmrf(dir);
     free(dir);
 }
@@ -684,6 +775,7 @@ int main(void)
     tcase_add_test(tc, failed_staging_keeps_the_newest_offered);
     tcase_add_test(tc, checkpoint_writes_from_the_snapshot_in_flight);
     tcase_add_test(tc, next_region_mapped_ahead);
+    tcase_add_test(tc, restore_faults_staging_in_maps_ahead_after);
     tcase_add_test(tc, writer_writes_while_the_copy_runs);
     suite_add_tcase(s, tc);
     return th_main(s);
