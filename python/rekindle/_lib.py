@@ -77,6 +77,14 @@ class _TensorInfo(ctypes.Structure):
     ]
 
 
+class ReadReq(ctypes.Structure):
+    # include/rekindle.h, struct rk_read_req: one tensor of rk_reader_read_many's batch.
+    _fields_ = [("i", ctypes.c_size_t), ("buf", ctypes.c_void_p), ("nbytes", ctypes.c_uint64)]
+
+
+READ_SHARED = 1  # RK_READ_SHARED
+
+
 def _candidates():
     env = os.environ.get("REKINDLE_LIB")
     if env:
@@ -155,6 +163,7 @@ _PROTOS = {
     "rk_reader_count": (ctypes.c_size_t, [_P]),
     "rk_reader_info": (ctypes.c_int, [_P, ctypes.c_size_t, ctypes.POINTER(_TensorInfo)]),
     "rk_reader_read": (ctypes.c_int, [_P, ctypes.c_size_t, _P, ctypes.c_uint64]),
+    "rk_reader_read_many": (ctypes.c_int, [_P, ctypes.POINTER(ReadReq), ctypes.c_size_t, ctypes.c_uint]),
     "rk_reader_close": (None, [ctypes.POINTER(_P)]),
 }
 for _name, (_res, _args) in _PROTOS.items():

@@ -32,11 +32,13 @@ Needs torch >= 2.2 (DCP's StorageWriter with reset/storage_meta); torch 1.13 has
 torch.distributed.checkpoint.StorageWriter of that form: importing this module fails there
 with an ImportError that says so.
 """
+import collections
 import ctypes
 import dataclasses
 import io
 import os
 import secrets
+import socket
 import threading
 
 from . import _lib, _tensor
@@ -172,6 +174,10 @@ class _Attempt:
 
 def _stored_name(item):
     return (BYTES if item.type == WriteItemType.BYTE_IO else "") + item.index.fqn
+
+
+def _read_name(item):
+    return (BYTES if item.type == LoadItemType.BYTE_IO else "") + item.storage_index.fqn
 
 
 def _row_piece(item):
@@ -316,15 +322,28 @@ class Writer(StorageWriter):
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Readers:
+    """What the coordinator tells each rank of a load (LoadPlan.storage_data): the stored
+    names it reads that another rank of its machine reads too."""
+    shared: frozenset
+
+
 class Reader(StorageReader):
     """A StorageReader of the Rekindle checkpoint under `path` (the newest committed, or
     label `step`): any of them, whoever wrote it (Writer, a job's rk_checkpoint). Every
-    tensor read is checked against its checksum (rk_reader)."""
+    tensor read is checked against its checksum (rk_reader). A rank's reads go to the
+    library as one batch (rk_reader_read_many), straight into DCP's destinations where
+    they are whole tensors of the checkpoint; the tensors that another rank of the same
+    machine reads too (a replicated state dict: all of them) go through the page cache,
+    read from the disk once for the machine (RK_READ_SHARED), the others O_DIRECT.
+    shared=True/False decides that for every tensor instead."""
 
-    def __init__(self, path, step=None):
+    def __init__(self, path, step=None, shared=None):
         super().__init__()
         self.path = os.fspath(path)
         self.step = step
+        self.shared = shared
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
@@ -367,44 +386,58 @@ class Reader(StorageReader):
         pass
 
     def prepare_local_plan(self, plan):
-        return plan
+        return dataclasses.replace(plan, storage_data=socket.gethostname())
 
     def prepare_global_plan(self, plans):
-        return plans
+        # how many ranks of each machine read each stored tensor
+        count = collections.Counter((p.storage_data, _read_name(item)) for p in plans for item in p.items)
+        return [dataclasses.replace(p, storage_data=_Readers(frozenset(
+            _read_name(item) for item in p.items if count[(p.storage_data, _read_name(item))] > 1))) for p in plans]
 
     def read_data(self, plan, planner):
+        sd = plan.storage_data
+        shared = sd.shared if isinstance(sd, _Readers) else frozenset()
         r = self._open()
         try:
-            entries, whole = self._entries(r), {}
-
-            def read(name):
-                if name not in whole:
-                    i, dtype, shape, nbytes = entries[name]
-                    t = _tensor.empty(dtype, shape, True)
-                    _lib.call("rekindle.dcp: read '%s'" % name,
-                              _L.rk_reader_read(r, i, t.data_ptr() if nbytes else None, nbytes))
-                    whole[name] = t
-                return whole[name]
-
+            entries = self._entries(r)
+            batch = ([], [])  # requests (index, buffer tensor): [0] O_DIRECT, [1] shared
+            own, straight, later = {}, [], []
             for item in plan.items:
-                fqn = item.storage_index.fqn
+                name = _read_name(item)
+                i, dtype, shape, nbytes = entries[name]
+                is_shared = name in shared if self.shared is None else self.shared
+                dst = None
+                if item.type != LoadItemType.BYTE_IO:
+                    dst = planner.resolve_tensor(item).detach()
+                    if (name not in own and tuple(item.storage_offsets) == (0,) * len(shape) and
+                            tuple(item.lengths) == shape and tuple(dst.shape) == shape and dst.is_contiguous() and
+                            dst.device.type == "cpu" and dst.dtype == _tensor.TORCH_OF[dtype]):
+                        # the whole tensor into its destination: no tensor of its own, no copy
+                        # (on a checksum mismatch the destination then holds what was read)
+                        batch[is_shared].append((i, dst))
+                        own[name] = dst
+                        straight.append((item, dst))
+                        continue
+                if name not in own:
+                    own[name] = _tensor.empty(dtype, shape, True)
+                    batch[is_shared].append((i, own[name]))
+                later.append((item, dst))
+            for flags, reqs in ((0, batch[0]), (_lib.READ_SHARED, batch[1])):
+                if reqs:
+                    arr = (_lib.ReadReq * len(reqs))(*(_lib.ReadReq(i, t.data_ptr() if t.numel() else None,
+                                                                    t.numel() * t.element_size()) for i, t in reqs))
+                    _lib.call("rekindle.dcp: read %d tensors of %s" % (len(reqs), self.path),
+                              _L.rk_reader_read_many(r, arr, len(reqs), flags))
+            for item, dst in straight:
+                planner.commit_tensor(item, dst)
+            for item, dst in later:
+                src = own[_read_name(item)]
                 if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(read(BYTES + fqn).numpy().tobytes()))
+                    planner.load_bytes(item, io.BytesIO(src.numpy().tobytes()))
                     continue
-                dst = planner.resolve_tensor(item).detach()
-                i, dtype, shape, nbytes = entries[fqn]
-                if (fqn not in whole and tuple(item.storage_offsets) == (0,) * len(shape) and
-                        tuple(item.lengths) == shape and tuple(dst.shape) == shape and dst.is_contiguous() and
-                        dst.device.type == "cpu" and dst.dtype == _tensor.TORCH_OF[dtype]):
-                    # the whole tensor into its destination: no tensor of its own, no copy
-                    # (on a checksum mismatch the destination then holds what was read)
-                    _lib.call("rekindle.dcp: read '%s'" % fqn,
-                              _L.rk_reader_read(r, i, dst.data_ptr() if nbytes else None, nbytes))
-                else:
-                    src = read(fqn)
-                    for d, (o, n) in enumerate(zip(item.storage_offsets, item.lengths)):
-                        src = src.narrow(d, o, n)
-                    dst.copy_(src)
+                for d, (o, n) in enumerate(zip(item.storage_offsets, item.lengths)):
+                    src = src.narrow(d, o, n)
+                dst.copy_(src)
                 planner.commit_tensor(item, dst)
         finally:
             _L.rk_reader_close(ctypes.byref(r))
