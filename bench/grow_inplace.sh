@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/grow_inplace.sh BUILD - growth onto a spare held back at launch, in place against
+# bench/grow_inplace.sh BUILD [--zero] - growth onto a spare held back at launch, in place against
 # its peer, the relaunch, on the same job on this host: rk-train -n 3 --spares 1 under
 # `rekindle run` (checkpoints every 50 steps), asked to grow by RK_RUN_DIR/grow once its
 # first checkpoint is committed, with --grow inplace (the default) and --grow relaunch,
@@ -10,7 +10,9 @@
 # request). Then
 # the cost of a spare that dies while joining (RK_FAULT on the spare at each point of its
 # join, recover/recovery.c G4): from the request to the three resumed at world 3.
-# RK_BENCH_GROW_RUNS runs of each (default 5); medians and the ratio.
+# RK_BENCH_GROW_RUNS runs of each (default 5); medians and the ratio. With --zero the job is
+# rk-train --zero (Adam's moments sharded, a per-rank RNG: its slices re-split 3 -> 4 in
+# the members' memory, docs/SHARDING.md "Growing in place").
 set -u
 build=${1:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 runs=${RK_BENCH_GROW_RUNS:-5}
 steps=10000
 args=(--seed 5 --hidden 32)
+[[ ${2:-} == --zero ]] && args+=(--zero)
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
 
