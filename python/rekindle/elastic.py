@@ -418,7 +418,7 @@ class TorchState:
         self._ctx.resume()
         self._reset_samplers()  # the progress resumed, if any
         self.__dict__["_started"] = True
-        if spare:  # brought in by a loss: its rank and world are known only now
+        if spare:  # brought in by a loss or a growth: its rank and world are known only now
             self._on_reset()
 
     def _require_started(self, what):
