@@ -243,6 +243,34 @@ START_TEST(decide_I5_partners)
 }
 END_TEST
 
+/* I5 with partner copies and no member lost (a growth in place, recovery.c G5): the newest
+   step of which every member holds its own pieces counts, its partner copies sent or not;
+   with a member lost it does not (the lost pieces are in the partner copies only). */
+START_TEST(decide_I5_growth_own_pieces)
+{
+    int prev[] = {0, 1, 2};
+    rec_report rep[3];
+    for (int i = 0; i < 3; i++) {
+        rep[i] = R(i, 11, 10, 6); /* the partnered snapshot: 10 */
+        rep[i].partnered = 1;
+        rep[i].own_step = 11; /* the step's own pieces, its partner copy not yet sent */
+    }
+    th_assert_rc(rec_decide(prev, 3, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 11);
+    ck_assert_int_eq(dec.steps_lost, 0);
+    /* one member did not take the snapshot of 11: the newest all hold, 10 */
+    rep[1].own_step = 10;
+    th_assert_rc(rec_decide(prev, 3, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.step, 10);
+    /* a member lost: partnered steps only */
+    rep[1].own_step = 11;
+    th_assert_rc(rec_decide(prev, 3, rep, 2, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 10);
+}
+END_TEST
+
 /* Two generations (ckpt/snapshot.h S6): a survivor whose newest snapshot was not partnered (the
    member lost while it was being sent) offers the one before; with partner copies the
    decision is the newest step every survivor holds, of either generation; with replicated
@@ -734,6 +762,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, decide_I4_never_older_than_committed);
     tcase_add_test(tc, decide_I5_partners);
     tcase_add_test(tc, decide_I5_older_generation);
+    tcase_add_test(tc, decide_I5_growth_own_pieces);
     tcase_add_test(tc, decide_rejects_malformed);
     suite_add_tcase(s, tc);
 
