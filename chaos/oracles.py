@@ -268,7 +268,10 @@ def check_grown_in_place(job, plan, cfg):
         return _bad("in_place", "asked to grow at step %d, the launcher never grew in place" % ask["progress"])
     spare = workers  # rank W: the first spare
     lost = lost_ranks(job, plan)
-    late = killed_after_end(job, plan)
+    # A spare lost before it was admitted is declared dead and nobody recovers (it was in
+    # no ring): killed_after_end's test for a member does not apply; declared dead, it is lost.
+    declared = any(e.get("peer") == spare for e in job.events_named("peer_dead"))
+    late = killed_after_end(job, plan) if not declared else set()
     want = workers if spare in lost and spare not in late else workers + 1
     finals = last_finals(job)
     if finals and finals[0][2] != want:
