@@ -292,6 +292,10 @@ typedef struct fmt_read_req {
    Without drop the reader copies through buffers of its own. fmt_ckpt_read and
    fmt_ckpt_read_rows are this with one request and no drop. */
 int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop);
+/* How many pages of [off, off + len) of fd are in the page cache (cachestat, Linux 6.5): 0
+   and *pages, or -errno where the kernel cannot say (ENOSYS before 6.5). What the reader
+   asks before each run (fmt_readdirect.c R2). */
+int fmt_cache_pages(int fd, uint64_t off, uint64_t len, uint64_t *pages);
 /* Index of the tensor named name (a per-rank one as ranks/<r>/<name>), or -1 (O(log n)). */
 long fmt_ckpt_find(const fmt_ckpt *c, const char *name);
 /* "ranks/<r>/<name>" into buf; false if it does not fit. */

@@ -206,9 +206,7 @@ static bool direct_ready(fmt_ckpt *c, fmt_direct *d, int rank)
     return true;
 }
 
-/* Whether most of [off, off + len) of fd is in the page cache (cachestat, Linux 6.5; where
-   the kernel lacks it, nothing is taken as cached). */
-static bool cached(int fd, uint64_t off, uint64_t len)
+int fmt_cache_pages(int fd, uint64_t off, uint64_t len, uint64_t *pages)
 {
 #ifndef __NR_cachestat
 #define __NR_cachestat 451 /* the same number on every architecture */
@@ -220,8 +218,17 @@ static bool cached(int fd, uint64_t off, uint64_t len)
         uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
     } cs;
     if (syscall(__NR_cachestat, fd, &range, &cs, 0) != 0)
-        return false;
-    return cs.nr_cache * 4096 * 2 >= len;
+        return -errno;
+    *pages = cs.nr_cache;
+    return 0;
+}
+
+/* Whether most of [off, off + len) of fd is in the page cache (where the kernel cannot
+   say, nothing is taken as cached). */
+static bool cached(int fd, uint64_t off, uint64_t len)
+{
+    uint64_t pages = 0;
+    return fmt_cache_pages(fd, off, len, &pages) == 0 && pages * 4096 * 2 >= len;
 }
 
 /* The way run r is read (R2). */

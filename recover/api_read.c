@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "../common/common.h"
@@ -146,15 +145,12 @@ static int request(const rk_reader *r, const char *fn, size_t k, const rk_read_r
     return 0;
 }
 
-/* Whether the kernel says what the page cache holds (cachestat: what the reader asks
-   before each tensor, formats/fmt_readdirect.c R2). */
+/* Whether the kernel says what the page cache holds (what the reader asks before each
+   run: formats/fmt_readdirect.c R2). */
 static bool cache_visible(int fd)
 {
-#ifndef __NR_cachestat
-#define __NR_cachestat 451 /* the same number on every architecture */
-#endif
-    uint64_t range[2] = {0, 4096}, cs[5];
-    return syscall(__NR_cachestat, fd, range, cs, 0) == 0;
+    uint64_t pages;
+    return fmt_cache_pages(fd, 0, 4096, &pages) == 0;
 }
 
 /* A3: bytes [off, off + len) of shard `rank` handed to the kernel's readahead; false
