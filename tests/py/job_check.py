@@ -105,7 +105,7 @@ RKCMD = os.path.join(BUILD if VENV is None else VENV, "bin", "rekindle")
 FINAL = re.compile(r"(?<![\w=])final step=(\d+) world=(\d+) hash=([0-9a-f]{16})(?![0-9a-f])")
 if MODE in ("docs", "backend"):
     TRAIN, EVERY = os.path.join(SRC, "tests", "py", MODE + "_train.py"), 1
-    KILL_AT = 65  # rank 0 printed this step
+    KILL_AT = 65  # docs: rank 1 kills itself in this allreduce; backend: rank 0 printed this step
 
     def program(steps):
         return PY + [TRAIN, str(steps)] + FLAGS
@@ -119,11 +119,27 @@ else:
             ["--epochs", "400"] if MODE == "horovod" else [])
 
 
+# docs: rank 1 SIGKILLs itself in its allreduce number KILL_AT (the library's fault point,
+# RK_FAULT=allreduce@N=crash, kept on that rank alone by chaos/worker.sh; one allreduce a
+# step): a kill from outside once rank 0's line for that step was seen came, under load,
+# after the job had finished (the lines reach this script through mpirun, late).
+SELF_KILL = MODE in ("last", "docs")
+
+
 def job_program(steps):
     """The killed job's program; the replays run program()."""
     if MODE == "last":
         return PY + [os.path.join(SRC, "tests", "py", "last_call.py")] + program(steps)[len(PY) + 1:]
+    if MODE == "docs":
+        return [os.path.join(SRC, "chaos", "worker.sh")] + program(steps)
     return program(steps)
+
+
+def job_env():
+    """What the killed job's environment adds: docs, rank 1's fault point (first launch)."""
+    if MODE != "docs":
+        return {}
+    return {"RK_FAULT": "allreduce@%d=crash" % KILL_AT, "CHAOS_FAULT_RANK": "1", "CHAOS_FAULT_ATTEMPT": "0"}
 NAME = " ".join([MODE] + FLAGS)
 GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
 SCALE = int(os.environ.get("RK_TEST_TIME_SCALE", "1") or 1)  # tests/run: every bound of the tests scales
@@ -156,12 +172,12 @@ class Job:
     at most N workers); its output is collected as it comes."""
 
     def __init__(self, n, steps, ckpt, events=None, extra=(), prog=program, spares=0, every=None, hosts=None,
-                 launch=(), cwd=None):
+                 launch=(), cwd=None, env=None):
         size = ["-n", str(n), "--spares", str(spares)] if hosts is None else [
             "--host-discovery-script", "cat " + hosts, "--discovery-interval", "0.2", "--blacklist-cooldown", "0.5",
             "--max-np", str(n)]
         cmd = [RKCMD, "run"] + size + list(launch) + ["--"] + prog(steps) + list(extra)
-        self.p = subprocess.Popen(cmd, env=env_for(ckpt, events, every), stdout=subprocess.PIPE,
+        self.p = subprocess.Popen(cmd, env=dict(env_for(ckpt, events, every), **(env or {})), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=cwd)
         self.lines = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.p.stdout), daemon=True)
@@ -233,14 +249,14 @@ def kill():
     hosts = os.path.join(WORK, "hosts") if grow else None
     if grow:
         list_slots(hosts, n)
-    job = Job(n, steps, ckpt, events, prog=job_program, spares=spares, hosts=hosts)
+    job = Job(n, steps, ckpt, events, prog=job_program, spares=spares, hosts=hosts, env=job_env())
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
     # worker of launch rank 1, never a spare (last: rank 1 kills itself).
     pattern = "^" + re.escape(" ".join(program(steps)))
     ready = lambda: glob.glob(os.path.join(ckpt, "step-*")) if KILL_AT is None else any(
         l.startswith("step %d " % KILL_AT) for l in list(job.lines))
     # the first checkpoint may take long on a loaded machine: the bound scales as the tests' do
-    victim, deadline = "rank 1, itself" if MODE == "last" else None, time.time() + 180 * SCALE
+    victim, deadline = "rank 1, itself" if SELF_KILL else None, time.time() + 180 * SCALE
     while victim is None and time.time() < deadline and job.p.poll() is None:
         if ready():
             pids = [p for p in workers(pattern) if mpi_rank(p) == 1]
