@@ -292,6 +292,9 @@ typedef struct fmt_read_req {
    Without drop the reader copies through buffers of its own. fmt_ckpt_read and
    fmt_ckpt_read_rows are this with one request and no drop. */
 int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop);
+/* The descriptor the reader reads shard `rank` through (opened on first use, closed with
+   c): 0 and *fd, or RK_E_INCOMPLETE / -errno where it cannot be opened. */
+int fmt_ckpt_shard_fd(fmt_ckpt *c, int rank, int *fd);
 /* How many pages of [off, off + len) of fd are in the page cache (cachestat, Linux 6.5): 0
    and *pages, or -errno where the kernel cannot say (ENOSYS before 6.5). What the reader
    asks before each run (fmt_readdirect.c R2). */

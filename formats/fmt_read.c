@@ -387,6 +387,14 @@ static int shard_fd(fmt_ckpt *c, int rank, uint64_t off, uint64_t len, const cha
     return 0;
 }
 
+int fmt_ckpt_shard_fd(fmt_ckpt *c, int rank, int *fd)
+{
+    char path[4096];
+    if (rank < 0 || rank >= c->world)
+        return -EINVAL;
+    return shard_fd(c, rank, 0, 0, "", path, fd);
+}
+
 /* The blocks of piece q that a read of its rows [lo, hi) holds only in part (at most
    its first and its last): each read whole into a buffer of its own, checked, and the
    rows wanted copied to dst (dst: row lo). The blocks wholly inside go to a run. */

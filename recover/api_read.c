@@ -46,7 +46,6 @@
 
 struct rk_reader {
     fmt_ckpt *c;
-    int *fds; /* A3: each shard's descriptor for the hints, -1 until used */
 };
 
 int rk_reader_open(rk_reader **out, const char *ckpt_dir, int64_t step)
@@ -83,13 +82,6 @@ int rk_reader_open(rk_reader **out, const char *ckpt_dir, int64_t step)
         free(r);
         return rc; /* fmt_ckpt_open named the file and what is wrong */
     }
-    if (!(r->fds = malloc((size_t)r->c->world * sizeof(int)))) {
-        fmt_ckpt_close(&r->c);
-        free(r);
-        return -ENOMEM;
-    }
-    for (int k = 0; k < r->c->world; k++)
-        r->fds[k] = -1;
     *out = r;
     return 0;
 }
@@ -153,28 +145,17 @@ static bool cache_visible(int fd)
     return fmt_cache_pages(fd, 0, 4096, &pages) == 0;
 }
 
-/* A3: bytes [off, off + len) of shard `rank` handed to the kernel's readahead; false
-   where the hint cannot be given (the batch then goes without). */
-static bool hint(rk_reader *r, int rank, uint64_t off, uint64_t len)
+/* A3: bytes [off, off + len) of shard `rank` handed to the kernel's readahead, through the
+   descriptor the reads use; nothing where it cannot be opened (the read says why) or the
+   kernel cannot say what the page cache holds. */
+static void hint(rk_reader *r, int rank, uint64_t off, uint64_t len)
 {
-    if (r->fds[rank] == -2)
-        return false;
-    if (r->fds[rank] < 0) {
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/shard-%d.h5", r->c->dir, rank);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0 && !cache_visible(fd)) {
-            close(fd);
-            fd = -1;
-        }
-        r->fds[rank] = fd < 0 ? -2 : fd; /* -2: none (the read itself says why, if it fails) */
-        if (fd < 0)
-            return false;
-    }
+    int fd;
+    if (fmt_ckpt_shard_fd(r->c, rank, &fd) != 0 || !cache_visible(fd))
+        return;
     for (uint64_t at = 0; at < len; at += HINT_CHUNK)
-        (void)posix_fadvise(r->fds[rank], (off_t)(off + at),
-                            (off_t)(len - at < HINT_CHUNK ? len - at : HINT_CHUNK), POSIX_FADV_WILLNEED);
-    return true;
+        (void)posix_fadvise(fd, (off_t)(off + at), (off_t)(len - at < HINT_CHUNK ? len - at : HINT_CHUNK),
+                            POSIX_FADV_WILLNEED);
 }
 
 /* A3: every extent of request q's tensor (a sharded one: each of its pieces) hinted. */
@@ -243,10 +224,6 @@ void rk_reader_close(rk_reader **r)
 {
     if (!r || !*r)
         return;
-    for (int k = 0; k < (*r)->c->world; k++)
-        if ((*r)->fds[k] >= 0)
-            close((*r)->fds[k]);
-    free((*r)->fds);
     fmt_ckpt_close(&(*r)->c);
     free(*r);
     *r = NULL;
