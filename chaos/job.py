@@ -34,7 +34,8 @@ def now_ns():
 
 def marked_processes(mark, exact=True):
     """{pid: (comm, env dict)} of the processes whose CHAOS_RUN is mark (or starts with
-    it when exact is False)."""
+    it when exact is False). A process in the middle of its exec is not seen: its environ
+    reads empty until the kernel has laid out the new one."""
     found = {}
     want = ("CHAOS_RUN=" + mark).encode()
     for d in os.listdir("/proc"):
