@@ -34,6 +34,15 @@ BUILD    ?= build/tsan
 else
 BUILD    ?= build
 endif
+# One spelling per build directory: `build`, `./build/` and `$(CURDIR)/build` are the same
+# objects, and the dependency files (-MMD) name them as the make that compiled them did. A
+# make that spelled the directory otherwise looked for other targets and saw no header behind
+# an object: a changed header rebuilt some objects and not others (the Python wheel's make
+# passes an absolute BUILD), and the library mixed two layouts of a struct.
+override BUILD := $(patsubst $(CURDIR)/%,%,$(abspath $(BUILD)))
+ifneq ($(abspath $(BUILD)),$(BUILD))
+$(abspath $(BUILD))/%: $(BUILD)/% ; # a target named by its absolute path is the same file
+endif
 PREFIX   ?= /usr/local
 USE_CUDA ?= auto
 CUDA_HOME ?= /usr/local/cuda

@@ -151,6 +151,32 @@ START_TEST(build_detects_nccl_version_and_shrink)
 }
 END_TEST
 
+/* One build directory spelled two ways (the Python wheel's make passes an absolute BUILD, a
+   developer's make the relative `build`): an object compiled under one spelling is rebuilt
+   under the other once a header it includes changes. Before, the dependency file named the
+   object as the first make had, the second saw no header behind it, and a library linked
+   objects compiled against two layouts of one struct. In a copy of the source tree (its
+   header touched, not the tree under test's). */
+START_TEST(build_dir_spelled_two_ways)
+{
+    const char *src = getenv("RK_TEST_SRC");
+    char *d = th_tmpdir("spelling");
+    char cmd[4096], *out = NULL;
+    snprintf(cmd, sizeof(cmd),
+             "mkdir -p %s/src && (cd %s && git ls-files -z | tar --null -T - -cf -) | tar -C %s/src -xf - && "
+             "make -s -C %s/src BUILD=%s/src/bx %s/src/bx/obj/common/err.o && "
+             "touch -d @$(( $(date +%%s) + 5 )) %s/src/common/common.h && "
+             "make -n -C %s/src BUILD=bx bx/obj/common/err.o",
+             d, src, d, d, d, d, d, d);
+    ck_assert_int_eq(sh_ok(cmd, &out), 0);
+    ck_assert_msg(strstr(out, "-c common/err.c -o bx/obj/common/err.o"),
+                  "common.h changed, yet `make BUILD=bx` does not rebuild the object an absolute BUILD made:\n%s", out);
+    free(out);
+    th_rmrf(d);
+    free(d);
+}
+END_TEST
+
 /* The ABI rule (rekindle.h): the built library's soname is
    librekindle.so.<REKINDLE_ABI_VERSION>, and rk_options has that ABI's size (LP64). A field
    added outside the reserved space changes the size: bump REKINDLE_ABI_VERSION and record
@@ -184,6 +210,7 @@ static Suite *cli_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, install_and_pkg_config);
     tcase_add_test(tc, build_detects_nccl_version_and_shrink);
+    tcase_add_test(tc, build_dir_spelled_two_ways);
     suite_add_tcase(s, tc);
     return s;
 }
