@@ -169,7 +169,7 @@ static const char secret[] = "5a0c4f1e2b7d9386a1c3e5f708192a3b4c5d6e7f8091a2b3c4
    the same epoch, and the survivors finish in bounded time. */
 START_TEST(proc_kill9_every_survivor_sees_peer_dead)
 {
-    struct job j = start_job(4, 9000, recovery_opts, secret);
+    struct job j = start_job(4, 6000, recovery_opts, secret);
     int pids[4], ports[4];
     job_addrs(&j, pids, ports);
     usleep(1500 * 1000);
@@ -200,7 +200,7 @@ END_TEST
    (rk_step_done returns RK_E_FENCED) instead of rejoining. */
 START_TEST(proc_sigstop_then_fenced)
 {
-    struct job j = start_job(4, 9000, recovery_opts, secret);
+    struct job j = start_job(4, 6000, recovery_opts, secret);
     int pids[4], ports[4];
     job_addrs(&j, pids, ports);
     usleep(1500 * 1000);
@@ -297,7 +297,7 @@ END_TEST
    before, and once continued it fences itself. */
 START_TEST(proc_run_kill_via_parent_stop_via_silence)
 {
-    struct job j = start_job_as(5, 9000, NULL, NULL, true);
+    struct job j = start_job_as(5, 6000, NULL, NULL, true);
     int pids[5], ports[5];
     job_addrs(&j, pids, ports);
     usleep(1500 * 1000);
