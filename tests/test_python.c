@@ -106,7 +106,8 @@ END_TEST
 /* A program written from docs/PYTHON.md alone, a checkpoint at every step, one of 4
    workers SIGKILLed at step 65: the survivors end normally (exit 0, no error from the
    checkpoint the recovery abandoned) with the hash of a fault-free replay; in the
-   `with rekindle.init()` form and with an explicit finalize(). */
+   `with rekindle.init()` form and with an explicit finalize() (which train alike: the
+   second takes the first's replay). */
 START_TEST(docs_program_with_survives_kill)
 {
     job("docs", "with", "job_check docs with: ok");

@@ -21,7 +21,8 @@ judged as the C trainer is: run by tests/test_python.c.
         The same judgement of tests/py/docs_train.py, a program written from docs/PYTHON.md
         alone (the `with rekindle.init()` form or init ... finalize()), with a checkpoint
         at every step (RK_CKPT_EVERY=1): one of 4 workers SIGKILLed once rank 0 printed
-        step 65; the job must exit 0, every survivor print its final line.
+        step 65; the job must exit 0, every survivor print its final line. The two forms
+        train alike: in one test run (RK_TEST_TMP) the second takes the first's replay.
     job_check.py BUILD WORK backend
         The same judgement of tests/py/backend_train.py: an unchanged DDP on
         init_process_group("rekindle"), written from docs/PYTHON.md alone.
@@ -294,14 +295,27 @@ def kill():
         fail("the survivors resumed differently: %s" % resumed)
     # The replay: n workers from scratch to `step` (a checkpoint of that step: a memory
     # rollback resumes the newest snapshot, taken at every step), then `world` from there.
-    replay = os.path.join(WORK, "replay")
-    os.makedirs(replay)
-    if step > 0:
-        run(n, step, replay, "replay to step %d on %d workers" % (step, n), every=step)
-        mine = os.path.join(ckpt, "step-%012d" % step)
-        if os.path.isdir(mine) and not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
-            fail("the job's checkpoint %d differs from the replay's" % step)
-    want, _ = run(world, steps, replay, "replay from step %d on %d workers" % (step, world))
+    # docs: the two forms (with, call) train alike, and both resume at the step of their
+    # own fault point: the second of a test run (RK_TEST_TMP) takes the first's replay.
+    shared = MODE == "docs" and VENV is None and os.environ.get("RK_TEST_TMP")
+    replay = os.path.join(shared, "docs-replay-%d-%d-%d-%d" % (n, world, step, steps)) if shared else os.path.join(
+        WORK, "replay")
+    done = os.path.join(replay, "final-hash")
+    if shared and os.path.exists(done):
+        with open(done) as f:
+            want = f.read().strip()
+        print("job_check %s: the replay of the same training from step %d: %s" % (NAME, step, replay))
+    else:
+        shutil.rmtree(replay, ignore_errors=True)
+        os.makedirs(replay)
+        if step > 0:
+            run(n, step, replay, "replay to step %d on %d workers" % (step, n), every=step)
+        want, _ = run(world, steps, replay, "replay from step %d on %d workers" % (step, world))
+        with open(done, "w") as f:
+            f.write(want + "\n")
+    mine = os.path.join(ckpt, "step-%012d" % step)
+    if step > 0 and os.path.isdir(mine) and not equal_state(rekindle.load(ckpt, step), rekindle.load(replay, step)):
+        fail("the job's checkpoint %d differs from the replay's" % step)
     if got != want:
         fail("final hash %s, the replay from step %d (resumed from %s) gives %s" % (got, step, source, want), out)
     print("job_check %s: ok: survivors resumed at step %d from %s, hash %s equals the replay's" % (
