@@ -568,7 +568,8 @@ def _placer(map_location):
 def load(ckpt_dir, step=None, prefix=None, as_numpy=False, map_location=None):
     """Every tensor of a committed checkpoint (the newest, or `step`) as a dict name ->
     torch.Tensor (numpy.ndarray with as_numpy=True or without torch; bf16 then comes as
-    its raw uint16 bits), each checksum verified. With prefix, only the names under
+    its raw uint16 bits), each checksum verified (Error RK_E_CORRUPT naming a damaged
+    tensor). With prefix, only the names under
     "<prefix>/", with the prefix removed (for module.load_state_dict). Needs no job.
     map_location, as torch.load's: None or "cpu" (host tensors), a device ("cuda",
     "cuda:1", a torch.device), a dict mapping saved locations to devices, or a function

@@ -14,6 +14,7 @@ process and on 3 ranks under mpirun.
 Exit 0 when every check passed; a failed check raises (traceback, exit 1).
 """
 import os
+import shutil
 import subprocess
 import sys
 
@@ -225,6 +226,31 @@ def read():
             map_location_checks(want)
             expect_error("no such step", lambda: rekindle.load(DIR, step=8), "RK_E_NOCKPT")
             expect_error("no such dir", lambda: rekindle.load(os.path.join(DIR, "absent")))
+            damaged_load_names_the_tensor(want["numpy/float64"], "numpy/float64")
+
+
+def damaged_load_names_the_tensor(t, name):
+    """rekindle.load of a copy of the checkpoint with one byte of tensor `name` changed on
+    disk (found by its bytes in the shard files) fails with RK_E_CORRUPT naming it."""
+    bad = DIR.rstrip("/") + "-damaged"
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(DIR, bad)
+    key, hits = t.tobytes(), []
+    for root, _, files in os.walk(bad):
+        for f in files:
+            if f.startswith("shard-"):
+                with open(os.path.join(root, f), "rb") as fh:
+                    data = fh.read()
+                hits += [(os.path.join(root, f), data.find(key))] if data.count(key) == 1 else []
+    assert len(hits) == 1, "the bytes of %s are not in one shard file once: %s" % (name, hits)
+    path, off = hits[0]
+    with open(path, "r+b") as fh:
+        fh.seek(off + len(key) // 2)
+        b = fh.read(1)
+        fh.seek(off + len(key) // 2)
+        fh.write(bytes([b[0] ^ 0x40]))
+    expect_error("a damaged tensor", lambda: rekindle.load(bad, step=7), "RK_E_CORRUPT", contains=name)
+    shutil.rmtree(bad)
 
 
 def map_location_checks(want):
