@@ -90,6 +90,7 @@ else:
     grown = [x for x in res if x[0] - first[0] < 1e9]
     print("%.1f %d %d" % ((max(grown)[0] - t0) / 1e6, last3 + 1 - first[1], kept))
 EOF
+  rm -rf "$w/c" # its checkpoints (600-800 MB a run, RK_KEEP=1000): read, no longer needed
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
