@@ -19,6 +19,8 @@
  *         warm: the step directory's files read into the page cache first
  *           rk_resume      the same, from the page cache
  *           memcpy         of the same bytes, between two touched buffers
+ *         rk_resume inplace cold and warm: rk_resume as above with RK_RESTORE=inplace
+ *           (read straight into the registered buffers, rekindle.h)
  *         with OLD_BENCH_RESTORE (an older build's bench_restore): its rk_resume cold
  *           and warm too, as two more ways of the same rounds (interleaved pairs, the
  *           same rotation, the checkpoint this build wrote)
@@ -134,6 +136,8 @@ static int child(int argc, char **argv)
     bool cold = strcmp(argv[6], "cold") == 0;
     size_t total = per * (size_t)nt;
     char *state = make_buf(total, strcmp(mode, "write") == 0);
+    if (strcmp(mode, "resume-inplace") == 0)
+        setenv("RK_RESTORE", "inplace", 1);
     rk_ctx *ctx = open_ctx(dir, state, per, nt, flags);
     if (strcmp(mode, "write") == 0) {
         if (rk_step_done(ctx, 0) != 0 || rk_checkpoint(ctx) != 0 || rk_wait(ctx) != 0) {
@@ -220,9 +224,11 @@ static double median(const double *v, int n)
     return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-enum way { RAW_DIRECT, RAW_BUFFERED, RAW_PREAD, RESUME_COLD, RESUME_WARM, MEMCPY, OLD_COLD, OLD_WARM, NWAYS };
+enum way { RAW_DIRECT, RAW_BUFFERED, RAW_PREAD, RESUME_COLD, RESUME_WARM, MEMCPY, IP_COLD, IP_WARM,
+           OLD_COLD, OLD_WARM, NWAYS };
 static const char *const way_name[NWAYS] = {"raw O_DIRECT",   "raw buffered",   "raw pread",
                                             "rk_resume cold", "rk_resume warm", "memcpy",
+                                            "inplace cold",   "inplace warm",
                                             "old rk_resume cold", "old rk_resume warm"};
 
 static double raw_read(const char *step, const char *shard, char *buf, size_t len, enum way w)
@@ -277,6 +283,7 @@ int main(int argc, char **argv)
     char *buf = make_buf(total, false), *dst = make_buf(total, false);
     size_t rawlen = total & ~(size_t)4095; /* the shard's first bytes: as many as the tensors' */
     double gbs[NWAYS][MAXROUNDS], cold[MAXROUNDS], warm[MAXROUNDS], ocold[MAXROUNDS], owarm[MAXROUNDS];
+    double icold[MAXROUNDS], iwarm[MAXROUNDS];
     printf("restore: %.2f GiB in %d %s tensors, one rank, %s; GB/s per round (order rotated)\n",
            (double)total / (1 << 30), nt, kind, dir);
     for (int k = 0; k < rounds; k++) {
@@ -285,6 +292,8 @@ int main(int argc, char **argv)
             double s;
             if (w == RESUME_COLD || w == RESUME_WARM)
                 s = run_child(self, "resume", dir, per, nt, kind, w == RESUME_COLD ? "cold" : "warm");
+            else if (w == IP_COLD || w == IP_WARM)
+                s = run_child(self, "resume-inplace", dir, per, nt, kind, w == IP_COLD ? "cold" : "warm");
             else if (w == OLD_COLD || w == OLD_WARM)
                 s = run_child(old, "resume", dir, per, nt, kind, w == OLD_COLD ? "cold" : "warm");
             else if (w == MEMCPY) {
@@ -300,10 +309,12 @@ int main(int argc, char **argv)
             best = gbs[w][k] > best ? gbs[w][k] : best;
         cold[k] = gbs[RESUME_COLD][k] / best;
         warm[k] = gbs[RESUME_WARM][k] / gbs[MEMCPY][k];
+        icold[k] = gbs[IP_COLD][k] / best;
+        iwarm[k] = gbs[IP_WARM][k] / gbs[MEMCPY][k];
         printf("  round %d:", k + 1);
         for (int w = 0; w < nways; w++)
             printf(" %s %.2f%s", way_name[w], gbs[w][k], w < nways - 1 ? "," : ";");
-        printf(" cold/best raw %.3f, warm/memcpy %.3f", cold[k], warm[k]);
+        printf(" cold/best raw %.3f, warm/memcpy %.3f; inplace: %.3f, %.3f", cold[k], warm[k], icold[k], iwarm[k]);
         if (old) {
             ocold[k] = gbs[OLD_COLD][k] / best;
             owarm[k] = gbs[OLD_WARM][k] / gbs[MEMCPY][k];
@@ -315,16 +326,19 @@ int main(int argc, char **argv)
     printf("  median:");
     for (int w = 0; w < nways; w++)
         printf(" %s %.2f%s", way_name[w], median(gbs[w], rounds), w < nways - 1 ? "," : ";");
-    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f", median(cold, rounds), median(warm, rounds));
+    printf(" cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f; inplace: cold/best raw %.3f, warm/memcpy %.3f",
+           median(cold, rounds), median(warm, rounds), median(icold, rounds), median(iwarm, rounds));
     if (old)
         printf("; old: cold rk_resume/best raw %.3f, warm rk_resume/memcpy %.3f", median(ocold, rounds),
                median(owarm, rounds));
     printf("\n");
     printf("RESULT kind=%s cold_ratio=%.3f warm_ratio=%.3f resume_cold_gbs=%.3f resume_warm_gbs=%.3f "
-           "raw_direct_gbs=%.3f raw_buffered_gbs=%.3f raw_pread_gbs=%.3f memcpy_gbs=%.3f\n",
+           "raw_direct_gbs=%.3f raw_buffered_gbs=%.3f raw_pread_gbs=%.3f memcpy_gbs=%.3f inplace_cold_ratio=%.3f "
+           "inplace_warm_ratio=%.3f inplace_cold_gbs=%.3f inplace_warm_gbs=%.3f\n",
            kind, median(cold, rounds), median(warm, rounds), median(gbs[RESUME_COLD], rounds),
            median(gbs[RESUME_WARM], rounds), median(gbs[RAW_DIRECT], rounds),
-           median(gbs[RAW_BUFFERED], rounds), median(gbs[RAW_PREAD], rounds), median(gbs[MEMCPY], rounds));
+           median(gbs[RAW_BUFFERED], rounds), median(gbs[RAW_PREAD], rounds), median(gbs[MEMCPY], rounds),
+           median(icold, rounds), median(iwarm, rounds), median(gbs[IP_COLD], rounds), median(gbs[IP_WARM], rounds));
     free(buf);
     free(dst);
     return 0;

@@ -299,6 +299,13 @@ int ckpt_retain(const char *dir, int keep, ckpt_retain_note *note, void *arg);
    per_rank_orphaned on rank 0) and stays in the checkpoint; a rank with none there (it
    did not exist) is reported (event per_rank_missing) and that buffer is left as it is. */
 int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* ckpt_load straight into the buffers of t[0..n) (snapshot.h S12), all host memory
+   (-EINVAL naming a device or deferred tensor, nothing read): the same checks and reads,
+   the same errors, no staging touched and nothing copied out. Before the first read no
+   snapshot is held any more (RK_E_TIMEOUT if a copy out of the buffers still runs); after
+   it none is until the next one is taken. On failure the buffers hold part of the
+   checkpoint. */
+int ckpt_load_into(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Verifies every tensor of committed checkpoint `stepdir` by re-reading it. On failure
    `bad` (if not NULL) gets what was bad. */
 int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap);

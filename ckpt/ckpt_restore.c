@@ -3,7 +3,9 @@
  * reads into the engine's staging memory (the held snapshot, snapshot.h S2, S3), never
  * into the registered buffers: the caller copies it out (ckpt_restore_held) only once the whole
  * checkpoint verified on every rank, so a checkpoint that fails at its k-th tensor leaves
- * the caller's buffers as they were. The match of the tensor set is checked before
+ * the caller's buffers as they were. ckpt_load_into (RK_RESTORE=inplace, snapshot.h S12)
+ * reads straight into the buffers instead: no staging is touched and nothing is copied
+ * out, and a failure leaves them holding part of the checkpoint. The match of the tensor set is checked before
  * anything is read; then every tensor (this rank's rows of a sharded one) is read in one
  * batch (fmt_ckpt_read_many: many reads in flight across tensors, O_DIRECT straight into
  * staging when the file is not in the page cache, pread when it is), every byte checked
@@ -141,7 +143,8 @@ static void report_per_rank(ckpt_engine *e, const fmt_ckpt *c, const ckpt_tensor
     }
 }
 
-int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+/* ckpt_load (into staging) and ckpt_load_into (into t[i].ptr, S12). */
+static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bool into)
 {
     char name[64], path[4096];
     fmt_step_name(name, sizeof(name), step);
@@ -149,6 +152,7 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     fmt_ckpt *c = NULL;
     long *k = NULL;
     fmt_read_req *req = NULL;
+    size_t need = 0; /* staging for this layout: S9's region after a restore into the buffers */
     ckpt_abandon(e); /* before the first read: a commit under way now removes nothing (writer.c W4) */
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
@@ -167,34 +171,65 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     }
     if ((rc = check_match(c, t, n, e->rank, e->world, path, k, &orphans, orphan_ranks, sizeof(orphan_ranks))) != 0)
         goto out;
-    ckpt__prep_defer(e, true); /* staging faulted in by the reads; nothing mapped ahead (S9) */
-    rc = ckpt__hold_space(e, t, n);
-    ckpt__prep_defer(e, false);
+    need = ckpt__hdr_bytes(n);
+    for (size_t i = 0; i < n; i++) {
+        need += ALIGN_UP(t[i].nbytes);
+        if (into && (t[i].device || t[i].defer || (!t[i].ptr && t[i].nbytes))) {
+            rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "%s: tensor '%s' has no host buffer to read into",
+                          path, t[i].name);
+            goto out;
+        }
+    }
+    if (into) {
+        rc = ckpt__hold_none(e); /* S12: the buffers change from the first read on */
+    } else {
+        ckpt__prep_defer(e, true); /* staging faulted in by the reads; nothing mapped ahead (S9) */
+        rc = ckpt__hold_space(e, t, n);
+        ckpt__prep_defer(e, false);
+    }
     if (rc)
         goto out;
-    /* One batch: the reads stay in flight across tensors, straight into staging (each
-       tensor 4 KiB-aligned there, with the room to a 4 KiB end: S4), every byte checked
-       as it arrives. */
+    /* One batch: the reads stay in flight across tensors, every byte checked as it
+       arrives; into staging straight (each tensor 4 KiB-aligned there, with the room to a
+       4 KiB end: S4), or into the caller's buffers through the reader's own (it may not
+       drop their pages, R5). */
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (k[i] < 0) {
-            ckpt__tensor_missing(e, i);
+            if (!into)
+                ckpt__tensor_missing(e, i);
             continue;
         }
         req[m++] = (fmt_read_req){.i = (size_t)k[i], .first = t[i].row0, .nrows = t[i].shape[0],
-                                  .dst = ckpt__tensor_at(e, i), .cap = ALIGN_UP(t[i].nbytes)};
+                                  .dst = into ? t[i].ptr : ckpt__tensor_at(e, i),
+                                  .cap = into ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
     }
-    if ((rc = fmt_ckpt_read_many(c, req, m, true)) != 0) {
+    if ((rc = fmt_ckpt_read_many(c, req, m, !into)) != 0) {
         rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
-        goto out; /* staging holds part of it: no snapshot is held (-1) */
+        goto out; /* staging (or the buffers) hold part of it: no snapshot is held (-1) */
     }
-    ckpt__seal(e, step);
+    if (!into)
+        ckpt__seal(e, step);
     report_per_rank(e, c, t, n, k, orphans, orphan_ranks);
 out:
     free(req);
     free(k);
     fmt_ckpt_close(&c);
+    /* S9: the first snapshot's region mapped ahead, once the reader's memory went (its
+       munmap would wait for the mapping thread's) */
+    if (!rc && into && e->s.g.staging_cap < need)
+        ckpt__prepare(e, need);
     return rc;
+}
+
+int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    return load(e, step, t, n, false);
+}
+
+int ckpt_load_into(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    return load(e, step, t, n, true);
 }
 
 int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap)

@@ -186,6 +186,21 @@ static void lay_out(ckpt_engine *e, const ckpt_tensor *t, size_t n)
     g->held_n = n;
 }
 
+int ckpt__hold_none(ckpt_engine *e)
+{
+    if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->s.cp.pending)
+        return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
+                        "restore into the registered buffers: the copy of step %" PRId64 " out of them still runs",
+                        e->s.cp.step);
+    struct ckpt_gen *gens[] = {&e->s.g, &e->s.old, &e->s.park};
+    for (size_t i = 0; i < sizeof(gens) / sizeof(gens[0]); i++) {
+        gens[i]->held_step = -1; /* the buffers are about to change: no snapshot is theirs (S12) */
+        if (gens[i]->frozen_ok)
+            memset(gens[i]->frozen_ok, 0, gens[i]->held_cap * sizeof(*gens[i]->frozen_ok));
+    }
+    return 0;
+}
+
 void ckpt__seal(ckpt_engine *e, int64_t step)
 {
     struct ckpt_gen *g = &e->s.g;

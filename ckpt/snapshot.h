@@ -39,7 +39,7 @@
  *      step is -1 while a copy into the generation is under way.
  *  S3  A restore reads into staging (ckpt_load), never into the registered buffers; they
  *      are written (ckpt_restore_held) only once the whole checkpoint verified on every
- *      rank, so a failed restore leaves them as they were.
+ *      rank, so a failed restore leaves them as they were. The one exception is S12.
  *  S4  Staging begins with a header (step, and every tensor's bytes and first row) followed
  *      by this rank's sharded and per-rank pieces, contiguous, then the replicated tensors:
  *      the header and pieces are the snapshot's out region, which the caller sends its
@@ -105,6 +105,13 @@
  *      cancelled; the snapshot held before and its partner copy stay readable until the
  *      seal, which swaps the new partner copy in and hands the old snapshot's region to
  *      old where it fits the next turn (else it goes, or becomes the next inbox).
+ *  S12 rk_resume with RK_RESTORE=inplace reads straight into the registered buffers
+ *      (ckpt_load_into), every byte checked as in S3 but no copy kept: before the first
+ *      read, no generation holds a snapshot any more (ckpt__hold_none: the buffers are
+ *      about to change), and after it none is held until the first snapshot is taken
+ *      (a loss before it rolls back from disk, to the same step). Its region is mapped
+ *      ahead once the reads are done (S9). A failed inplace restore leaves the buffers
+ *      holding part of what it read; the caller chose that (rekindle.h, rk_resume).
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *
@@ -290,6 +297,10 @@ int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);
 /* The held snapshot laid out by ckpt__hold_space is complete: its header says `step`, it
    is of the current membership, held_step = step (S2, S4). */
 void ckpt__seal(ckpt_engine *e, int64_t step);
+/* A restore that reads straight into the registered buffers (ckpt_load_into, S12): the
+   copy under way settled (bounded by timeout_ms / 4: RK_E_TIMEOUT if it still runs, nothing
+   changed), then no generation holds a snapshot any more (every frozen mark cleared). */
+int ckpt__hold_none(ckpt_engine *e);
 /* ckpt_hold and ckpt_hold_open without the abandon of the job in flight (ckpt.c's). */
 int ckpt__hold(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 int ckpt__hold_open(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, unsigned char **where,

@@ -19,12 +19,15 @@ enum opt_kind { OPT_INT, OPT_STR, OPT_CHOICE };
 
 static const char *const io_choices[] = {"auto", "uring", "buffered", NULL};
 static const char *const rollback_choices[] = {"auto", "disk", NULL};
+static const char *const restore_choices[] = {"staged", "inplace", NULL};
 
 static const struct opt {
     const char *env;
     enum opt_kind kind;
     size_t off;
-    long def, lo, hi;            /* OPT_INT */
+    long def, lo, hi;            /* OPT_INT; OPT_CHOICE: def 1 if NULL means choices[0] (a
+                                    field taken from rk_options' reserved room: zero is its
+                                    default, rekindle.h's ABI rule) */
     const char *const *choices;  /* OPT_CHOICE; default choices[0] */
 } opts[] = {
     {"RK_CKPT_DIR", OPT_STR, offsetof(rk_options, ckpt_dir), 0, 0, 0, NULL},
@@ -38,6 +41,7 @@ static const struct opt {
     {"RK_IO", OPT_CHOICE, offsetof(rk_options, io), 0, 0, 0, io_choices},
     {"RK_ROLLBACK", OPT_CHOICE, offsetof(rk_options, rollback), 0, 0, 0, rollback_choices},
     {"RK_SNAPSHOT_EVERY", OPT_INT, offsetof(rk_options, snapshot_every), 1, 0, INT_MAX, NULL},
+    {"RK_RESTORE", OPT_CHOICE, offsetof(rk_options, restore), 1, 0, 0, restore_choices},
 };
 
 /* "auto, uring or buffered" for a choice option's messages. */
@@ -158,6 +162,8 @@ int rk__options_validate(const rk_options *o)
             for (c = d->choices; *c && v; c++)
                 if (strcmp(*c, v) == 0)
                     break;
+            if (!v && d->def)
+                continue;
             if (!v || !*c) {
                 char list[48];
                 list_choices(d->choices, list, sizeof(list));

@@ -126,7 +126,12 @@ typedef struct rk_options {
                              (1: every step), from which a recovery resumes; 0: only the
                              checkpoints' own. A checkpoint is a snapshot also written to
                              disk (docs/DESIGN.md, "Snapshots at every step")             */
-    void *reserved_[8];   /* room for later fields without a new ABI (above); zero      */
+    const char *restore;  /* RK_RESTORE      ; rk_resume's way: "staged" (read into
+                             memory of the library's, the buffers written once every rank
+                             verified) or "inplace" (read straight into the buffers: no
+                             second copy; a failure leaves them part-written). Added in
+                             ABI 1 from the reserved room; NULL: "staged"               */
+    void *reserved_[7];   /* room for later fields without a new ABI (above); zero      */
 } rk_options;
 
 /* Defaults, then RK_* environment variables. Never fails: a variable it cannot parse is
@@ -219,7 +224,11 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr);
    an earlier run left behind (it resumed from an older step); one that fails is logged and
    the next is tried (docs/FORMAT.md, "Order and retention"). The registered buffers are
    written only once that checkpoint was read whole and verified on every rank: on any
-   error they are as before. Every rank returns the same. 0 with nothing restored only if
+   error they are as before. With RK_RESTORE=inplace (rk_options.restore; every rank
+   agrees, and only where every registered tensor is host memory) the checkpoint is read
+   straight into the buffers, every byte checked as before: no second copy of the state
+   is made, and on an error the buffers may hold part of a checkpoint (one that fails on
+   some rank is still never the one restored). Every rank returns the same. 0 with nothing restored only if
    the directory holds no committed checkpoint; RK_E_CORRUPT if it holds some and none
    verifies; -errno if a rank cannot list it (EACCES, an unmounted share); RK_E_MISMATCH
    if the checkpoint holds other tensors (names, dtypes, shapes) than the registered ones. */

@@ -336,11 +336,20 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     ckpt_tensor *t = NULL;
     int64_t step = -1;
     int rc = rec_ckpt_tensors(ctx, &t);
-    rc = rec_restore_newest(ctx, t, rc, INT64_MAX, &step); /* a failure here is said to all */
+    bool into = !rc && strcmp(ctx->opt.restore ? ctx->opt.restore : "staged", "inplace") == 0;
+    for (size_t i = 0; into && i < ctx->ntensors; i++)
+        if (t[i].device || t[i].defer || (!t[i].ptr && t[i].nbytes)) {
+            RK_LOG_INFO(RK_SUB_CKPT, "RK_RESTORE=inplace: tensor '%s' is %s, so the checkpoint is read into memory "
+                        "of the library's first (staged)", t[i].name, t[i].device ? "device memory" : "not bound");
+            into = false;
+        }
+    rc = rec_restore_newest(ctx, t, rc, INT64_MAX, &into, &step); /* a failure here is said to all */
     if (!rc && step >= 0) {
-        rec_ckpt_mirror(ctx);
+        if (!into) /* the held snapshot's partner copy; inplace holds none (ckpt/snapshot.h S12) */
+            rec_ckpt_mirror(ctx);
         ctx->next_step = *next_step = step;
-        RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s", step, ctx->opt.ckpt_dir);
+        RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s%s", step, ctx->opt.ckpt_dir,
+                    into ? ", read straight into the registered buffers (RK_RESTORE=inplace)" : "");
         RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"),
                  RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("world", ctx->world));
     } else if (!rc) {

@@ -204,7 +204,8 @@ int rec_ckpt_tensors(rk_ctx *ctx, struct ckpt_tensor **out);
    every member (rollback.c; rk_resume's and the rollback's from disk); collective over the
    ring. 0 with *step the step (-1: none there, buffers untouched), or an error every member
    gets alike. trc: rec_ckpt_tensors' failure, carried into the first collective. */
-int rec_restore_newest(rk_ctx *ctx, const struct ckpt_tensor *t, int trc, int64_t below, int64_t *step);
+int rec_restore_newest(rk_ctx *ctx, const struct ckpt_tensor *t, int trc, int64_t below, bool *into,
+                       int64_t *step);
 /* What the members of a sharded or per-rank registration must have alike (registry.c):
    63 bits, never negative. */
 int64_t rec_registration_hash(const struct rec_tensor *t);

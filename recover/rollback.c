@@ -156,8 +156,12 @@ static int try_class(int rc)
    step restored, or -1 if the directory holds no checkpoint below `below` (buffers
    untouched); RK_E_CORRUPT if it holds some but none verifies everywhere, -errno if a
    member cannot list the directory or had no t (trc: rec_ckpt_tensors' failure), RK_E_MISMATCH
-   (buffers untouched in each case). Collective over the ring. */
-int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, int64_t *step)
+   (buffers untouched in each case). With *into on every member (the members agree: off
+   if any has it off; into NULL: off), each reads straight into the buffers
+   (ckpt_load_into, ckpt/snapshot.h S12): nothing is held in memory after, and a failure
+   leaves them part-written; *into says on return whether they did. Collective over the
+   ring. */
+int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, bool *into, int64_t *step)
 {
     ckpt_entry *l = NULL;
     size_t n = 0, next = 0;
@@ -166,6 +170,11 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
     ckpt_retention_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms / 4)); /* ckpt.c J6 */
     int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
     int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
+    int all_into = into && *into;
+    if (!rc && !list)
+        rc = agree(ctx, &all_into, RK_I32, RK_MIN);
+    if (into)
+        *into = all_into;
     if (!rc && list)
         rc = my_list ? my_list
                      : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s "
@@ -187,13 +196,15 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
                               ctx->opt.ckpt_dir);
             break;
         }
-        int my = try_class(ckpt_load(ctx->ckpt, s, t, ctx->ntensors)), worst = my;
+        int my = try_class(all_into ? ckpt_load_into(ctx->ckpt, s, t, ctx->ntensors)
+                                    : ckpt_load(ctx->ckpt, s, t, ctx->ntensors)),
+            worst = my;
         if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
             break;
         if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change */
             *step = s;
             ckpt_note_committed(ctx->ckpt, s);
-            rc = ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
+            rc = all_into ? 0 : ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
             break;
         }
         if (worst == TRY_MISMATCH) {
@@ -218,7 +229,7 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
 static int from_disk(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
     int64_t step = -1;
-    int rc = rec_restore_newest(ctx, t, trc, dec->step + 1, &step);
+    int rc = rec_restore_newest(ctx, t, trc, dec->step + 1, NULL, &step);
     if (!rc && step < 0)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
                       " in %s verifies", dec->step, ctx->opt.ckpt_dir);

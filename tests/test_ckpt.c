@@ -180,6 +180,64 @@ START_TEST(corruption_of_large_tensor_falls_back)
 }
 END_TEST
 
+/* ckpt/snapshot.h S12, RK_RESTORE=inplace (rk_resume straight into the registered
+   buffers): every byte of every dtype and of the 16 MiB tensor restored, cold and warm;
+   training goes on from it (the first snapshot after it is taken from the buffers and the
+   next checkpoint restores right); the newest damaged in its large tensor: the one before
+   is restored; two ranks, rank 1's shard of the newest damaged: rank 0 read it into its
+   buffers, and both restore the one before all the same; a bad value of RK_RESTORE is
+   refused by name. */
+START_TEST(inplace_restores_falls_back_and_trains_on)
+{
+    const char *ip = "RK_RESTORE=inplace";
+    char *dir = th_tmpdir("inplace"), p[4300], *out = NULL;
+    RUN_OK(0, dir, "write", "5", NULL, NULL);
+    snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
+    for (int warm = 0; warm < 2; warm++) {
+        int fd = open(p, O_RDONLY);
+        ck_assert_int_ge(fd, 0);
+        posix_fadvise(fd, 0, 0, warm ? POSIX_FADV_WILLNEED : POSIX_FADV_DONTNEED);
+        close(fd);
+        int rc = run_prog(0, dir, "resume", "4", ip, "RK_LOG=info", &out);
+        ck_assert_msg(rc == 0 && strstr(out, "read straight into the registered buffers"), "exit %d: %s", rc, out);
+        free(out);
+    }
+    RUN_OK(0, dir, "continue", "7", ip, "RK_SNAPSHOT_EVERY=1"); /* from 4: 6 committed */
+    RUN_OK(0, dir, "resume", "6", NULL, NULL);
+    snprintf(p, sizeof(p), "%s/step-000000000006/shard-0.h5", dir);
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    th_flip_byte(p, sb.st_size / 2);
+    int rc = run_prog(0, dir, "resume", "4", ip, "RK_LOG=warn", &out);
+    ck_assert_msg(rc == 0 && strstr(out, "checksum mismatch"), "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+
+    dir = th_tmpdir("inplace2");
+    RUN_OK(2, dir, "write", "5", NULL, NULL);
+    char cmd[4400], *off = NULL; /* the first tensor of more than 16 bytes that rank 1 wrote */
+    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $(NF-3)>16 {print $(NF-2); exit}' '%s/" S4 "/shard-1.ok'", dir);
+    ck_assert_int_eq(th_sh(cmd, 10, &off), 0);
+    ck_assert_msg(off && atol(off) > 0, "rank 1 wrote no tensor of more than 16 bytes: %s", off ? off : "");
+    snprintf(p, sizeof(p), "%s/" S4 "/shard-1.h5", dir);
+    th_flip_byte(p, atol(off) + 8);
+    free(off);
+    rc = run_prog(2, dir, "resume", "2", ip, "RK_LOG=info", &out);
+    const char *said = out ? strstr(out, "read straight into the registered buffers") : NULL;
+    ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2") && said &&
+                      strstr(said + 1, "read straight into the registered buffers"), /* by both ranks */
+                  "exit %d: %s", rc, out);
+    free(out);
+    rc = run_prog(1, dir, "resume", "2", "RK_RESTORE=direct", NULL, &out);
+    ck_assert_msg(rc != 0 && strstr(out, "RK_RESTORE='direct'") && strstr(out, "staged or inplace"),
+                  "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* Restore of another set of tensors: RK_E_MISMATCH, buffers untouched. */
 START_TEST(mismatch_is_clear)
 {
@@ -898,6 +956,7 @@ int main(void)
     tcase_add_test(tc, two_ranks_resume_three_and_one);
     tcase_add_test(tc, corruption_falls_back);
     tcase_add_test(tc, corruption_of_large_tensor_falls_back);
+    tcase_add_test(tc, inplace_restores_falls_back_and_trains_on);
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);

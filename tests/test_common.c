@@ -20,7 +20,7 @@ static void clear_rk_env(void)
 {
     const char *vars[] = {"RK_CKPT_DIR", "RK_CKPT_EVERY", "RK_KEEP", "RK_HEARTBEAT_MS", "RK_MIN_WORLD",
                           "RK_TIMEOUT_MS", "RK_EVENT_LOG", "RK_DET_IFACE", "RK_IO", "RK_LOG", "RK_LOG_SUBSYS",
-                          "RK_ROLLBACK", "RK_SPARES"};
+                          "RK_ROLLBACK", "RK_SPARES", "RK_RESTORE"};
     for (size_t i = 0; i < RK_ARRAY_LEN(vars); i++)
         unsetenv(vars[i]);
 }
@@ -40,7 +40,10 @@ START_TEST(options_defaults)
     ck_assert_int_eq(o.timeout_ms, 30000);
     ck_assert_str_eq(o.io, "auto");
     ck_assert_str_eq(o.rollback, "auto");
+    ck_assert_str_eq(o.restore, "staged");
     ck_assert_str_eq(o.env_error, "");
+    th_assert_rc(rk__options_validate(&o), 0);
+    o.restore = NULL; /* taken from the reserved room: zero is its default (rekindle.h) */
     th_assert_rc(rk__options_validate(&o), 0);
 }
 END_TEST
@@ -57,6 +60,7 @@ START_TEST(options_from_env)
     setenv("RK_IO", "buffered", 1);
     setenv("RK_EVENT_LOG", "/tmp/ev", 1);
     setenv("RK_ROLLBACK", "disk", 1);
+    setenv("RK_RESTORE", "inplace", 1);
     rk_options o;
     rk_options_init(&o);
     ck_assert_str_eq(o.ckpt_dir, "/tmp/ck");
@@ -68,6 +72,7 @@ START_TEST(options_from_env)
     ck_assert_str_eq(o.io, "buffered");
     ck_assert_str_eq(o.event_log, "/tmp/ev");
     ck_assert_str_eq(o.rollback, "disk");
+    ck_assert_str_eq(o.restore, "inplace");
     ck_assert_str_eq(o.env_error, "");
     th_assert_rc(rk__options_validate(&o), 0);
 }
@@ -81,6 +86,7 @@ static const struct {
     {"RK_HEARTBEAT_MS", ""},    {"RK_KEEP", "0"},            {"RK_CKPT_EVERY", "-1"},
     {"RK_CKPT_EVERY", "99999999999"}, {"RK_MIN_WORLD", "0"}, {"RK_TIMEOUT_MS", "1e3"},
     {"RK_IO", "fast"},          {"RK_HEARTBEAT_MS", " 100"}, {"RK_ROLLBACK", "memory"},
+    {"RK_RESTORE", "direct"},
 };
 
 START_TEST(options_bad_env_named_by_rk_init)

@@ -498,18 +498,46 @@ static void drop_shard(const char *dir)
 
 /* rk_resume (prog_ckpt untouched) of dir's only checkpoint, cold, with RK_FAULT=read@n=eio
    on shard-0.h5: where the fault is reached it must fail (RK_E_CORRUPT: none verifies)
-   with every buffer untouched, else restore step 2; whether its error names `name`. */
-static bool fault_names(const char *dir, uint64_t n, const char *name)
+   with every buffer untouched (with inplace, RK_RESTORE=inplace: part-written allowed),
+   else restore step 2; whether its error names `name`. */
+static bool fault_names(const char *dir, uint64_t n, const char *name, bool inplace)
 {
     char fault[64], *out = NULL;
     snprintf(fault, sizeof(fault), "RK_FAULT=read@%llu=eio", (unsigned long long)n);
     drop_shard(dir);
+    if (inplace)
+        setenv("RK_RESTORE", "inplace", 1);
     int rc = run_big(dir, "untouched", "0", fault, "RK_FAULT_PATH=shard-0.h5", &out);
+    unsetenv("RK_RESTORE");
     bool failed = strstr(out, "resume: -1008 ") != NULL, named = failed && strstr(out, name);
-    ck_assert_msg(rc == 0 && (failed ? strstr(out, "untouched 1") : strstr(out, "resume: 0 next 2")),
-                  "exit %d: %s", rc, out);
+    ck_assert_msg(rc == 0 && (failed ? inplace || strstr(out, "untouched 1") : strstr(out, "resume: 0 next 2") != NULL),
+                  "read %llu: exit %d: %s", (unsigned long long)n, rc, out);
     free(out);
     return named;
+}
+
+/* How many of the reads in a row, counted from the restore's first, each fail the restore
+   naming the 16 MiB tensor 'big' (fault_names), once the first of them is reached. */
+static uint64_t big_reads_failing(const char *dir, bool inplace)
+{
+    uint64_t nbig = 0;
+    for (uint64_t n = 0; n < 40; n++) {
+        if (fault_names(dir, n, "reading tensor 'big'", inplace))
+            nbig++;
+        else if (nbig)
+            break; /* past them */
+    }
+    return nbig;
+}
+
+/* A new directory under the test's own, with the checkpoints of prog_ckpt's 3 steps (2). */
+static char *write_big(const char *name)
+{
+    char *dir = th_tmpdir(name), *out = NULL;
+    int rc = run_big(dir, "write", "3", NULL, NULL, &out);
+    ck_assert_msg(rc == 0, "write: exit %d: %s", rc, out);
+    free(out);
+    return dir;
 }
 
 /* S3 with R4, R6: a read that fails anywhere in the restore's batch up to and through the
@@ -518,19 +546,9 @@ static bool fault_names(const char *dir, uint64_t n, const char *name)
    (RK_E_CORRUPT: none verifies) and every registered buffer is as it was. */
 START_TEST(resume_fault_and_damage_leave_buffers)
 {
-    char *dir = th_tmpdir("resume"), *out = NULL;
-    int rc = run_big(dir, "write", "3", NULL, NULL, &out);
-    ck_assert_msg(rc == 0, "write: exit %d: %s", rc, out);
-    free(out);
+    char *dir = write_big("resume"), *out = NULL;
     /* the reads of big (5 of 4 MiB, queued ahead of the small tensors' preads), each */
-    uint64_t nbig = 0;
-    for (uint64_t n = 0; n < 40; n++) {
-        if (fault_names(dir, n, "reading tensor 'big'"))
-            nbig++;
-        else if (nbig)
-            break; /* past them */
-    }
-    ck_assert_uint_eq(nbig, 5);
+    ck_assert_uint_eq(big_reads_failing(dir, false), 5);
     char path[4300];
     snprintf(path, sizeof(path), "%s/step-000000000002/shard-0.ok", dir);
     fmt_manifest *m = NULL;
@@ -540,10 +558,30 @@ START_TEST(resume_fault_and_damage_leave_buffers)
     snprintf(path, sizeof(path), "%s/step-000000000002/shard-0.h5", dir);
     th_flip_byte(path, (off_t)(big->offset + big->nbytes / 2 + 1));
     fmt_manifest_free(&m);
-    rc = run_big(dir, "untouched", "0", NULL, NULL, &out);
+    int rc = run_big(dir, "untouched", "0", NULL, NULL, &out);
     ck_assert_msg(rc == 0 && strstr(out, "resume: -1008 ") && strstr(out, "untouched 1") &&
                       strstr(out, "tensor 'big': checksum mismatch"),
                   "exit %d: %s", rc, out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
+/* ckpt/snapshot.h S12 with R4, R6: RK_RESTORE=inplace reads straight into the registered
+   buffers through the reader's own (bounce, R2): a read that fails at each of the 16 MiB
+   tensor's reads fails rk_resume of the only checkpoint (RK_E_CORRUPT: none verifies,
+   naming the tensor) with no crash and its bound kept, the buffers part-written as the
+   option says; the same checkpoint, cold and unharmed, is then restored whole. */
+START_TEST(resume_inplace_fault_at_each_read)
+{
+    char *dir = write_big("inplace"), *out = NULL;
+    ck_assert_uint_eq(big_reads_failing(dir, true), 5);
+    drop_shard(dir);
+    setenv("RK_RESTORE", "inplace", 1);
+    int rc = run_big(dir, "resume", "2", NULL, NULL, &out);
+    unsetenv("RK_RESTORE");
+    ck_assert_msg(rc == 0 && strstr(out, "resumed 2"), "exit %d: %s", rc, out);
     free(out);
     th_rmrf(dir);
     free(dir);
@@ -663,6 +701,7 @@ int main(void)
     tcase_set_timeout(tc, 180);
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, resume_fault_and_damage_leave_buffers);
+    tcase_add_test(tc, resume_inplace_fault_at_each_read);
     suite_add_tcase(s, tc);
     tc = tcase_create("reader");
     tcase_set_timeout(tc, 120);

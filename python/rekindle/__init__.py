@@ -77,7 +77,8 @@ def _finalize_live():
 def init(**options):
     """rk_init with the RK_* environment, each keyword overriding its variable:
     ckpt_dir, ckpt_every, snapshot_every, keep, heartbeat_ms, min_world, timeout_ms, event_log,
-    det_iface, io, rollback; and cuda_stream, the CUDA stream the program's GPU work runs
+    det_iface, io, rollback, restore ("staged" or "inplace": rk_resume straight into the
+    registered tensors, docs/FORMAT.md); and cuda_stream, the CUDA stream the program's GPU work runs
     on (a torch.cuda.Stream or its integer handle; default: the legacy default stream,
     PyTorch's default stream). Returns a Context (also a context manager that
     finalizes)."""
@@ -317,8 +318,10 @@ class Context:
     # ---- the training loop ------------------------------------------------------------
     def resume(self):
         """rk_resume: restores the latest consistent checkpoint into the registered
-        tensors and returns the step to run next (0 without one). A spare worker waits
-        here until a loss brings it in (or raises SpareUnused)."""
+        tensors and returns the step to run next (0 without one). With restore="inplace"
+        (RK_RESTORE) it reads straight into the tensors (CPU tensors only: no second copy
+        of the state; on an error they may hold part of a checkpoint). A spare worker
+        waits here until a loss brings it in (or raises SpareUnused)."""
         self._check_registered()
         step = ctypes.c_int64(0)
         rc = _lib.lib.rk_resume(self._handle(), ctypes.byref(step))

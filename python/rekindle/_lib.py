@@ -59,11 +59,12 @@ class _Options(ctypes.Structure):
         ("env_error", ctypes.c_char * 192),
         ("cuda_stream", ctypes.c_void_p),  # rk_options_init writes it: the struct must be whole
         ("snapshot_every", ctypes.c_int),
-        ("reserved_", ctypes.c_void_p * 8),
+        ("restore", ctypes.c_char_p),  # taken from the reserved room (same ABI)
+        ("reserved_", ctypes.c_void_p * 7),
     ]
 
 
-STRING_OPTIONS = ("ckpt_dir", "event_log", "det_iface", "io", "rollback")
+STRING_OPTIONS = ("ckpt_dir", "event_log", "det_iface", "io", "rollback", "restore")
 INT_OPTIONS = ("ckpt_every", "keep", "heartbeat_ms", "min_world", "timeout_ms", "snapshot_every")
 
 

@@ -8,6 +8,8 @@ process and on 3 ranks under mpirun.
                              optimizer, checkpoints the state as step 7
     api_check.py DIR read    registers zeroed tensors of the same layout, resume() gives
                              step 7 with every byte back; rekindle.load gives the same
+    api_check.py DIR read-inplace   the same with init(restore="inplace"): resume() reads
+                             straight into the registered tensors (docs/FORMAT.md)
     api_check.py DIR wrapped register_module of models inside DDP and torch.compile:
                              the checkpoint holds the plain model's names
 
@@ -119,6 +121,8 @@ def write():
     # A tensor on a device other than the CPU and CUDA (the meta device has no memory).
     expect_error("meta tensor", lambda: rk.register("bad/m", torch.zeros(3, device="meta")),
                  contains="Rekindle takes CPU and CUDA tensors")
+    expect_error("restore value", lambda: rekindle.init(restore="direct"), "RK_E_OPTION",
+                 contains="RK_RESTORE")
     try:
         rekindle.init(cuda_stream="default")
         raise AssertionError("cuda_stream='default' accepted")
@@ -190,8 +194,8 @@ def write():
         f.write(h)
 
 
-def read():
-    with rekindle.init(ckpt_dir=DIR) as rk:
+def read(restore="staged"):
+    with rekindle.init(ckpt_dir=DIR, restore=restore) as rk:
         s = state(False)
         for name, t in s.items():
             rk.register(name, t)
@@ -317,5 +321,5 @@ def wrapped():
                 assert torch.equal(a, b), name
 
 
-{"write": write, "read": read, "wrapped": wrapped}[MODE]()
+{"write": write, "read": read, "read-inplace": lambda: read("inplace"), "wrapped": wrapped}[MODE]()
 print("api_check %s: ok" % MODE)
