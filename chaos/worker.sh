@@ -5,6 +5,7 @@
 # harness sees and signals the trainer itself).
 #   CHAOS_FAULT_RANK     rank at start that keeps RK_FAULT (unset: every rank)
 #   CHAOS_FAULT_ATTEMPT  launch attempt (RK_RUN_ATTEMPT) that keeps it (unset: every one)
+# A "%r" in RK_FAULT_HOLD becomes the rank at start: each rank's hang is released apart.
 # Rank 0 first prints 'chaos-attempt N' (N = RK_RUN_ATTEMPT): the harness counts only the
 # final lines of the last attempt, since workers killed after their final line (while
 # shutting down) make `rekindle run` relaunch a job that had finished.
@@ -14,6 +15,9 @@ fi
 if [ -n "${CHAOS_FAULT_ATTEMPT:-}" ] && [ "${RK_RUN_ATTEMPT:-0}" != "$CHAOS_FAULT_ATTEMPT" ]; then
     unset RK_FAULT RK_FAULT_PATH
 fi
+case "${RK_FAULT_HOLD:-}" in
+*%r*) RK_FAULT_HOLD=$(printf '%s' "$RK_FAULT_HOLD" | sed "s/%r/${OMPI_COMM_WORLD_RANK:-0}/g"); export RK_FAULT_HOLD ;;
+esac
 if [ "${OMPI_COMM_WORLD_RANK:-0}" = 0 ]; then
     echo "chaos-attempt ${RK_RUN_ATTEMPT:-0}"
 fi

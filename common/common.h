@@ -245,6 +245,8 @@ enum rk__fault_op {
     RK_FAULT_OP_COPY,      /* "copy": one copy of the host copy engine's batch (fail) */
     RK_FAULT_OP_STAGE,     /* "stage": mapping a snapshot's staging region (fail) */
     RK_FAULT_OP_JOIN,      /* "join": a spare's join, before the ring (#0), before the state (#1) (point) */
+    RK_FAULT_OP_STEP_DONE, /* "step_done": a call of rk_step_done, on entry (point: crash, or
+                              hang until RK_FAULT_HOLD's file goes) */
     RK_FAULT_OP_COUNT
 };
 #define RK_FAULT_SHORT (-100000) /* a short write/read (half the length) */

@@ -32,7 +32,8 @@ static const char *const op_names[RK_FAULT_OP_COUNT + 1] = {
     [RK_FAULT_OP_URING] = "uring",       [RK_FAULT_OP_REBUILD] = "rebuild",     [RK_FAULT_OP_LIST] = "list",
     [RK_FAULT_OP_SWAP] = "swap",         [RK_FAULT_OP_MKDIR] = "mkdir",         [RK_FAULT_OP_PROGRESS] = "progress",
     [RK_FAULT_OP_ROLLBACK] = "rollback", [RK_FAULT_OP_ALLREDUCE] = "allreduce", [RK_FAULT_OP_COPY] = "copy",
-    [RK_FAULT_OP_STAGE] = "stage",       [RK_FAULT_OP_JOIN] = "join",           [OP_ANY] = "any",
+    [RK_FAULT_OP_STAGE] = "stage",       [RK_FAULT_OP_JOIN] = "join",           [RK_FAULT_OP_STEP_DONE] = "step_done",
+    [OP_ANY] = "any",
 };
 
 static const struct {
@@ -59,7 +60,8 @@ const char *rk__fault_op_name(enum rk__fault_op op)
 bool rk__fault_is_file_op(enum rk__fault_op op)
 {
     return op != RK_FAULT_OP_REBUILD && op != RK_FAULT_OP_PROGRESS && op != RK_FAULT_OP_ROLLBACK &&
-           op != RK_FAULT_OP_ALLREDUCE && op != RK_FAULT_OP_COPY && op != RK_FAULT_OP_STAGE && op != RK_FAULT_OP_JOIN;
+           op != RK_FAULT_OP_ALLREDUCE && op != RK_FAULT_OP_COPY && op != RK_FAULT_OP_STAGE && op != RK_FAULT_OP_JOIN &&
+           op != RK_FAULT_OP_STEP_DONE;
 }
 
 /* Parses one "OP@N=KIND" of length len into *r; 0 or -EINVAL. */

@@ -214,15 +214,19 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     if (step < 0)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "rk_step_done: step %lld is negative",
                         (long long)step);
+    rk__fault_point("step_done");
     int rc = rec_det_status(ctx);
     if (rc != 0)
         return rc;
     if (ctx->is_spare)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "rk_step_done: a spare worker must wait in rk_resume");
-    if (rec_membership_changed(ctx))
-        return rec_recover(ctx); /* the step just finished is rolled back with the rest */
+    if (rec_membership_changed(ctx) && rec_membership_lost(ctx))
+        return rec_recover(ctx); /* a loss: the step just finished is rolled back with the rest */
     ctx->next_step = step + 1;
-    return rec_ckpt_step_done(ctx, step);
+    rc = rec_ckpt_step_done(ctx, step);
+    /* Growth alone (recovery.c G1) loses nobody: the step just finished is kept, its
+       snapshot taken first, as every member that saw the request later took its own. */
+    return ctx->change_pending ? rec_recover(ctx) : rc;
 }
 
 int rk_before_update(rk_ctx *ctx)

@@ -241,9 +241,10 @@ bool rec_membership_changed(rk_ctx *ctx)
     det_event ev;
     uint64_t lost = 0;
     while (det_next_event(ctx->det, &ev, &lost) == 1) {
-        if (ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_view(ctx, ev.peer)) ||
-            (ev.kind == DET_EV_ADMIT && rec_grow_admit(ctx, ev.peer))) { /* growth: recovery.c G1 */
+        bool gone = ev.kind == DET_EV_FENCED || (ev.kind == DET_EV_DEAD && in_view(ctx, ev.peer));
+        if (gone || (ev.kind == DET_EV_ADMIT && rec_grow_admit(ctx, ev.peer))) { /* growth: recovery.c G1 */
             ctx->change_pending = true;
+            ctx->change_lost |= gone;
             note_loss(ctx, ev.t_ns);
         }
     }
@@ -251,12 +252,19 @@ bool rec_membership_changed(rk_ctx *ctx)
         det_view v;
         det_view_get(ctx->det, &v);
         for (int i = 0; i < ctx->nview; i++)
-            ctx->change_pending |= !det_view_has(&v, ctx->view[i]);
+            ctx->change_lost |= !det_view_has(&v, ctx->view[i]);
+        ctx->change_pending |= ctx->change_lost;
     }
-    ctx->change_pending |= det_fenced(ctx->det);
+    ctx->change_lost |= det_fenced(ctx->det);
+    ctx->change_pending |= ctx->change_lost;
     if (ctx->change_pending)
         note_loss(ctx, rk__real_ns()); /* known only from the view: now */
     return ctx->change_pending;
+}
+
+bool rec_membership_lost(const rk_ctx *ctx)
+{
+    return ctx->change_lost;
 }
 
 bool rec_ring_changed(void *arg)

@@ -78,6 +78,8 @@ struct rk_ctx {
     uint64_t agreed_epoch;    /* the detector epoch of that view */
     uint64_t seen_seq;        /* det_seq() when last looked at */
     bool change_pending;      /* the detector's view differs from the agreed one */
+    bool change_lost;         /* and a member of the agreed one is lost or this one fenced
+                                 (not growth alone, recovery.c G1) */
     int64_t loss_ns;          /* CLOCK_MONOTONIC when the detector declared the loss not yet
                                  recovered (0: none): the rounds' schedule starts there */
     struct rec_xfer *xfers;   /* messages MPI may still be sending (rec_msg.c) */
@@ -153,6 +155,9 @@ bool rec_name_valid(const char *name, const char **why);
 int rec_recovery_init(rk_ctx *ctx);
 void rec_recovery_fini(rk_ctx *ctx);
 bool rec_membership_changed(rk_ctx *ctx);
+/* Whether the change rec_membership_changed found loses a member (a death, a fence), not
+   growth alone (recovery.c G1). */
+bool rec_membership_lost(const rk_ctx *ctx);
 bool rec_ring_changed(void *ctx);
 int rec_recover(rk_ctx *ctx);
 /* The recovery's messages (rec_msg.c; recovery.c R1, R6). rec_msg_send sends a copy and

@@ -58,7 +58,9 @@
  *      member's epoch and emits DET_EV_ADMIT, so the ring call in flight on each member is
  *      abandoned (rec_ring_changed) and all of them enter these rounds from the same step,
  *      on the schedule of R5 from the time the request was learned. Nothing else differs:
- *      the same reports, decision rule (I1..I6), epochs, fencing and rollback.
+ *      the same reports, decision rule (I1..I6), epochs, fencing and rollback, but one
+ *      thing: learned on entry to rk_step_done, the step just finished is kept (its
+ *      snapshot taken first, api.c), where a loss rolls it back (docs/LAUNCHER.md J7).
  *   G2 Only the lowest member asks (rec_grow_poll, at most every REC_GROW_POLL_NS): it reads
  *      the world the launcher wants from RK_RUN_RECORDS/grow-to and asks for as many of the
  *      spares still waiting and alive as make it up, counting those asked already. The file
@@ -542,6 +544,7 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     /* Deaths the detector declared meanwhile are still queued: the next check sees them. */
     ctx->seen_seq = 0;
     ctx->change_pending = false;
+    ctx->change_lost = false;
     ctx->loss_ns = 0;
     ctx->rank = ring_rank(ctx->ring);
     ctx->world = ring_size(ctx->ring);

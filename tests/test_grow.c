@@ -120,7 +120,9 @@ END_TEST
 /* The job, asked to grow by one once it trains (rank 0's first step line: not its first
    commit, which under load came after the job had ended); fault: RK_FAULT for the
    spare (rank 3) alone, "stop" (the spare SIGSTOPped just before the request, woken once
-   the others finished), or ""; opts: more options of `rekindle run`; args: more of rk-train.
+   the others finished), "held@K" (workers 0-2 held on entry to their rk_step_done of step
+   K, the request made while they wait: rank 0 let go first, which sees it there and asks
+   the spare in, then 1 and 2 once that reached them), or ""; opts: more options of `rekindle run`; args: more of rk-train.
    replay: "grown": the replay of a world 3 then 4 from the step the grown ring resumed at;
    "three": an uninterrupted 3-worker run; "" none. *out: "exit=N", the launcher's and the
    job's lines but the steps, "kept=K" (workers 0-2 whose PID at the end is one they had
@@ -135,7 +137,10 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         &cmd,
         "W=%s; B=%s; R=%s; A='%s'; N=%d\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
-        "F='%s'; case $F in ''|stop|planted) ;; *) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
+        "F='%s'; case $F in ''|stop|planted) ;;\n"
+        "held@*) touch $W/hold-0 $W/hold-1 $W/hold-2\n"
+        "  export RK_FAULT=step_done@${F#held@}=hang RK_FAULT_HOLD=$W/hold-%%r;;\n"
+        "*) export RK_FAULT=$F CHAOS_FAULT_RANK=3;; esac\n"
         "$R run -n 3 --spares 1 %s -- %s/chaos/worker.sh $B --steps $N $A > $W/out 2>&1 & job=$!\n"
         "for i in $(seq 6000); do grep -qs '^step ' $W/out && break; sleep 0.01; done\n"
         "pgrep -f \"^$B --steps $N $A\\$\" > $W/pids; sp=\n"
@@ -143,7 +148,12 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         "  tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=3 && sp=$p; done\n"
         "  [ -n \"$sp\" ] && kill -STOP $sp; fi\n"
         "if [ \"$F\" = planted ]; then g=$W/run/attempt-0/grow-to; echo 4 > $g.p; chmod 666 $g.p; mv $g.p $g;\n"
-        "else echo 1 > $W/run/grow; fi\n"
+        "else case $F in held@*) ;; *) echo 1 > $W/run/grow;; esac; fi\n"
+        "case $F in held@*)\n"
+        "  for i in $(seq 3000); do [ $(grep -c 'RK_FAULT: step_done' $W/out) -ge 3 ] && break; sleep 0.01; done\n"
+        "  echo 1 > $W/run/grow\n"
+        "  for i in $(seq 3000); do [ -s $W/run/attempt-0/grow-to ] && break; sleep 0.01; done\n"
+        "  rm -f $W/hold-0; sleep 1; rm -f $W/hold-1 $W/hold-2;; esac\n"
         /* The stopped spare is woken once the others have finished (it then finds the job
            over): a stopped process is never reported, so its wrapper beats on meanwhile. */
         "if [ -n \"$sp\" ]; then for i in $(seq 1200); do grep -q '^final' $W/out && break; sleep 0.1; done\n"
@@ -190,6 +200,24 @@ START_TEST(grows_three_to_four_in_place)
                   "%.3000s", out);
     ck_assert_msg(strstr(out, "\"from\": \"memory\", \"epoch\": 2, \"world\": 4, \"steps_lost\": 0"),
                   "no resume from memory at world 4 with no step lost:\n%.3000s", out);
+    th_job_equals_replay(out, 4, STEPS);
+}
+END_TEST
+
+/* G1, G5: the request seen on entry to rk_step_done, before the snapshot of the step it
+   finished (all three held there, rank 0 let go first: it asks the spare in there, the
+   others go on as they are let go). Growth loses no member, so that step is kept: rank 0
+   takes its snapshot first, and the grown ring resumes at the step after it (101). With
+   sharded state (--zero: every member's own pieces of one step are needed) it resumed at
+   100 while a growth seen there rolled the step back as a loss does. */
+START_TEST(growth_seen_in_step_done_keeps_the_step)
+{
+    char *out = NULL;
+    grow_job("held@100", "", "--zero", "grown", &out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "grown in place to 4 workers") && strstr(out, "kept=3\n"),
+                  "%.3000s", out);
+    ck_assert_msg(strstr(out, "\"step\": 101, \"from\": \"memory\", \"epoch\": 2, \"world\": 4, \"steps_lost\": 0"),
+                  "the grown ring did not resume at step 101 from memory:\n%.3000s", out);
     th_job_equals_replay(out, 4, STEPS);
 }
 END_TEST
@@ -299,6 +327,7 @@ int main(void)
     TCase *tj = tcase_create("job");
     tcase_set_timeout(tj, 360);
     tcase_add_test(tj, grows_three_to_four_in_place);
+    tcase_add_test(tj, growth_seen_in_step_done_keeps_the_step);
     tcase_add_loop_test(tj, spare_killed_while_joining, 0, (int)(sizeof(join_faults) / sizeof(join_faults[0])));
     tcase_add_test(tj, spare_hung_while_joining);
     tcase_add_test(tj, grow_file_others_may_write_is_refused);
