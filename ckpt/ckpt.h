@@ -38,6 +38,9 @@ typedef struct ckpt_config {
     bool (*member_lost)(void *arg);
     void *member_lost_arg;
     void *cuda_stream; /* the caller's cudaStream_t (rk_options.cuda_stream; NULL: legacy) */
+    bool shared_reads; /* other ranks of this host restore the same replicated tensors: a
+                          restore reads those through the page cache (fmt_ckpt_read_shared),
+                          so that the host reads them from the disk once */
 } ckpt_config;
 
 /* A tensor as the engine sees it (the registry's, pointers stay the caller's). */

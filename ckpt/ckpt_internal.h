@@ -73,6 +73,7 @@ static inline int ckpt__kind(unsigned flags)
 struct ckpt_engine {
     char *dir, *io;
     int rank, world, keep, timeout_ms;
+    bool shared_reads;   /* ckpt_config's */
     uint64_t nonce;      /* of the current membership (J4) */
     uint64_t base_nonce; /* the job's */
     rk__evlog *ev;

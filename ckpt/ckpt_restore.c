@@ -192,19 +192,30 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
     /* One batch: the reads stay in flight across tensors, every byte checked as it
        arrives; into staging straight (each tensor 4 KiB-aligned there, with the room to a
        4 KiB end: S4), or into the caller's buffers through the reader's own (it may not
-       drop their pages, R5). */
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (k[i] < 0) {
-            if (!into)
-                ckpt__tensor_missing(e, i);
-            continue;
+       drop their pages, R5). With shared reads, the replicated tensors, which the other
+       ranks of this host read too, come last in a batch of their own through the page
+       cache (fmt_ckpt_read_shared): the host reads them from the disk once. */
+    size_t m = 0, rep = n;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < n; i++) {
+            if (k[i] < 0) {
+                if (!into && pass == 0)
+                    ckpt__tensor_missing(e, i);
+                continue;
+            }
+            if ((e->shared_reads && t[i].flags == 0) != (pass == 1))
+                continue;
+            if (pass == 1 && rep == n)
+                rep = m;
+            req[m++] = (fmt_read_req){.i = (size_t)k[i], .first = t[i].row0, .nrows = t[i].shape[0],
+                                      .dst = into ? t[i].ptr : ckpt__tensor_at(e, i),
+                                      .cap = into ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
         }
-        req[m++] = (fmt_read_req){.i = (size_t)k[i], .first = t[i].row0, .nrows = t[i].shape[0],
-                                  .dst = into ? t[i].ptr : ckpt__tensor_at(e, i),
-                                  .cap = into ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
-    }
-    if ((rc = fmt_ckpt_read_many(c, req, m, !into)) != 0) {
+    rep = rep < m ? rep : m;
+    rc = fmt_ckpt_read_many(c, req, rep, !into);
+    if (!rc && rep < m)
+        rc = fmt_ckpt_read_shared(c, req + rep, m - rep);
+    if (rc) {
         rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
         goto out; /* staging (or the buffers) hold part of it: no snapshot is held (-1) */
     }

@@ -292,6 +292,15 @@ typedef struct fmt_read_req {
    Without drop the reader copies through buffers of its own. fmt_ckpt_read and
    fmt_ckpt_read_rows are this with one request and no drop. */
 int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop);
+/* fmt_ckpt_read_many without drop, through the page cache (S1, fmt_read.c): the
+   requests go in windows of 256 MiB (a request whole in one), the next window's file
+   extents handed to the kernel's readahead (posix_fadvise WILLNEED) before the current
+   one is read, so that the reader finds its pages cached (R2: pread) and the processes of
+   one machine reading the same tensors read the disk once between them (O_DIRECT reads
+   it once for each). At most two windows are asked ahead of the reads. Where the kernel
+   cannot say what the page cache holds (no cachestat, before Linux 6.5), no hint is
+   given: the reader would read O_DIRECT all the same. Every byte checked as ever. */
+int fmt_ckpt_read_shared(fmt_ckpt *c, const fmt_read_req *r, size_t n);
 /* The descriptor the reader reads shard `rank` through (opened on first use, closed with
    c): 0 and *fd, or RK_E_INCOMPLETE / -errno where it cannot be opened. */
 int fmt_ckpt_shard_fd(fmt_ckpt *c, int rank, int *fd);

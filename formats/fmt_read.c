@@ -10,6 +10,10 @@
  * and every file's checksum matched it: libhdf5 never parses a byte that was not checked.
  * A format-1 checkpoint (no record) is read from its manifests alone; its index.h5,
  * which nothing sums, is never opened.
+ *
+ *  S1  A shared read (fmt_ckpt_read_shared: tensors other processes of the machine read
+ *      too) goes through the page cache, in windows of READ_AHEAD bytes whose extents are
+ *      handed to the kernel's readahead one window ahead of the reads.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -496,6 +500,73 @@ int fmt_ckpt_read_many(fmt_ckpt *c, const fmt_read_req *r, size_t n, bool drop)
     if (!rc)
         rc = fmt__read_runs(c, runs, m, drop);
     free(runs);
+    return rc;
+}
+
+/* ---- shared reads (S1): through the page cache, with the kernel's readahead asked ahead --- */
+
+/* S1: the bytes of a window, and of one WILLNEED (the kernel reads at most its readahead
+   window, or the device's largest I/O, for each call) */
+#define READ_AHEAD (256u << 20)
+#define HINT_CHUNK (1u << 20)
+
+/* Whether the kernel says what the page cache holds (what the reader asks before each
+   run: formats/fmt_readdirect.c R2). */
+static bool cache_visible(int fd)
+{
+    uint64_t pages;
+    return fmt_cache_pages(fd, 0, 4096, &pages) == 0;
+}
+
+/* S1: bytes [off, off + len) of shard `rank` handed to the kernel's readahead, through the
+   descriptor the reads use; nothing where it cannot be opened (the read says why) or the
+   kernel cannot say what the page cache holds. */
+static void hint(fmt_ckpt *c, int rank, uint64_t off, uint64_t len)
+{
+    int fd;
+    if (fmt_ckpt_shard_fd(c, rank, &fd) != 0 || !cache_visible(fd))
+        return;
+    for (uint64_t at = 0; at < len; at += HINT_CHUNK)
+        (void)posix_fadvise(fd, (off_t)(off + at), (off_t)(len - at < HINT_CHUNK ? len - at : HINT_CHUNK),
+                            POSIX_FADV_WILLNEED);
+}
+
+/* S1: every extent of request q's tensor (a sharded one: each of its pieces) hinted. */
+static void hint_request(fmt_ckpt *c, const fmt_read_req *q)
+{
+    const fmt_tensor *t = &c->t[q->i];
+    if (t->kind != FMT_SHARDED) {
+        hint(c, t->rank, t->offset, t->nbytes);
+        return;
+    }
+    for (size_t k = 0; k < t->npieces; k++) {
+        const fmt_tensor *p = c->pieces[t->piece0 + k];
+        hint(c, p->rank, p->offset, p->nbytes);
+    }
+}
+
+/* The end of the window that starts at request k0 (S1: READ_AHEAD bytes, at least one
+   request). */
+static size_t window_end(const fmt_read_req *q, size_t n, size_t k0)
+{
+    uint64_t bytes = q[k0].cap;
+    size_t k = k0 + 1;
+    while (k < n && bytes + q[k].cap <= READ_AHEAD)
+        bytes += q[k++].cap;
+    return k;
+}
+
+int fmt_ckpt_read_shared(fmt_ckpt *c, const fmt_read_req *r, size_t n)
+{
+    int rc = 0;
+    /* S1: window w read while window w + 1 is on its way into the page cache */
+    for (size_t k0 = 0, k1 = 0, hinted = 0; !rc && k0 < n; k0 = k1) {
+        k1 = window_end(r, n, k0);
+        size_t next = k1 < n ? window_end(r, n, k1) : n;
+        for (; hinted < next; hinted++)
+            hint_request(c, &r[hinted]);
+        rc = fmt_ckpt_read_many(c, r + k0, k1 - k0, false);
+    }
     return rc;
 }
 

@@ -163,10 +163,12 @@ int rec_det_open(rk_ctx *ctx)
         goto out_free;
     }
     bool loop = false, hosts_differ = false;
+    ctx->host_ranks = 0;
     for (int r = 0; r < ctx->world0; r++) {
         addrs[r] = all[r].addr;
         loop |= all[r].addr.loopback;
         hosts_differ |= all[r].addr.host_id != all[0].addr.host_id;
+        ctx->host_ranks += all[r].addr.host_id == all[ctx->rank0].addr.host_id;
     }
     if (loop && hosts_differ) {
         rc = rk__fail(RK_SUB_DET, RK_LOG_ERROR, RK_E_OPTION,

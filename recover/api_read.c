@@ -17,14 +17,9 @@
  *      its checksum (RK_E_CORRUPT naming the tensor and file), a fault anywhere failing
  *      the batch with every read handed to the kernel collected. rk_reader_read is a
  *      batch of one.
- *  A3  RK_READ_SHARED: the batch goes in windows of READ_AHEAD bytes (a request whole in
- *      one), the next window's file extents handed to the kernel's readahead
- *      (posix_fadvise WILLNEED) before the current one is read, so that the reader finds
- *      its pages in the page cache (R2: pread) and the processes of one machine reading
- *      the same tensors read the disk once between them (O_DIRECT reads it once for each).
- *      At most two windows are asked ahead of the reads. Where the kernel cannot say what
- *      the page cache holds (no cachestat, before Linux 6.5), no hint is given: the reader
- *      would read O_DIRECT all the same and the disk would be read twice.
+ *  A3  RK_READ_SHARED: the batch is read through the page cache (fmt_ckpt_read_shared,
+ *      formats/fmt_read.c), so that the processes of one machine reading the same tensors
+ *      read the disk once between them (O_DIRECT reads it once for each).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,11 +33,6 @@
 #include "../ckpt/ckpt.h"
 #include "../formats/fmt.h"
 #include "rekindle.h"
-
-/* A3: the bytes of a window, and of one WILLNEED (the kernel reads at most its readahead
-   window, or the device's largest I/O, for each call) */
-#define READ_AHEAD (256u << 20)
-#define HINT_CHUNK (1u << 20)
 
 struct rk_reader {
     fmt_ckpt *c;
@@ -137,52 +127,6 @@ static int request(const rk_reader *r, const char *fn, size_t k, const rk_read_r
     return 0;
 }
 
-/* Whether the kernel says what the page cache holds (what the reader asks before each
-   run: formats/fmt_readdirect.c R2). */
-static bool cache_visible(int fd)
-{
-    uint64_t pages;
-    return fmt_cache_pages(fd, 0, 4096, &pages) == 0;
-}
-
-/* A3: bytes [off, off + len) of shard `rank` handed to the kernel's readahead, through the
-   descriptor the reads use; nothing where it cannot be opened (the read says why) or the
-   kernel cannot say what the page cache holds. */
-static void hint(rk_reader *r, int rank, uint64_t off, uint64_t len)
-{
-    int fd;
-    if (fmt_ckpt_shard_fd(r->c, rank, &fd) != 0 || !cache_visible(fd))
-        return;
-    for (uint64_t at = 0; at < len; at += HINT_CHUNK)
-        (void)posix_fadvise(fd, (off_t)(off + at), (off_t)(len - at < HINT_CHUNK ? len - at : HINT_CHUNK),
-                            POSIX_FADV_WILLNEED);
-}
-
-/* A3: every extent of request q's tensor (a sharded one: each of its pieces) hinted. */
-static void hint_request(rk_reader *r, const fmt_read_req *q)
-{
-    const fmt_tensor *t = &r->c->t[q->i];
-    if (t->kind != FMT_SHARDED) {
-        hint(r, t->rank, t->offset, t->nbytes);
-        return;
-    }
-    for (size_t k = 0; k < t->npieces; k++) {
-        const fmt_tensor *p = r->c->pieces[t->piece0 + k];
-        hint(r, p->rank, p->offset, p->nbytes);
-    }
-}
-
-/* The end of the window that starts at request k0 (A3: READ_AHEAD bytes, at least one
-   request). */
-static size_t window_end(const fmt_read_req *q, size_t n, size_t k0)
-{
-    uint64_t bytes = q[k0].cap;
-    size_t k = k0 + 1;
-    while (k < n && bytes + q[k].cap <= READ_AHEAD)
-        bytes += q[k++].cap;
-    return k;
-}
-
 int rk_reader_read_many(rk_reader *r, const rk_read_req *req, size_t n, unsigned flags)
 {
     if (!r || (n && !req) || (flags & ~(unsigned)RK_READ_SHARED))
@@ -196,16 +140,8 @@ int rk_reader_read_many(rk_reader *r, const rk_read_req *req, size_t n, unsigned
     int rc = 0;
     for (size_t k = 0; k < n && !rc; k++)
         rc = request(r, "rk_reader_read_many", k, &req[k], &q[k]);
-    if (!rc && !(flags & RK_READ_SHARED))
-        rc = fmt_ckpt_read_many(r->c, q, n, false);
-    /* A3: window w read while window w + 1 is on its way into the page cache */
-    for (size_t k0 = 0, k1 = 0, hinted = 0; !rc && (flags & RK_READ_SHARED) && k0 < n; k0 = k1) {
-        k1 = window_end(q, n, k0);
-        size_t next = k1 < n ? window_end(q, n, k1) : n;
-        for (; hinted < next; hinted++)
-            hint_request(r, &q[hinted]);
-        rc = fmt_ckpt_read_many(r->c, q + k0, k1 - k0, false);
-    }
+    if (!rc)
+        rc = flags & RK_READ_SHARED ? fmt_ckpt_read_shared(r->c, q, n) : fmt_ckpt_read_many(r->c, q, n, false);
     free(q);
     return rc;
 }

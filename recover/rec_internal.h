@@ -54,6 +54,7 @@ struct rk_ctx {
                              environment); wiped and freed once the detector has its key */
     int rank0;            /* rank at start: event-log file name, log prefix */
     int world0;           /* world size at start */
+    int host_ranks;       /* ranks at start on this worker's host (the detector's host_id) */
     int rank, world;      /* current, renumbered densely after a shrink */
     int64_t next_step;
     bool mirror_pending;  /* the last snapshot's partner copy is still to be sent (api_ckpt.c) */

@@ -180,6 +180,67 @@ START_TEST(corruption_of_large_tensor_falls_back)
 }
 END_TEST
 
+/* Each rank's reader's line for its restore of step 4 in out: how many of its bytes it read
+   straight (O_DIRECT into staging) and through the page cache, summed over the ranks. */
+static void restore_ways(const char *out, unsigned long long *straight, unsigned long long *buffered)
+{
+    *straight = *buffered = 0;
+    for (const char *l = out; (l = strstr(l, "bytes straight ")) != NULL; l++) {
+        unsigned long long a = 0, b = 0, c = 0;
+        ck_assert_int_eq(sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu", &a, &b, &c), 3);
+        *straight += a;
+        *buffered += c;
+    }
+}
+
+/* ckpt.h shared_reads (formats/fmt_read.c S1): two ranks of one host restore the same
+   replicated tensors, the 16 MiB one too, through the page cache (nothing straight, the
+   disk read once between them), cold, staged and inplace, every byte checked; the
+   newest damaged in its large tensor: both fall back to the one before. One rank alone
+   reads straight, as before. */
+START_TEST(two_ranks_of_a_host_share_replicated_reads)
+{
+    char *dir = th_tmpdir("shared"), p[4300], *out = NULL, *argv[] = {prog, "write", "5", "7", "big", NULL};
+    const char *const *env = env_for(dir, "RK_LOG=debug", NULL);
+    ck_assert_int_eq(th_mpirun(2, argv, env, 90, &out), 0);
+    free(out);
+    unsigned long long straight, buffered;
+    for (int k = 0; k < 3; k++) {
+        char cmd[4400];
+        snprintf(cmd, sizeof(cmd), "for f in '%s'/" S4 "/*; do dd if=$f iflag=nocache count=0 status=none; done", dir);
+        ck_assert_int_eq(th_sh(cmd, 10, NULL), 0);
+        argv[1] = "resume";
+        argv[2] = "4";
+        env = env_for(dir, "RK_LOG=debug", k == 1 ? "RK_RESTORE=inplace" : NULL);
+        int rc = k < 2 ? th_mpirun(2, argv, env, 90, &out) : th_run(argv, env, 60, &out);
+        ck_assert_msg(rc == 0 && strstr(out, "resumed 4"), "exit %d: %s", rc, out);
+        restore_ways(out, &straight, &buffered);
+        if (k < 2)
+            ck_assert_msg(straight == 0 && buffered >= 2ull * 16 * 1024 * 1024, "%d: straight %llu, buffered %llu: %s",
+                          k, straight, buffered, out);
+        else
+            ck_assert_msg(straight >= 16ull * 1024 * 1024, "one rank: straight %llu: %s", straight, out);
+        free(out);
+    }
+    char cmd[4400], *off = NULL;
+    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $NF==\"big\" {print FILENAME, $(NF-2)}' '%s'/" S4 "/shard-*.ok", dir);
+    ck_assert_int_eq(th_sh(cmd, 10, &off), 0);
+    char okfile[4300];
+    long at = 0;
+    ck_assert_msg(off && sscanf(off, "%4299s %ld", okfile, &at) == 2, "no tensor big: %s", off ? off : "");
+    free(off);
+    snprintf(p, sizeof(p), "%.*s.h5", (int)(strlen(okfile) - 3), okfile);
+    th_flip_byte(p, at + 8 * 1024 * 1024);
+    argv[2] = "2";
+    int rc = th_mpirun(2, argv, env_for(dir, NULL, NULL), 90, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2"), "exit %d: %s", rc,
+                  out);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* ckpt/snapshot.h S12, RK_RESTORE=inplace (rk_resume straight into the registered
    buffers): every byte of every dtype and of the 16 MiB tensor restored, cold and warm;
    training goes on from it (the first snapshot after it is taken from the buffers and the
@@ -957,6 +1018,7 @@ int main(void)
     tcase_add_test(tc, corruption_falls_back);
     tcase_add_test(tc, corruption_of_large_tensor_falls_back);
     tcase_add_test(tc, inplace_restores_falls_back_and_trains_on);
+    tcase_add_test(tc, two_ranks_of_a_host_share_replicated_reads);
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
