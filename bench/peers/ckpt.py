@@ -7,6 +7,10 @@ Run by bench/peers/run, each method under its own launcher, as its documentation
                                                           the same with io="buffered" (RK_IO:
                                                           page-cache writes + fsync instead
                                                           of O_DIRECT through io_uring)
+    rekindle run -n 2 -- python ckpt.py rekindle-inplace DIR G
+                                                          the same as rekindle, restored with
+                                                          restore="inplace" (RK_RESTORE:
+                                                          straight into the tensors)
     torchrun --standalone --nproc-per-node 2 ckpt.py M DIR G
         M = dcp-save        torch.distributed.checkpoint.save
             rekindle-dcp    torch.distributed.checkpoint.save with rekindle.dcp.Writer
@@ -99,7 +103,8 @@ def rekindle_job():
     import rekindle
     root = os.path.join(DIR, "rekindle")
     io = "buffered" if BASE == "rekindle-buffered" else "auto"
-    with rekindle.init(ckpt_dir=root, ckpt_every=0, keep=1, io=io) as rk:
+    restore = "inplace" if BASE == "rekindle-inplace" else "staged"
+    with rekindle.init(ckpt_dir=root, ckpt_every=0, keep=1, io=io, restore=restore) as rk:
         if RESTORE and rk.rank == 0:
             evict(root)
         sd = state(not RESTORE)
@@ -233,4 +238,4 @@ def torch_job():
     dist.destroy_process_group()
 
 
-rekindle_job() if BASE in ("rekindle", "rekindle-buffered") else torch_job()
+rekindle_job() if BASE in ("rekindle", "rekindle-buffered", "rekindle-inplace") else torch_job()
