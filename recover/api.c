@@ -110,6 +110,14 @@ int rk_init(rk_ctx **out, const rk_options *o)
            survivors of a lost peer can wait in forever: ask for none (unless the user
            chose otherwise). Read by MPI_Init_thread. */
         setenv("OMPI_MCA_async_mpi_finalize", "1", 0);
+        /* A process started without a launcher (no PMIx server: a singleton) would fork and
+           exec a daemon of its own (orted) inside MPI_Init: after that fork every page the
+           program had already written is copy-on-write, and its next write to each faults
+           (262,144 faults, 0.25-0.3 s of system time for a 1 GiB model restored into its
+           buffers, docs/BENCHMARKS.md). Isolated, a singleton starts no daemon; it needs
+           none (nothing here spawns or connects). Only the singleton component reads it (a
+           launched process ignores it); the user's own setting is kept. */
+        setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
         mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
         if (mrc != MPI_SUCCESS) {
             rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Init_thread");
