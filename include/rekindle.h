@@ -140,8 +140,10 @@ void rk_options_init(rk_options *o);
 
 /* Collective over the job; calls MPI_Init_thread itself if MPI is not initialized (then
    it sets OMPI_MCA_async_mpi_finalize=1 unless already set, so that rk_finalize never
-   waits in Open MPI's final barrier for a lost peer); works as a single process started
-   without mpirun. Validates every option and names the bad one (RK_E_OPTION). Once per
+   waits in Open MPI's final barrier for a lost peer, and OMPI_MCA_ess_singleton_isolated=1
+   unless already set, so that a process started without mpirun forks no daemon: after
+   such a fork every page the program had written is copy-on-write and faults on its
+   next write); works as a single process started without mpirun. Validates every option and names the bad one (RK_E_OPTION). Once per
    process: after rk_finalize has finalized MPI, RK_E_STATE (MPI cannot start again).
    If SIGPIPE has its default action, installs an empty handler for it: a write to the
    socket of a peer that died then fails with EPIPE instead of killing this survivor
