@@ -2,10 +2,16 @@
  * tests/prog_init.c - a worker for integration tests of rk_init/rk_finalize under mpirun:
  * prints "rank R world W" and, with RK_EVENT_LOG set, writes N test events per rank from
  * two threads at once.
+ *   prog_init rewrite MIB   writes MIB of memory, rk_init, writes it again and prints
+ *                           "rewrite faults N of P pages" (the minor faults of the second
+ *                           write: P after a fork inside MPI_Init, about 0 without)
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include "prog_common.h"
 #include "common.h"
@@ -13,10 +19,23 @@
 
 int main(int argc, char **argv)
 {
+    size_t len = argc > 2 && strcmp(argv[1], "rewrite") == 0 ? (size_t)atol(argv[2]) << 20 : 0;
+    char *mem = len ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : NULL;
+    if (mem == MAP_FAILED)
+        return 2;
+    if (mem)
+        memset(mem, 1, len);
     rk_ctx *ctx = prog_rk_init();
     if (!ctx)
         return 3;
     int rc;
+    if (mem) {
+        struct rusage a, b;
+        getrusage(RUSAGE_SELF, &a);
+        memset(mem, 2, len);
+        getrusage(RUSAGE_SELF, &b);
+        printf("rewrite faults %ld of %zu pages\n", b.ru_minflt - a.ru_minflt, len / 4096);
+    }
     printf("rank %d world %d\n", rk_rank(ctx), rk_world(ctx));
     fflush(stdout);
     rc = rk_finalize(&ctx);

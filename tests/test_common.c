@@ -555,6 +555,32 @@ START_TEST(init_under_mpirun)
 }
 END_TEST
 
+/* rk_init of a process started without mpirun (recover/api.c, rekindle.h): MPI_Init forks
+   no daemon, so the memory the program wrote before is not copy-on-write after it (its
+   next write faults on no page; 64 MiB, 16384 pages); the user's own setting is kept
+   (isolated off: the singleton forks its orted and every page faults again). */
+START_TEST(singleton_init_leaves_memory_writable)
+{
+    char *prog = NULL;
+    if (asprintf(&prog, "%s/tests/prog_init", getenv("RK_TEST_BUILD")) < 0)
+        ck_abort();
+    char *argv[] = {prog, "rewrite", "64", NULL}, *out = NULL;
+    for (int user_off = 0; user_off < 2; user_off++) {
+        const char *env[] = {user_off ? "OMPI_MCA_ess_singleton_isolated=0" : NULL, NULL};
+        int rc = th_run(argv, env, 60, &out);
+        long faults = -1;
+        const char *l = out ? strstr(out, "rewrite faults ") : NULL;
+        ck_assert_msg(rc == 0 && l && sscanf(l, "rewrite faults %ld", &faults) == 1, "exit %d: %s", rc, out);
+        if (user_off)
+            ck_assert_msg(faults >= 16384, "isolated off by the user: %ld faults, want every page: %s", faults, out);
+        else
+            ck_assert_msg(faults < 1638, "%ld of 16384 pages faulted after rk_init: %s", faults, out);
+        free(out);
+    }
+    free(prog);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
     Suite *s = suite_create("common");
@@ -597,6 +623,7 @@ static Suite *common_suite(void)
     tcase_add_test(tc, init_keeps_the_programs_sigpipe);
     tcase_add_test(tc, init_checks_spares);
     tcase_add_test(tc, init_under_mpirun);
+    tcase_add_test(tc, singleton_init_leaves_memory_writable);
     suite_add_tcase(s, tc);
     return s;
 }
