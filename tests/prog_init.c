@@ -3,9 +3,12 @@
  * prints "rank R world W" and, with RK_EVENT_LOG set, writes N test events per rank from
  * two threads at once.
  *   prog_init rewrite MIB   writes MIB of memory, rk_init, writes it again and prints
- *                           "rewrite faults N of P pages" (the minor faults of the second
- *                           write: P after a fork inside MPI_Init, about 0 without)
+ *                           "rewrite faults N of P pages children C" (the minor faults of
+ *                           the second write: P after a fork inside MPI_Init, about 0
+ *                           without; C the processes whose parent this one is, then)
  */
+#include <dirent.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +19,31 @@
 #include "prog_common.h"
 #include "common.h"
 #include "rekindle.h"
+
+/* How many processes have this one as their parent (from /proc/PID/stat). */
+static int children(void)
+{
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[300], buf[512];
+        snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+        FILE *f = e->d_name[0] >= '1' && e->d_name[0] <= '9' ? fopen(path, "r") : NULL;
+        if (!f)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+        int ppid = -1;
+        if (p && sscanf(p + 1, " %*c %d", &ppid) == 1 && ppid == (int)getpid())
+            n++;
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
 
 int main(int argc, char **argv)
 {
@@ -34,7 +62,7 @@ int main(int argc, char **argv)
         getrusage(RUSAGE_SELF, &a);
         memset(mem, 2, len);
         getrusage(RUSAGE_SELF, &b);
-        printf("rewrite faults %ld of %zu pages\n", b.ru_minflt - a.ru_minflt, len / 4096);
+        printf("rewrite faults %ld of %zu pages children %d\n", b.ru_minflt - a.ru_minflt, len / 4096, children());
     }
     printf("rank %d world %d\n", rk_rank(ctx), rk_world(ctx));
     fflush(stdout);
