@@ -59,6 +59,13 @@ typedef struct ckpt_tensor {
                              an earlier copy of the same layout is not copied into again */
 } ckpt_tensor;
 
+/* Whether t's bytes are in host memory the caller bound (ckpt_load_into can read into it):
+   not a device tensor, not one deferred to rk_rebind, not a NULL buffer of some bytes. */
+static inline bool ckpt_tensor_in_host(const ckpt_tensor *t)
+{
+    return !t->device && !t->defer && (t->ptr || !t->nbytes);
+}
+
 /* RK_DEVICE's check of a registration (ckpt/copy_cuda.c): 0 if p is device memory;
    RK_E_CUDA naming the tensor for host memory or when the runtime has no device ("no
    CUDA device: ..."); RK_E_NOTAVAIL in a build without CUDA. */

@@ -152,7 +152,6 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
     fmt_ckpt *c = NULL;
     long *k = NULL;
     fmt_read_req *req = NULL;
-    size_t need = 0; /* staging for this layout: S9's region after a restore into the buffers */
     ckpt_abandon(e); /* before the first read: a commit under way now removes nothing (writer.c W4) */
     int rc = fmt_ckpt_open(path, &c);
     if (rc)
@@ -171,15 +170,12 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
     }
     if ((rc = check_match(c, t, n, e->rank, e->world, path, k, &orphans, orphan_ranks, sizeof(orphan_ranks))) != 0)
         goto out;
-    need = ckpt__hdr_bytes(n);
-    for (size_t i = 0; i < n; i++) {
-        need += ALIGN_UP(t[i].nbytes);
-        if (into && (t[i].device || t[i].defer || (!t[i].ptr && t[i].nbytes))) {
+    for (size_t i = 0; into && i < n; i++)
+        if (!ckpt_tensor_in_host(&t[i])) {
             rc = rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "%s: tensor '%s' has no host buffer to read into",
                           path, t[i].name);
             goto out;
         }
-    }
     if (into) {
         rc = ckpt__hold_none(e); /* S12: the buffers change from the first read on */
     } else {
@@ -195,23 +191,20 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
        drop their pages, R5). With shared reads, the replicated tensors, which the other
        ranks of this host read too, come last in a batch of their own through the page
        cache (fmt_ckpt_read_shared): the host reads them from the disk once. */
-    size_t m = 0, rep = n;
-    for (int pass = 0; pass < 2; pass++)
+    size_t m = 0, rep = 0; /* req[0..rep): this rank's own reads; req[rep..m): shared */
+    for (int shared = 0; shared < 2; shared++) {
+        rep = shared ? m : 0;
         for (size_t i = 0; i < n; i++) {
-            if (k[i] < 0) {
-                if (!into && pass == 0)
-                    ckpt__tensor_missing(e, i);
+            if (k[i] < 0 || (e->shared_reads && t[i].flags == 0) != shared)
                 continue;
-            }
-            if ((e->shared_reads && t[i].flags == 0) != (pass == 1))
-                continue;
-            if (pass == 1 && rep == n)
-                rep = m;
             req[m++] = (fmt_read_req){.i = (size_t)k[i], .first = t[i].row0, .nrows = t[i].shape[0],
                                       .dst = into ? t[i].ptr : ckpt__tensor_at(e, i),
                                       .cap = into ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
         }
-    rep = rep < m ? rep : m;
+    }
+    for (size_t i = 0; i < n && !into; i++)
+        if (k[i] < 0)
+            ckpt__tensor_missing(e, i);
     rc = fmt_ckpt_read_many(c, req, rep, !into);
     if (!rc && rep < m)
         rc = fmt_ckpt_read_shared(c, req + rep, m - rep);
@@ -228,8 +221,8 @@ out:
     fmt_ckpt_close(&c);
     /* S9: the first snapshot's region mapped ahead, once the reader's memory went (its
        munmap would wait for the mapping thread's) */
-    if (!rc && into && e->s.g.staging_cap < need)
-        ckpt__prepare(e, need);
+    if (!rc && into && e->s.g.staging_cap < ckpt__staging_bytes(t, n))
+        ckpt__prepare(e, ckpt__staging_bytes(t, n));
     return rc;
 }
 

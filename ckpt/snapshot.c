@@ -120,9 +120,7 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
         memset(g->frozen_ok + g->held_cap, 0, (n - g->held_cap) * sizeof(*g->frozen_ok));
         g->held_cap = n;
     }
-    size_t need = ckpt__hdr_bytes(n);
-    for (size_t i = 0; i < n; i++)
-        need += ALIGN_UP(t[i].nbytes);
+    size_t need = ckpt__staging_bytes(t, n);
     if (ckpt__settle(e, false, rk__deadline_ns(e->timeout_ms / 4)) == RK_E_TIMEOUT && e->s.cp.pending)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_TIMEOUT,
                         "checkpoint staging: the copy of step %" PRId64 " into it still runs", e->s.cp.step);
@@ -184,6 +182,14 @@ static void lay_out(ckpt_engine *e, const ckpt_tensor *t, size_t n)
             g->held_out = off;
     }
     g->held_n = n;
+}
+
+size_t ckpt__staging_bytes(const ckpt_tensor *t, size_t n)
+{
+    size_t need = ckpt__hdr_bytes(n);
+    for (size_t i = 0; i < n; i++)
+        need += ALIGN_UP(t[i].nbytes);
+    return need;
 }
 
 int ckpt__hold_none(ckpt_engine *e)

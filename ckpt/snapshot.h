@@ -291,6 +291,8 @@ void ckpt__tensor_missing(ckpt_engine *e, size_t i);
 /* Waits for the copy under way until deadline_ns, or only looks once it was given up on
    (S5); holds its snapshot if it is whole. 0, its failure, or RK_E_TIMEOUT. */
 int ckpt__settle(ckpt_engine *e, bool host_only, int64_t deadline_ns);
+/* The staging bytes a snapshot of t[0..n) takes: the header, each tensor to a 4 KiB end (S4). */
+size_t ckpt__staging_bytes(const ckpt_tensor *t, size_t n);
 /* Staging for t[0..n) with the held snapshot's layout, nothing held (-1): where ckpt_load
    reads a checkpoint. */
 int ckpt__hold_space(ckpt_engine *e, const ckpt_tensor *t, size_t n);

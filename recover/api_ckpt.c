@@ -338,7 +338,7 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     int rc = rec_ckpt_tensors(ctx, &t);
     bool into = !rc && strcmp(ctx->opt.restore ? ctx->opt.restore : "staged", "inplace") == 0;
     for (size_t i = 0; into && i < ctx->ntensors; i++)
-        if (t[i].device || t[i].defer || (!t[i].ptr && t[i].nbytes)) {
+        if (!ckpt_tensor_in_host(&t[i])) {
             RK_LOG_INFO(RK_SUB_CKPT, "RK_RESTORE=inplace: tensor '%s' is %s, so the checkpoint is read into memory "
                         "of the library's first (staged)", t[i].name, t[i].device ? "device memory" : "not bound");
             into = false;

@@ -170,8 +170,8 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
     ckpt_retention_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms / 4)); /* ckpt.c J6 */
     int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
     int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
-    int all_into = into && *into;
-    if (!rc && !list)
+    int all_into = into && *into; /* every member passes into, or none (from_disk) */
+    if (!rc && !list && into)
         rc = agree(ctx, &all_into, RK_I32, RK_MIN);
     if (into)
         *into = all_into;
@@ -201,7 +201,8 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
             worst = my;
         if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
             break;
-        if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change */
+        if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change
+                                  (inplace: they hold it already) */
             *step = s;
             ckpt_note_committed(ctx->ckpt, s);
             rc = all_into ? 0 : ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
