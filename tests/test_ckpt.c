@@ -3,7 +3,8 @@
  * (tests/prog_ckpt) alone and under mpirun. Each test names the invariant it checks: the
  * job slot's (ckpt/ckpt.c J1-J5), the writer's (ckpt/writer.c W1-W5), the directory's
  * (ckpt/ckpt_dir.c D1-D2) or the snapshots' (ckpt/snapshot.h S1-S7). The held snapshot,
- * the copy engines and the generations are mostly tests/test_ckpt_snap.c's. A crash at
+ * the copy engines and the generations are mostly tests/test_ckpt_snap.c's; rk_resume's
+ * ways back from disk (damage, mismatch, inplace, shared reads) tests/test_restore.c's. A crash at
  * each I/O operation of a checkpoint (W1, W4, J3) is
  * tests/test_crash.c's sweep, over 2 ranks and three models of what the disk kept.
  */
@@ -18,68 +19,7 @@
 
 #include "../ckpt/ckpt.h"
 #include "../formats/fmt.h"
-#include "common.h"
-#include "harness.h"
-
-#define S2 "step-000000000002"
-#define S3 "step-000000000003"
-#define S4 "step-000000000004"
-#define S6 "step-000000000006"
-
-#define SECRET "0000000000000000000000000000000000000000000000000000000000000001"
-
-static char *prog;
-
-static void setup(void)
-{
-    prog = th_bin("../tests/prog_ckpt");
-}
-
-static void teardown(void)
-{
-    free(prog);
-}
-
-static char envbuf[8][4200];
-
-/* env: RK_CKPT_DIR=dir plus extras; returns a NULL-terminated static array. */
-static const char *const *env_for(const char *dir, const char *extra1, const char *extra2)
-{
-    static const char *e[8];
-    int k = 0;
-    snprintf(envbuf[k], sizeof(envbuf[k]), "RK_CKPT_DIR=%s", dir);
-    e[k] = envbuf[k];
-    k++;
-    const char *fixed[] = {"RK_CKPT_EVERY=2", "RK_KEEP=2", "RK_TIMEOUT_MS=20000", "RK_JOB_SECRET=" SECRET};
-    for (size_t i = 0; i < RK_ARRAY_LEN(fixed); i++)
-        e[k++] = fixed[i];
-    if (extra1)
-        e[k++] = extra1;
-    if (extra2)
-        e[k++] = extra2;
-    e[k] = NULL;
-    return e;
-}
-
-static int run_prog(int np, const char *dir, const char *mode, const char *arg, const char *extra1,
-                    const char *extra2, char **out)
-{
-    char *argv[] = {prog, (char *)mode, (char *)arg, "7", NULL, NULL};
-    if (np == 0)
-        argv[4] = "big";
-    const char *const *env = env_for(dir, extra1, extra2);
-    if (np <= 1)
-        return th_run(argv, env, 60, out);
-    return th_mpirun(np, argv, env, 90, out);
-}
-
-#define RUN_OK(np, dir, mode, arg, e1, e2)                                                  \
-    do {                                                                                   \
-        char *o_ = NULL;                                                                   \
-        int rc_ = run_prog(np, dir, mode, arg, e1, e2, &o_);                               \
-        ck_assert_msg(rc_ == 0, "%s %s: exit %d: %s", mode, arg, rc_, o_ ? o_ : "");       \
-        free(o_);                                                                          \
-    } while (0)
+#include "ckpt_prog.h"
 
 /* W1, S1: every dtype, odd sizes (1 element, 4097, 16 MiB + 12), nested names, zero size;
    buffers scribbled right after rk_step_done; retention keeps 2; no '.'-directory left. */
@@ -128,187 +68,6 @@ START_TEST(two_ranks_resume_three_and_one)
     ck_assert_msg(rc == 0 && strstr(out, "rank 2 resumed 4"), "exit %d: %s", rc, out);
     free(out);
     RUN_OK(1, dir, "resume", "4", NULL, NULL);
-    th_rmrf(dir);
-    free(dir);
-}
-END_TEST
-
-/* W4/J3 on the reading side: a bit flip, a truncated shard, a foreign index: each
-   newest checkpoint is skipped and the previous one restored. */
-START_TEST(corruption_falls_back)
-{
-    const char *damage[] = {"flip", "truncate", "foreign"};
-    for (size_t k = 0; k < RK_ARRAY_LEN(damage); k++) {
-        char *dir = th_tmpdir("bad"), p[4300];
-        RUN_OK(1, dir, "write", "5", NULL, NULL);
-        if (k == 0) {
-            snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
-            th_flip_byte(p, 1048576 + 10); /* raw data starts after the 1 MiB metadata block */
-        } else if (k == 1) {
-            snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
-            ck_assert_int_eq(truncate(p, 1048576 + 100), 0);
-        } else {
-            snprintf(p, sizeof(p), "%s/" S4 "/index.h5", dir);
-            ck_assert_int_eq(th_write_file(p, "not an HDF5 file at all\n", 24), 0);
-        }
-        RUN_OK(1, dir, "resume", "2", NULL, NULL);
-        th_rmrf(dir);
-        free(dir);
-    }
-}
-END_TEST
-
-/* The same on the O_DIRECT read path of large tensors (np 0 adds a 16 MiB + 12 B tensor,
-   most of the shard): a bit flip in its middle and a shard cut inside it are both found,
-   and the previous checkpoint is restored. */
-START_TEST(corruption_of_large_tensor_falls_back)
-{
-    for (int k = 0; k < 2; k++) {
-        char *dir = th_tmpdir("bigbad"), p[4300];
-        RUN_OK(0, dir, "write", "5", NULL, NULL);
-        snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
-        struct stat sb;
-        ck_assert_int_eq(stat(p, &sb), 0);
-        if (k == 0)
-            th_flip_byte(p, sb.st_size / 2);
-        else
-            ck_assert_int_eq(truncate(p, sb.st_size - 4 * 1048576), 0);
-        RUN_OK(0, dir, "resume", "2", NULL, NULL);
-        th_rmrf(dir);
-        free(dir);
-    }
-}
-END_TEST
-
-/* Each rank's reader's line for its restore of step 4 in out: how many of its bytes it read
-   straight (O_DIRECT into staging) and through the page cache, summed over the ranks. */
-static void restore_ways(const char *out, unsigned long long *straight, unsigned long long *buffered)
-{
-    *straight = *buffered = 0;
-    for (const char *l = out; (l = strstr(l, "bytes straight ")) != NULL; l++) {
-        unsigned long long a = 0, b = 0, c = 0;
-        ck_assert_int_eq(sscanf(l, "bytes straight %llu, bounce %llu, buffered %llu", &a, &b, &c), 3);
-        *straight += a;
-        *buffered += c;
-    }
-}
-
-/* ckpt.h shared_reads (formats/fmt_read.c S1): two ranks of one host restore the same
-   replicated tensors, the 16 MiB one too, through the page cache (nothing straight, the
-   disk read once between them), cold, staged and inplace, every byte checked; the
-   newest damaged in its large tensor: both fall back to the one before. One rank alone
-   reads straight, as before. */
-START_TEST(two_ranks_of_a_host_share_replicated_reads)
-{
-    char *dir = th_tmpdir("shared"), p[4300], *out = NULL, *argv[] = {prog, "write", "5", "7", "big", NULL};
-    const char *const *env = env_for(dir, "RK_LOG=debug", NULL);
-    ck_assert_int_eq(th_mpirun(2, argv, env, 90, &out), 0);
-    free(out);
-    unsigned long long straight, buffered;
-    for (int k = 0; k < 3; k++) {
-        char cmd[4400];
-        snprintf(cmd, sizeof(cmd), "for f in '%s'/" S4 "/*; do dd if=$f iflag=nocache count=0 status=none; done", dir);
-        ck_assert_int_eq(th_sh(cmd, 10, NULL), 0);
-        argv[1] = "resume";
-        argv[2] = "4";
-        env = env_for(dir, "RK_LOG=debug", k == 1 ? "RK_RESTORE=inplace" : NULL);
-        int rc = k < 2 ? th_mpirun(2, argv, env, 90, &out) : th_run(argv, env, 60, &out);
-        ck_assert_msg(rc == 0 && strstr(out, "resumed 4"), "exit %d: %s", rc, out);
-        restore_ways(out, &straight, &buffered);
-        if (k < 2)
-            ck_assert_msg(straight == 0 && buffered >= 2ull * 16 * 1024 * 1024, "%d: straight %llu, buffered %llu: %s",
-                          k, straight, buffered, out);
-        else
-            ck_assert_msg(straight >= 16ull * 1024 * 1024, "one rank: straight %llu: %s", straight, out);
-        free(out);
-    }
-    char cmd[4400], *off = NULL;
-    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $NF==\"big\" {print FILENAME, $(NF-2)}' '%s'/" S4 "/shard-*.ok", dir);
-    ck_assert_int_eq(th_sh(cmd, 10, &off), 0);
-    char okfile[4300];
-    long at = 0;
-    ck_assert_msg(off && sscanf(off, "%4299s %ld", okfile, &at) == 2, "no tensor big: %s", off ? off : "");
-    free(off);
-    snprintf(p, sizeof(p), "%.*s.h5", (int)(strlen(okfile) - 3), okfile);
-    th_flip_byte(p, at + 8 * 1024 * 1024);
-    argv[2] = "2";
-    int rc = th_mpirun(2, argv, env_for(dir, NULL, NULL), 90, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2"), "exit %d: %s", rc,
-                  out);
-    free(out);
-    th_rmrf(dir);
-    free(dir);
-}
-END_TEST
-
-/* ckpt/snapshot.h S12, RK_RESTORE=inplace (rk_resume straight into the registered
-   buffers): every byte of every dtype and of the 16 MiB tensor restored, cold and warm;
-   training goes on from it (the first snapshot after it is taken from the buffers and the
-   next checkpoint restores right); the newest damaged in its large tensor: the one before
-   is restored; two ranks, rank 1's shard of the newest damaged: rank 0 read it into its
-   buffers, and both restore the one before all the same; a bad value of RK_RESTORE is
-   refused by name. */
-START_TEST(inplace_restores_falls_back_and_trains_on)
-{
-    const char *ip = "RK_RESTORE=inplace";
-    char *dir = th_tmpdir("inplace"), p[4300], *out = NULL;
-    RUN_OK(0, dir, "write", "5", NULL, NULL);
-    snprintf(p, sizeof(p), "%s/" S4 "/shard-0.h5", dir);
-    for (int warm = 0; warm < 2; warm++) {
-        int fd = open(p, O_RDONLY);
-        ck_assert_int_ge(fd, 0);
-        posix_fadvise(fd, 0, 0, warm ? POSIX_FADV_WILLNEED : POSIX_FADV_DONTNEED);
-        close(fd);
-        int rc = run_prog(0, dir, "resume", "4", ip, "RK_LOG=info", &out);
-        ck_assert_msg(rc == 0 && strstr(out, "read straight into the registered buffers"), "exit %d: %s", rc, out);
-        free(out);
-    }
-    RUN_OK(0, dir, "continue", "7", ip, "RK_SNAPSHOT_EVERY=1"); /* from 4: 6 committed */
-    RUN_OK(0, dir, "resume", "6", NULL, NULL);
-    snprintf(p, sizeof(p), "%s/step-000000000006/shard-0.h5", dir);
-    struct stat sb;
-    ck_assert_int_eq(stat(p, &sb), 0);
-    th_flip_byte(p, sb.st_size / 2);
-    int rc = run_prog(0, dir, "resume", "4", ip, "RK_LOG=warn", &out);
-    ck_assert_msg(rc == 0 && strstr(out, "checksum mismatch"), "exit %d: %s", rc, out);
-    free(out);
-    th_rmrf(dir);
-    free(dir);
-
-    dir = th_tmpdir("inplace2");
-    RUN_OK(2, dir, "write", "5", NULL, NULL);
-    char cmd[4400], *off = NULL; /* the first tensor of more than 16 bytes that rank 1 wrote */
-    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $(NF-3)>16 {print $(NF-2); exit}' '%s/" S4 "/shard-1.ok'", dir);
-    ck_assert_int_eq(th_sh(cmd, 10, &off), 0);
-    ck_assert_msg(off && atol(off) > 0, "rank 1 wrote no tensor of more than 16 bytes: %s", off ? off : "");
-    snprintf(p, sizeof(p), "%s/" S4 "/shard-1.h5", dir);
-    th_flip_byte(p, atol(off) + 8);
-    free(off);
-    rc = run_prog(2, dir, "resume", "2", ip, "RK_LOG=info", &out);
-    const char *said = out ? strstr(out, "read straight into the registered buffers") : NULL;
-    ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2") && said &&
-                      strstr(said + 1, "read straight into the registered buffers"), /* by both ranks */
-                  "exit %d: %s", rc, out);
-    free(out);
-    rc = run_prog(1, dir, "resume", "2", "RK_RESTORE=direct", NULL, &out);
-    ck_assert_msg(rc != 0 && strstr(out, "RK_RESTORE='direct'") && strstr(out, "staged or inplace"),
-                  "exit %d: %s", rc, out);
-    free(out);
-    th_rmrf(dir);
-    free(dir);
-}
-END_TEST
-
-/* Restore of another set of tensors: RK_E_MISMATCH, buffers untouched. */
-START_TEST(mismatch_is_clear)
-{
-    char *dir = th_tmpdir("mm"), *out = NULL;
-    RUN_OK(1, dir, "write", "3", NULL, NULL);
-    int rc = run_prog(1, dir, "other", "0", NULL, NULL, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "resume: RK_E_MISMATCH") && strstr(out, "untouched 1") &&
-                      strstr(out, "weights/f32"),
-                  "exit %d: %s", rc, out);
-    free(out);
     th_rmrf(dir);
     free(dir);
 }
@@ -606,44 +365,6 @@ START_TEST(note_through_a_planted_link_is_not_believed)
     snprintf(cmd, sizeof(cmd), "cat '%s'", target);
     ck_assert_int_eq(th_sh(cmd, 10, &out), 0);
     ck_assert_str_eq(out, "0000000000000007 planted\n");
-    free(out);
-    th_rmrf(dir);
-    free(dir);
-}
-END_TEST
-
-/* Runs prog_ckpt untouched (1 rank) and checks that rk_resume left every buffer as it
-   was; the output goes to *out. */
-static void resume_untouched(const char *dir, const char *extra, char **out)
-{
-    int rc = run_prog(1, dir, "untouched", "0", extra, NULL, out);
-    ck_assert_msg(rc == 0 && strstr(*out, "untouched 1"), "exit %d: %s", rc, *out);
-}
-
-/* Byte offset of tensor `name`'s data in shard-0.h5 of dir/stepname, from its manifest. */
-static long tensor_offset(const char *dir, const char *stepname, const char *name)
-{
-    char cmd[4400], *out = NULL;
-    snprintf(cmd, sizeof(cmd), "awk '$1==\"t\" && $NF==\"%s\" {print $(NF-2)}' '%s/%s/shard-0.ok'", name, dir,
-             stepname);
-    ck_assert_int_eq(th_sh(cmd, 10, &out), 0);
-    long off = out ? atol(out) : 0;
-    free(out);
-    ck_assert_int_gt(off, 0);
-    return off;
-}
-
-/* S3: the only checkpoint fails its checksum at a tensor read after others (k > 0):
-   rk_resume reports it and the caller's buffers are bitwise as before, never half
-   restored (the restore reads into staging, and copies out only once all of it verified). */
-START_TEST(corrupt_only_checkpoint_leaves_buffers)
-{
-    char *dir = th_tmpdir("only"), p[4300], *out = NULL;
-    RUN_OK(1, dir, "write", "3", NULL, NULL);
-    snprintf(p, sizeof(p), "%s/" S2 "/shard-0.h5", dir);
-    th_flip_byte(p, tensor_offset(dir, S2, "bytes") + 5); /* tensor 6 of 9 */
-    resume_untouched(dir, NULL, &out);
-    ck_assert_msg(strstr(out, "resume: -1008 ") || strstr(out, "next 0 "), "%s", out); /* RK_E_CORRUPT or fresh */
     free(out);
     th_rmrf(dir);
     free(dir);
@@ -1015,11 +736,6 @@ int main(void)
     tcase_add_test(tc, roundtrip_single_rank);
     tcase_add_test(tc, events_committed);
     tcase_add_test(tc, two_ranks_resume_three_and_one);
-    tcase_add_test(tc, corruption_falls_back);
-    tcase_add_test(tc, corruption_of_large_tensor_falls_back);
-    tcase_add_test(tc, inplace_restores_falls_back_and_trains_on);
-    tcase_add_test(tc, two_ranks_of_a_host_share_replicated_reads);
-    tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, resume_nothing);
     tcase_add_test(tc, bad_directory);
     tcase_add_test(tc, probe_never_follows_a_planted_link);
@@ -1033,7 +749,6 @@ int main(void)
     tcase_add_test(tc, faults_fail_cleanly);
     tcase_add_test(tc, failure_superseded_by_a_later_commit);
     tcase_add_test(tc, h5py_reads_index);
-    tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
     tcase_add_test(tc, unlistable_directory_is_an_error);
     tcase_add_test(tc, retention_keeps_newest_verifying);
     tcase_add_test(tc, retention_rereads_nothing_committed);
