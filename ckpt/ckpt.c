@@ -157,6 +157,7 @@ int ckpt_create(ckpt_engine **out, const ckpt_config *cfg)
     e->keep = cfg->keep;
     e->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 30000;
     e->shared_reads = cfg->shared_reads;
+    e->one_copy = cfg->one_copy;
     e->nonce = e->base_nonce = cfg->nonce;
     e->ev = rk__evlog_ref(cfg->ev);
     e->member_lost = cfg->member_lost;

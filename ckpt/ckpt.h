@@ -41,6 +41,9 @@ typedef struct ckpt_config {
     bool shared_reads; /* other ranks of this host restore the same replicated tensors: a
                           restore reads those through the page cache (fmt_ckpt_read_shared),
                           so that the host reads them from the disk once */
+    bool one_copy;     /* hold one generation, not two (snapshot.h S13): a job that keeps
+                          checkpoints' snapshots only (RK_SNAPSHOT_EVERY=0) needs the state's
+                          bytes once more in memory, not twice */
 } ckpt_config;
 
 /* A tensor as the engine sees it (the registry's, pointers stay the caller's). */

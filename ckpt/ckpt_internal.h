@@ -74,6 +74,7 @@ struct ckpt_engine {
     char *dir, *io;
     int rank, world, keep, timeout_ms;
     bool shared_reads;   /* ckpt_config's */
+    bool one_copy;       /* ckpt_config's (snapshot.h S13) */
     uint64_t nonce;      /* of the current membership (J4) */
     uint64_t base_nonce; /* the job's */
     rk__evlog *ev;

@@ -153,8 +153,8 @@ static int stage(ckpt_engine *e, const ckpt_tensor *t, size_t n, bool keep)
     }
     g->staging = p;
     g->staging_cap = cap;
-    if (!keep && e->s.old.staging_cap < need)
-        ckpt__prepare(e, need); /* S9: the other generation's, for the next turn */
+    if (!keep && !e->one_copy && e->s.old.staging_cap < need)
+        ckpt__prepare(e, need); /* S9: the other generation's, for the next turn (S13: none) */
     return 0;
 }
 
@@ -389,6 +389,22 @@ static void swap_gens(ckpt_engine *e)
     e->s.old = t;
 }
 
+/* S13: the older generation's regions go (one copy of the state is held, not two); what
+   it held was older than g's and is offered no more. */
+static void drop_old(ckpt_engine *e)
+{
+    struct ckpt_gen *o = &e->s.old;
+    if (o->staging)
+        ckpt__unmap_region(e, o->staging, o->staging_cap);
+    if (o->partner)
+        ckpt__unmap_region(e, o->partner, o->partner_cap);
+    o->staging = o->partner = NULL;
+    o->staging_cap = o->partner_cap = 0;
+    o->partner_len = 0;
+    o->left_step = -1;
+    forget_old(e);
+}
+
 /* S6: a snapshot about to be copied goes into the region of the older generation, which
    then becomes g, so that the newest whole snapshot and its partner copy stay held, as
    old, while the copy runs. A region a writer reads is never written (its checkpoint would
@@ -401,8 +417,15 @@ static void swap_gens(ckpt_engine *e)
 static void turn(ckpt_engine *e)
 {
     bool g_read = ckpt__pinned(e, e->s.g.staging), old_read = ckpt__pinned(e, e->s.old.staging);
+    if (e->one_copy && !old_read)
+        drop_old(e);
     if (e->s.g.held_step < 0 && !g_read)
         return;
+    if (e->one_copy && !g_read) { /* S13: into g's own region, nothing held while it is copied */
+        e->s.g.held_step = -1;
+        e->s.g.left_step = -1;
+        return;
+    }
     if (old_read) {
         RK_LOG_DEBUG(RK_SUB_CKPT, "the writer still reads the region of the older snapshot: it is put aside, a third "
                      "region takes its place");

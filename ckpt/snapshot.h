@@ -112,6 +112,16 @@
  *      (a loss before it rolls back from disk, to the same step). Its region is mapped
  *      ahead once the reads are done (S9). A failed inplace restore leaves the buffers
  *      holding part of what it read; the caller chose that (rekindle.h, rk_resume).
+ *  S13 One copy (ckpt_config.one_copy: recover/ sets it where RK_SNAPSHOT_EVERY=0): a
+ *      job that holds only its checkpoints' snapshots keeps the state's bytes once more in
+ *      memory, not twice. At the turn, old's regions are unmapped (unless the writer reads
+ *      its staging) and the new snapshot is copied into g's own region, nothing held while
+ *      it is copied; no region is mapped ahead for another generation (S9). While a
+ *      checkpoint's copy runs (its stall), a loss rolls back from disk: to the checkpoint
+ *      old would have offered, which is the one committed before (its writer is done, or
+ *      the turn took a new region as in S6: a region the writer reads is never written).
+ *      What is given up: that checkpoint from memory (a faster rollback) inside the copy's
+ *      window, and, where its write had failed, the rollback to it at all.
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *

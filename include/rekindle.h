@@ -124,8 +124,10 @@ typedef struct rk_options {
                              copied after the work queued on it. No environment variable */
     int snapshot_every;   /* RK_SNAPSHOT_EVERY ; steps between snapshots held in memory
                              (1: every step), from which a recovery resumes; 0: only the
-                             checkpoints' own. A checkpoint is a snapshot also written to
-                             disk (docs/DESIGN.md, "Snapshots at every step")             */
+                             checkpoints' own, and one copy of the registered bytes held
+                             instead of two (a loss during a checkpoint's copy rolls back
+                             from disk). A checkpoint is a snapshot also written to disk
+                             (docs/DESIGN.md, "Snapshots at every step")                  */
     const char *restore;  /* RK_RESTORE      ; rk_resume's way: "staged" (read into
                              memory of the library's, the buffers written once every rank
                              verified) or "inplace" (read straight into the buffers: no

@@ -41,7 +41,8 @@ int rec_ckpt_open(rk_ctx *ctx)
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
                        .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx,
-                       .cuda_stream = ctx->opt.cuda_stream, .shared_reads = ctx->host_ranks > 1};
+                       .cuda_stream = ctx->opt.cuda_stream, .shared_reads = ctx->host_ranks > 1,
+                       .one_copy = ctx->opt.snapshot_every == 0};
     /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     int rc = 0, worst = 0;
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)

@@ -4,7 +4,8 @@
  * whose contents at step s are a function of (tensor, s, seed).
  *   prog_ckpt write STEPS SEED [big]   runs STEPS steps (checkpoints per RK_CKPT_*), scribbles
  *                                      over every buffer right after each rk_step_done,
- *                                      rk_wait; prints "rank R wrote" (exit 0) or the error
+ *                                      rk_wait; prints "rank R wrote (peak resident K kB)"
+ *                                      (exit 0) or the error
  *   prog_ckpt continue STEPS SEED      rk_resume, then as write from the step it resumed at
  *                                      up to STEPS; also prints "rank R ops OP=N ..." (the
  *                                      file operations counted by RK_FAULT, common/common.h)
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -146,7 +148,9 @@ int main(int argc, char **argv)
         if (rc) {
             status = fail("rk_wait", rc);
         } else {
-            printf("rank %d wrote\n", rk_rank(ctx));
+            struct rusage ru;
+            getrusage(RUSAGE_SELF, &ru);
+            printf("rank %d wrote (peak resident %ld kB)\n", rk_rank(ctx), ru.ru_maxrss);
         }
 
     } else if (strcmp(mode, "untouched") == 0) {

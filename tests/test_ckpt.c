@@ -414,6 +414,32 @@ START_TEST(retention_keeps_newest_verifying)
 }
 END_TEST
 
+/* ckpt/snapshot.h S13, as the README's RK_SNAPSHOT_EVERY row has it: a job that keeps its
+   checkpoints' snapshots only (RK_SNAPSHOT_EVERY=0) holds the state once more in memory, not
+   twice. The same 6 steps of prog_ckpt (a 16 MiB tensor; a checkpoint every 2 steps) with
+   snapshots at every step and without: the peak resident memory differs by at least
+   three quarters of the state (the second copy), and the checkpoints of the run without
+   restore whole. (Before, both held two copies and the second was mapped ahead.) */
+START_TEST(checkpoints_only_hold_one_copy)
+{
+    long peak[2] = {0, 0};
+    for (int every = 0; every < 2; every++) {
+        char *dir = th_tmpdir("onecopy"), *out = NULL;
+        int rc = run_prog(0, dir, "write", "6", every ? "RK_SNAPSHOT_EVERY=1" : "RK_SNAPSHOT_EVERY=0", NULL, &out);
+        const char *w = out ? strstr(out, "rank 0 wrote (peak resident ") : NULL;
+        ck_assert_msg(rc == 0 && w && sscanf(w, "rank 0 wrote (peak resident %ld", &peak[every]) == 1, "exit %d: %s",
+                      rc, out ? out : "");
+        free(out);
+        if (!every)
+            RUN_OK(0, dir, "resume", "6", NULL, NULL);
+        th_rmrf(dir);
+        free(dir);
+    }
+    ck_assert_msg(peak[1] - peak[0] >= 12 * 1024, "peak resident %ld kB with snapshots at every step, %ld kB without",
+                  peak[1], peak[0]);
+}
+END_TEST
+
 /* W4: the retention that follows a commit reads none of the data just committed (a second
    pass over every byte halved persist: docs/BENCHMARKS.md). Large tensors are read back
    with O_DIRECT; here any O_DIRECT open of committed step 4's shard kills the process. It
@@ -752,6 +778,7 @@ int main(void)
     tcase_add_test(tc, unlistable_directory_is_an_error);
     tcase_add_test(tc, retention_keeps_newest_verifying);
     tcase_add_test(tc, retention_rereads_nothing_committed);
+    tcase_add_test(tc, checkpoints_only_hold_one_copy);
     tcase_add_test(tc, retention_spares_a_checkpoint_being_restored);
     tcase_add_test(tc, wait_does_not_wait_for_retention);
     tcase_add_test(tc, timeline_order);

@@ -6,7 +6,8 @@
  * two generations of ckpt/snapshot.h S6 (a failed snapshot leaves the one before; a region
  * the writer reads is put aside; a frozen tensor copied once a generation), a checkpoint
  * writing from the snapshot in flight (S8) and the next region mapped ahead (S9; at a
- * restore, staging faulted in by the reads and the next region mapped after). The
+ * restore, staging faulted in by the reads and the next region mapped after), and one
+ * generation held where the job keeps its checkpoints' snapshots only (S13). The
  * public API's side is tests/test_ckpt.c.
  */
 #include <dirent.h>
@@ -765,6 +766,73 @@ START_TEST(snapshots_leave_the_written_generation_alone)
 }
 END_TEST
 
+/* S13: an engine with one_copy (RK_SNAPSHOT_EVERY=0) holds one generation: no region mapped
+   ahead for another, each checkpoint's snapshot copied into the same region, nothing older
+   held; while the writer still reads that region (its fsync held), the next snapshot takes
+   a new one and the one written stays whole and held as the older, until the next turn
+   after the write, which unmaps it. Every checkpoint on disk holds its own step's bytes. */
+START_TEST(one_copy_holds_one_generation)
+{
+    char *dir = th_tmpdir("onecopy"), hold[4300];
+    snprintf(hold, sizeof(hold), "%s/hold", dir);
+    th_assert_rc(th_write_file(hold, "", 0), 0);
+    ckpt_config cfg = {.dir = dir, .rank = 0, .world = 1, .keep = 3, .timeout_ms = 20000, .nonce = 7, .one_copy = true};
+    ckpt_engine *e = NULL;
+    th_assert_rc(ckpt_create(&e, &cfg), 0);
+    static double v[1 << 16];
+    int64_t shape[1] = {1 << 16};
+    ckpt_tensor t = {.name = "w", .ptr = v, .dtype = RK_F64, .ndim = 1, .shape = shape, .nbytes = sizeof(v)};
+    const void *region = NULL;
+    for (int s = 2; s <= 4; s += 2) {
+        for (int i = 0; i < 1 << 16; i++)
+            v[i] = s;
+        th_assert_rc(ckpt_start(e, s, &t, 1), 0);
+        th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+        th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+        ck_assert_int_eq(ckpt_snapshot_held(e)->step, s);
+        ck_assert_msg(e->s.prep.job == NULL && e->s.prep.p == NULL, "a region mapped ahead for a second generation");
+        ck_assert_ptr_null(e->s.old.staging);
+        ck_assert_int_eq(ckpt_snapshot_older(e)->step, -1);
+        if (region)
+            ck_assert_msg(ckpt_snapshot_held(e)->out == region, "step %d copied into a new region", s);
+        region = ckpt_snapshot_held(e)->out;
+    }
+    /* the writer of checkpoint 6 held in its fsync: snapshot 7 leaves its region alone */
+    copy_faults("sync@0=hang", hold);
+    for (int i = 0; i < 1 << 16; i++)
+        v[i] = 6;
+    th_assert_rc(ckpt_start(e, 6, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    for (int i = 0; i < 1 << 16; i++)
+        v[i] = 7;
+    th_assert_rc(ckpt_snapshot_take(e, 7, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 7);
+    ck_assert(ckpt_snapshot_held(e)->out != region);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, 6);
+    ck_assert(((const double *)ckpt_snapshot_older(e)->own[0].data)[0] == 6);
+    ck_assert(ckpt_busy(e));
+    unlink(hold);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    copy_faults(NULL, NULL);
+    region = ckpt_snapshot_held(e)->out;
+    for (int i = 0; i < 1 << 16; i++)
+        v[i] = 8;
+    th_assert_rc(ckpt_start(e, 8, &t, 1), 0);
+    th_assert_rc(ckpt_copied(e, false, rk__deadline_ns(5000)), 0);
+    th_assert_rc(ckpt_wait(e, rk__deadline_ns(20000)), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 8);
+    ck_assert(ckpt_snapshot_held(e)->out == region);
+    ck_assert_ptr_null(e->s.old.staging);
+    ck_assert_int_eq(ckpt_snapshot_older(e)->step, -1);
+    for (int s = 4; s <= 8; s += 2)
+        check_ckpt(e, s, 1 << 16, s);
+    th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ckpt_snap");
@@ -784,6 +852,7 @@ int main(void)
     tcase_add_test(tc, next_region_mapped_ahead);
     tcase_add_test(tc, restore_faults_staging_in_maps_ahead_after);
     tcase_add_test(tc, writer_writes_while_the_copy_runs);
+    tcase_add_test(tc, one_copy_holds_one_generation);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

@@ -334,6 +334,27 @@ START_TEST(zero_killed_worker_rebuilds_from_memory)
 }
 END_TEST
 
+/* The same kill with snapshots only at checkpoints (RK_SNAPSHOT_EVERY=0: one copy of the
+   state held, ckpt/snapshot.h S13): the 3 survivors rebuild the lost slices from the
+   partner copies of the last checkpoint's snapshot, in memory (step 40; the kill is in step
+   45), and end with the hash of a fault-free replay on 3 workers from step 40. */
+START_TEST(zero_checkpoints_only_rebuilds_from_memory)
+{
+    char *w = th_tmpdir("train-zero1"), *out = NULL;
+    clear_rk_env();
+    int rc = th_train_kill_replay(w, 4, 200, "--zero --seed 7",
+                                  "RK_CKPT_EVERY=20 RK_SNAPSHOT_EVERY=0 RK_TIMEOUT_MS=8000 RK_HEARTBEAT_MS=250", 91,
+                                  2 * JOB_TIMEOUT_S, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n"), "rc %d:\n%s", rc, out);
+    bool memory = th_count(out, "\"from\": \"memory\"") == 3 && !strstr(out, "\"from\": \"disk\"");
+    ck_assert_msg(memory, "not every survivor resumed from memory:\n%s", out);
+    ck_assert_msg(th_count(out, "\"step\": 40") >= 3, "not resumed at the checkpoint of step 40:\n%s", out);
+    th_job_equals_replay(out, 3, 200);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 /* One rank's checkpoint disk stops answering for good (RK_FAULT=open@3=hang on rank 3: its
    second checkpoint's shard): its later checkpoints are skipped, the others' fail, and
    training goes on to the end. The --zero final hash is a collective: rk-train takes it
@@ -470,6 +491,7 @@ int main(void)
         TCase *tc = tcase_create("zero");
         tcase_set_timeout(tc, 300);
         tcase_add_test(tc, zero_killed_worker_rebuilds_from_memory);
+        tcase_add_test(tc, zero_checkpoints_only_rebuilds_from_memory);
         tcase_add_test(tc, zero_moments_are_slices);
         tcase_add_test(tc, zero_loss_in_final_allgather_finishes_in_place);
         tcase_add_test(tc, zero_stuck_disk_finishes);
