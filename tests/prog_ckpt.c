@@ -10,7 +10,8 @@
  *                                      up to STEPS; also prints "rank R ops OP=N ..." (the
  *                                      file operations counted by RK_FAULT, common/common.h)
  *   prog_ckpt resume EXPECT SEED [big] rk_resume; checks next_step == EXPECT and every byte;
- *                                      prints "rank R resumed S" (exit 0); EXPECT -1: none
+ *                                      prints "rank R resumed S" (exit 0; EXPECT -1: none)
+ *                                      and the operations counted, as continue
  *   prog_ckpt perrank STEPS SEED       one per-rank tensor: STEPS steps of rk_allreduce, the
  *                                      update, rk_step_done; then removes RK_FAULT_HOLD's file
  *                                      (a held copy ends), rk_wait (its result printed, not
@@ -186,7 +187,7 @@ int main(int argc, char **argv)
     }
     int me = rk_rank(ctx);
     rc = rk_finalize(&ctx);
-    if (cont) { /* rk_finalize's file operations count too */
+    if (cont || strcmp(mode, "resume") == 0) { /* rk_finalize's file operations count too */
         printf("rank %d ops", me);
         for (int op = 0; op < RK_FAULT_OP_COUNT; op++)
             printf(" %s=%" PRIu64, rk__fault_op_name((enum rk__fault_op)op), rk__fault_count((enum rk__fault_op)op));

@@ -3,7 +3,8 @@
  * (tests/prog_ckpt) alone and under mpirun: damage skipped for the one before (ckpt/writer.c
  * W4, ckpt.c J3), another set of tensors refused, a failed restore that leaves the buffers
  * as they were (ckpt/snapshot.h S3), RK_RESTORE=inplace (S12), and the replicated tensors
- * the ranks of a host read through the page cache (formats/fmt_read.c S1). The reads
+ * the ranks of a host read through the page cache (formats/fmt_read.c S1; a read failing
+ * in the middle on one rank: both fall back). The reads
  * themselves are tests/test_read.c's; writing and retention tests/test_ckpt.c's.
  */
 #include <fcntl.h>
@@ -123,6 +124,43 @@ START_TEST(two_ranks_of_a_host_share_replicated_reads)
 }
 END_TEST
 
+/* S1 with a fault in the middle: two ranks of a host restore step 4 (every tensor
+   replicated: all of it through the page cache), rank 1's reads failing with EIO two
+   reads before its last (RK_FAULT read@K=eio on rank 1 alone, in the 16 MiB tensor, the
+   last read): rank 1's restore of step 4 fails naming that tensor, rank 0's did not, and
+   both restore step 2 whole: a checkpoint one rank could not read is no rank's. */
+START_TEST(shared_read_fault_falls_back)
+{
+    char *dir = th_tmpdir("sharedflt"), *out = NULL, sh[4400], cmd[4400];
+    char *argv[] = {prog, "write", "5", "7", "big", NULL}, *wrap[] = {"/bin/sh", "-c", sh, NULL};
+    ck_assert_int_eq(th_mpirun(2, argv, env_for(dir, NULL, NULL), 90, &out), 0);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "for f in '%s'/" S4 "/*; do dd if=$f iflag=nocache count=0 status=none; done", dir);
+    unsigned long long reads = 0;
+    for (int k = 0; k < 2; k++) {
+        char fault[64];
+        snprintf(fault, sizeof(fault), "RK_FAULT=read@%llu=eio", k ? reads - 2 : 1000000ull);
+        snprintf(sh, sizeof(sh), "[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] || unset RK_FAULT; exec '%s' resume %s 7 big", prog,
+                 k ? "2" : "4");
+        ck_assert_int_eq(th_sh(cmd, 10, NULL), 0);
+        int rc = th_mpirun(2, wrap, env_for(dir, fault, "RK_FAULT_PATH=/" S4 "/"), 90, &out);
+        const char *ops = out ? strstr(out, "rank 1 ops") : NULL, *r = ops ? strstr(ops, " read=") : NULL;
+        if (!k) {
+            ck_assert_msg(rc == 0 && strstr(out, "rank 1 resumed 4") && r && sscanf(r, " read=%llu", &reads) == 1 &&
+                              reads > 4,
+                          "exit %d: %s", rc, out ? out : "");
+        } else {
+            ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2") &&
+                              strstr(out, "reading tensor 'big'"),
+                          "read@%llu on rank 1: exit %d: %s", reads - 2, rc, out ? out : "");
+        }
+        free(out);
+    }
+    th_rmrf(dir);
+    free(dir);
+}
+END_TEST
+
 /* ckpt/snapshot.h S12, RK_RESTORE=inplace (rk_resume straight into the registered
    buffers): every byte of every dtype and of the 16 MiB tensor restored, cold and warm;
    training goes on from it (the first snapshot after it is taken from the buffers and the
@@ -223,6 +261,7 @@ int main(void)
     tcase_add_test(tc, corruption_of_large_tensor_falls_back);
     tcase_add_test(tc, inplace_restores_falls_back_and_trains_on);
     tcase_add_test(tc, two_ranks_of_a_host_share_replicated_reads);
+    tcase_add_test(tc, shared_read_fault_falls_back);
     tcase_add_test(tc, mismatch_is_clear);
     tcase_add_test(tc, corrupt_only_checkpoint_leaves_buffers);
     suite_add_tcase(s, tc);
