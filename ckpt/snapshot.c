@@ -693,13 +693,13 @@ int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     size_t need = ckpt__hdr_bytes(n);
     for (size_t i = 0; i < n; i++)
         need += ALIGN_UP(t[i].nbytes);
-    if (e->s.prev && !o->staging && e->s.prev_cap >= need) {
+    if (e->s.prev && !o->staging && e->s.prev_cap >= need && !e->one_copy) {
         /* S11: the old snapshot's region is the older generation's, the next turn's (the
            sizes did not grow: a job of replicated state, or a spare brought in) */
         o->staging = e->s.prev;
         o->staging_cap = e->s.prev_cap;
         forget_old(e);
-    } else if (e->s.prev && partner) { /* too small for the next turn: it goes */
+    } else if (e->s.prev && (partner || e->one_copy)) { /* too small for the next turn, or none (S13): it goes */
         ckpt__unmap_region(e, e->s.prev, e->s.prev_cap);
     } else if (e->s.prev) { /* else retired: the abandoned writer's until it is idle */
         /* The old snapshot's region is the next partner copy's inbox: that one is usually

@@ -116,7 +116,8 @@
  *      job that holds only its checkpoints' snapshots keeps the state's bytes once more in
  *      memory, not twice. At the turn, old's regions are unmapped (unless the writer reads
  *      its staging) and the new snapshot is copied into g's own region, nothing held while
- *      it is copied; no region is mapped ahead for another generation (S9). While a
+ *      it is copied; no region is mapped ahead for another generation (S9), and the one a
+ *      rebuild leaves (S11: the snapshot held before it) is unmapped at the seal. While a
  *      checkpoint's copy runs (its stall), a loss rolls back from disk: to the checkpoint
  *      old would have offered, which is the one committed before (its writer is done, or
  *      the turn took a new region as in S6: a region the writer reads is never written).

@@ -770,7 +770,8 @@ END_TEST
    ahead for another, each checkpoint's snapshot copied into the same region, nothing older
    held; while the writer still reads that region (its fsync held), the next snapshot takes
    a new one and the one written stays whole and held as the older, until the next turn
-   after the write, which unmaps it. Every checkpoint on disk holds its own step's bytes. */
+   after the write, which unmaps it; a rebuild's seal unmaps the region it replaced. Every
+   checkpoint on disk holds its own step's bytes. */
 START_TEST(one_copy_holds_one_generation)
 {
     char *dir = th_tmpdir("onecopy"), hold[4300];
@@ -825,6 +826,16 @@ START_TEST(one_copy_holds_one_generation)
     ck_assert(ckpt_snapshot_held(e)->out == region);
     ck_assert_ptr_null(e->s.old.staging);
     ck_assert_int_eq(ckpt_snapshot_older(e)->step, -1);
+    /* a rebuild (S11) leaves no second region behind: the one it replaced goes at the seal */
+    unsigned char *where[1];
+    const ckpt_snapshot *before = NULL;
+    th_assert_rc(ckpt_hold_open(e, 8, &t, 1, where, &before), 0);
+    ck_assert_int_eq(before->step, 8);
+    memcpy(where[0], before->own[0].data, sizeof(v));
+    th_assert_rc(ckpt_hold_seal(e, 8, &t, 1), 0);
+    ck_assert_int_eq(ckpt_snapshot_held(e)->step, 8);
+    ck_assert_msg(e->s.old.staging == NULL && e->s.prev == NULL, "a second region kept after the rebuild");
+    ck_assert(v[0] == 8 && v[(1 << 16) - 1] == 8);
     for (int s = 4; s <= 8; s += 2)
         check_ckpt(e, s, 1 << 16, s);
     th_assert_rc(ckpt_destroy(&e, rk__deadline_ns(10000)), 0);
