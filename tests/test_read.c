@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../formats/fmt.h"
+#include "ckpt_prog.h" /* prog_ckpt: its path, a job's environment */
 #include "common.h"
 #include "harness.h"
 
@@ -22,7 +23,6 @@
 #define NRANK  2
 #define ROWB   12000 /* bytes of a row of the sharded tensor: not a multiple of 4 KiB */
 #define PROWS  700   /* its rows in each piece (blocks of 87 rows) */
-#define SECRET "0000000000000000000000000000000000000000000000000000000000000001"
 
 /* Tensors: order, name, bytes, rank (-1: the sharded one). */
 static const struct {
@@ -454,37 +454,6 @@ END_TEST
 
 /* ---- rk_resume in a real process (tests/prog_ckpt, with its 16 MiB tensor "big") ------ */
 
-static char *prog;
-
-static void setup(void)
-{
-    prog = th_bin("../tests/prog_ckpt");
-}
-
-static void teardown(void)
-{
-    free(prog);
-}
-
-/* prog_ckpt MODE ARG 7 big under RK_CKPT_DIR=dir (a checkpoint every 2 steps). */
-static int run_big(const char *dir, const char *mode, const char *arg, const char *extra1, const char *extra2,
-                   char **out)
-{
-    char d[4200];
-    snprintf(d, sizeof(d), "RK_CKPT_DIR=%s", dir);
-    const char *env[] = {d,
-                         "RK_CKPT_EVERY=2",
-                         "RK_KEEP=2",
-                         "RK_TIMEOUT_MS=20000",
-                         "RK_JOB_SECRET=" SECRET,
-                         "RK_LOG=warn",
-                         extra1,
-                         extra2,
-                         NULL};
-    char *argv[] = {prog, (char *)mode, (char *)arg, "7", "big", NULL};
-    return th_run(argv, env, 60, out);
-}
-
 /* The shard's pages dropped from the page cache. */
 static void drop_shard(const char *dir)
 {
@@ -507,7 +476,7 @@ static bool fault_names(const char *dir, uint64_t n, const char *name, bool inpl
     drop_shard(dir);
     if (inplace)
         setenv("RK_RESTORE", "inplace", 1);
-    int rc = run_big(dir, "untouched", "0", fault, "RK_FAULT_PATH=shard-0.h5", &out);
+    int rc = run_prog(0, dir, "untouched", "0", fault, "RK_FAULT_PATH=shard-0.h5", &out);
     unsetenv("RK_RESTORE");
     bool failed = strstr(out, "resume: -1008 ") != NULL, named = failed && strstr(out, name);
     ck_assert_msg(rc == 0 && (failed ? inplace || strstr(out, "untouched 1") : strstr(out, "resume: 0 next 2") != NULL),
@@ -534,7 +503,7 @@ static uint64_t big_reads_failing(const char *dir, bool inplace)
 static char *write_big(const char *name)
 {
     char *dir = th_tmpdir(name), *out = NULL;
-    int rc = run_big(dir, "write", "3", NULL, NULL, &out);
+    int rc = run_prog(0, dir, "write", "3", NULL, NULL, &out);
     ck_assert_msg(rc == 0, "write: exit %d: %s", rc, out);
     free(out);
     return dir;
@@ -558,7 +527,7 @@ START_TEST(resume_fault_and_damage_leave_buffers)
     snprintf(path, sizeof(path), "%s/step-000000000002/shard-0.h5", dir);
     th_flip_byte(path, (off_t)(big->offset + big->nbytes / 2 + 1));
     fmt_manifest_free(&m);
-    int rc = run_big(dir, "untouched", "0", NULL, NULL, &out);
+    int rc = run_prog(0, dir, "untouched", "0", NULL, NULL, &out);
     ck_assert_msg(rc == 0 && strstr(out, "resume: -1008 ") && strstr(out, "untouched 1") &&
                       strstr(out, "tensor 'big': checksum mismatch"),
                   "exit %d: %s", rc, out);
@@ -579,7 +548,7 @@ START_TEST(resume_inplace_fault_at_each_read)
     ck_assert_uint_eq(big_reads_failing(dir, true), 5);
     drop_shard(dir);
     setenv("RK_RESTORE", "inplace", 1);
-    int rc = run_big(dir, "resume", "2", NULL, NULL, &out);
+    int rc = run_prog(0, dir, "resume", "2", NULL, NULL, &out);
     unsetenv("RK_RESTORE");
     ck_assert_msg(rc == 0 && strstr(out, "resumed 2"), "exit %d: %s", rc, out);
     free(out);
