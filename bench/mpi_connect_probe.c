@@ -1,0 +1,171 @@
+/*
+ * bench/mpi_connect_probe.c - whether a newcomer reached by connect/accept over
+ * MPI_COMM_SELF (one intercommunicator per pair, no merge) can be given up on in bounded
+ * time when it dies (growth in place onto processes started later, docs/LAUNCHER.md "Why a
+ * job grows by a relaunch"; the spawn and merge are bench/mpi_grow_probe.c's). Run under
+ * `mpirun --enable-recovery --mca orte_abort_on_non_zero_status 0 -n 3
+ * bench/mpi_connect_probe MODE` (bench/grow_probe.sh runs the three): rank 0 spawns one newcomer on MPI_COMM_SELF; the newcomer opens a port and
+ * sends its name to rank 0 over the spawn's intercommunicator; rank 0 hands it to ranks 1
+ * and 2, which MPI_Comm_connect on MPI_COMM_SELF while the newcomer MPI_Comm_accepts on
+ * MPI_COMM_SELF twice; then every member exchanges a token with it by nonblocking
+ * point-to-point, polled against a 3 s deadline. MODE:
+ *   ok      the newcomer lives;
+ *   early   it dies after sending the port's name, before any accept;
+ *   middle  it dies after its first accept (one connect done, the other not).
+ * Each call's result and time are printed; a call still blocked after 15 s prints
+ * "HANG in CALL" and the process exits 9 (SIGALRM), which is the answer for that call.
+ */
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *volatile in_call = "start";
+static int me = -1;
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    char b[128];
+    int n = snprintf(b, sizeof b, "rank %d: HANG in %s (15 s)\n", me, in_call);
+    if (write(1, b, (size_t)n) < 0)
+        _exit(9);
+    _exit(9);
+}
+
+/* A token both ways with peer `r` of `c`, nonblocking, polled until 3 s: "done", "error
+   N" or "timed out" (then both requests are abandoned: cancelled and freed). */
+static const char *exchange(MPI_Comm c, int r, double *ms)
+{
+    int out = 7, in = 0, done = 0;
+    MPI_Request q[2];
+    double t0 = now_ms();
+    int rc = MPI_Isend(&out, 1, MPI_INT, r, 5, c, &q[0]);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Irecv(&in, 1, MPI_INT, r, 5, c, &q[1]);
+    static char why[64];
+    while (rc == MPI_SUCCESS && !done && now_ms() - t0 < 3000)
+        rc = MPI_Testall(2, q, &done, MPI_STATUSES_IGNORE);
+    *ms = now_ms() - t0;
+    if (rc != MPI_SUCCESS) {
+        snprintf(why, sizeof why, "error %d", rc);
+        return why;
+    }
+    if (!done) {
+        for (int k = 0; k < 2; k++)
+            if (q[k] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&q[k]);
+                MPI_Request_free(&q[k]);
+            }
+        return "timed out (abandoned)";
+    }
+    return in == 7 ? "done" : "done, wrong token";
+}
+
+int main(int argc, char **argv)
+{
+    int prov;
+    signal(SIGALRM, on_alarm);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &prov);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm parent;
+    MPI_Comm_get_parent(&parent);
+    const char *mode = argc > 1 ? argv[1] : "ok";
+    char port[MPI_MAX_PORT_NAME] = "";
+    double ms;
+    if (parent != MPI_COMM_NULL) { /* the newcomer */
+        me = 99;
+        MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+        MPI_Open_port(MPI_INFO_NULL, port);
+        MPI_Send(port, MPI_MAX_PORT_NAME, MPI_CHAR, 0, 1, parent);
+        if (strcmp(mode, "early") == 0) {
+            usleep(200000);
+            raise(SIGKILL);
+        }
+        MPI_Comm c[2];
+        for (int k = 0; k < 2; k++) {
+            alarm(15);
+            in_call = "MPI_Comm_accept";
+            double t0 = now_ms();
+            int rc = MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &c[k]);
+            alarm(0);
+            printf("newcomer: accept %d rc %d in %.1f ms\n", k, rc, now_ms() - t0);
+            fflush(stdout);
+            MPI_Comm_set_errhandler(c[k], MPI_ERRORS_RETURN);
+            if (k == 0 && strcmp(mode, "middle") == 0)
+                raise(SIGKILL);
+        }
+        printf("newcomer: with rank 0: %s\n", exchange(parent, 0, &ms));
+        for (int k = 0; k < 2; k++)
+            printf("newcomer: with connection %d: %s\n", k, exchange(c[k], 0, &ms));
+        fflush(stdout);
+        MPI_Finalize();
+        return 0;
+    }
+    int size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm inter = MPI_COMM_NULL;
+    if (me == 0) {
+        char *cargv[] = {(char *)mode, NULL};
+        int errs[1];
+        alarm(15);
+        in_call = "MPI_Comm_spawn";
+        double t0 = now_ms();
+        int rc = MPI_Comm_spawn(argv[0], cargv, 1, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter, errs);
+        alarm(0);
+        printf("rank 0: spawn rc %d in %.1f ms\n", rc, now_ms() - t0);
+        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        MPI_Request q;
+        int done = 0;
+        t0 = now_ms();
+        MPI_Irecv(port, MPI_MAX_PORT_NAME, MPI_CHAR, 0, 1, inter, &q);
+        while (!done && now_ms() - t0 < 3000)
+            MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+        printf("rank 0: port name %s in %.1f ms\n", done ? "received" : "NOT received", now_ms() - t0);
+        fflush(stdout);
+        for (int r = 1; r < size; r++)
+            MPI_Send(port, MPI_MAX_PORT_NAME, MPI_CHAR, r, 2, MPI_COMM_WORLD);
+    } else {
+        MPI_Recv(port, MPI_MAX_PORT_NAME, MPI_CHAR, 0, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        usleep(me == 2 ? 500000 : 0); /* rank 1 first: "middle" dies between the two */
+        MPI_Comm c;
+        alarm(15);
+        in_call = "MPI_Comm_connect";
+        double t0 = now_ms();
+        int rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &c);
+        alarm(0);
+        printf("rank %d: connect rc %d in %.1f ms\n", me, rc, now_ms() - t0);
+        fflush(stdout);
+        if (rc == MPI_SUCCESS) {
+            MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+            inter = c;
+        }
+    }
+    if (inter != MPI_COMM_NULL) {
+        const char *how = exchange(inter, 0, &ms);
+        printf("rank %d: token with the newcomer: %s in %.1f ms\n", me, how, ms);
+        fflush(stdout);
+    }
+    /* the members among themselves still work: a nonblocking barrier, polled */
+    MPI_Request b;
+    int done = 0;
+    double t0 = now_ms();
+    MPI_Ibarrier(MPI_COMM_WORLD, &b);
+    while (!done && now_ms() - t0 < 3000)
+        MPI_Test(&b, &done, MPI_STATUS_IGNORE);
+    printf("rank %d: barrier of the members %s in %.1f ms\n", me, done ? "done" : "NOT done", now_ms() - t0);
+    fflush(stdout);
+    _exit(0); /* MPI_Finalize after a failure may hang (shared/NOTES-mpi.md): not its question */
+}
