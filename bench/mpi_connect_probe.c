@@ -12,6 +12,11 @@
  *   ok      the newcomer lives;
  *   early   it dies after sending the port's name, before any accept;
  *   middle  it dies after its first accept (one connect done, the other not).
+ * And the spawn made by every member together (MPI_Comm_spawn over MPI_COMM_WORLD: each
+ * member gets the intercommunicator), then a token between each member and the newcomer:
+ *   group         the newcomer lives;
+ *   group-dies    it dies right after MPI_Init;
+ *   group-noinit  it exits before MPI_Init (a program that fails at its start).
  * Each call's result and time are printed; a call still blocked after 15 s prints
  * "HANG in CALL" and the process exits 9 (SIGALRM), which is the answer for that call.
  */
@@ -76,6 +81,8 @@ int main(int argc, char **argv)
 {
     int prov;
     signal(SIGALRM, on_alarm);
+    if (argc > 2 && strcmp(argv[1], "group-noinit") == 0) /* the newcomer: argv[2] "child" */
+        _exit(1);
     MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &prov);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
@@ -84,6 +91,18 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "ok";
     char port[MPI_MAX_PORT_NAME] = "";
     double ms;
+    if (parent != MPI_COMM_NULL && strncmp(mode, "group", 5) == 0) { /* the group's newcomer */
+        me = 99;
+        MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+        if (strcmp(mode, "group-dies") == 0)
+            raise(SIGKILL);
+        int n;
+        MPI_Comm_remote_size(parent, &n);
+        for (int r = 0; r < n; r++)
+            printf("newcomer: with member %d: %s\n", r, exchange(parent, r, &ms));
+        fflush(stdout);
+        _exit(0);
+    }
     if (parent != MPI_COMM_NULL) { /* the newcomer */
         me = 99;
         MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
@@ -117,7 +136,21 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm inter = MPI_COMM_NULL;
-    if (me == 0) {
+    if (strncmp(mode, "group", 5) == 0) {
+        char *cargv[] = {(char *)mode, "child", NULL};
+        int errs[1];
+        alarm(15);
+        in_call = "MPI_Comm_spawn (every member)";
+        double t0 = now_ms();
+        int rc = MPI_Comm_spawn(argv[0], cargv, 1, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter, errs);
+        alarm(0);
+        printf("rank %d: spawn by every member rc %d (newcomer's %d) in %.1f ms\n", me, rc, errs[0], now_ms() - t0);
+        fflush(stdout);
+        if (rc != MPI_SUCCESS)
+            inter = MPI_COMM_NULL;
+        else
+            MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    } else if (me == 0) {
         char *cargv[] = {(char *)mode, NULL};
         int errs[1];
         alarm(15);
