@@ -77,6 +77,27 @@ static const char *exchange(MPI_Comm c, int r, double *ms)
     return in == 7 ? "done" : "done, wrong token";
 }
 
+/* One newcomer, argv0 MODE child, spawned by the members of `over` together; their
+   intercommunicator with it (MPI_COMM_NULL if the spawn failed). */
+static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over)
+{
+    char *cargv[] = {(char *)mode, "child", NULL};
+    int errs[1] = {0};
+    MPI_Comm inter = MPI_COMM_NULL;
+    alarm(15);
+    in_call = "MPI_Comm_spawn";
+    double t0 = now_ms();
+    int rc = MPI_Comm_spawn(argv0, cargv, 1, MPI_INFO_NULL, 0, over, &inter, errs);
+    alarm(0);
+    printf("rank %d: spawn (%s) rc %d, the newcomer's %d, in %.1f ms\n", me,
+           over == MPI_COMM_SELF ? "alone" : "by every member", rc, errs[0], now_ms() - t0);
+    fflush(stdout);
+    if (rc != MPI_SUCCESS)
+        return MPI_COMM_NULL;
+    MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    return inter;
+}
+
 int main(int argc, char **argv)
 {
     int prov;
@@ -137,32 +158,12 @@ int main(int argc, char **argv)
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm inter = MPI_COMM_NULL;
     if (strncmp(mode, "group", 5) == 0) {
-        char *cargv[] = {(char *)mode, "child", NULL};
-        int errs[1];
-        alarm(15);
-        in_call = "MPI_Comm_spawn (every member)";
-        double t0 = now_ms();
-        int rc = MPI_Comm_spawn(argv[0], cargv, 1, MPI_INFO_NULL, 0, MPI_COMM_WORLD, &inter, errs);
-        alarm(0);
-        printf("rank %d: spawn by every member rc %d (newcomer's %d) in %.1f ms\n", me, rc, errs[0], now_ms() - t0);
-        fflush(stdout);
-        if (rc != MPI_SUCCESS)
-            inter = MPI_COMM_NULL;
-        else
-            MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        inter = spawn(argv[0], mode, MPI_COMM_WORLD);
     } else if (me == 0) {
-        char *cargv[] = {(char *)mode, NULL};
-        int errs[1];
-        alarm(15);
-        in_call = "MPI_Comm_spawn";
-        double t0 = now_ms();
-        int rc = MPI_Comm_spawn(argv[0], cargv, 1, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter, errs);
-        alarm(0);
-        printf("rank 0: spawn rc %d in %.1f ms\n", rc, now_ms() - t0);
-        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+        inter = spawn(argv[0], mode, MPI_COMM_SELF);
         MPI_Request q;
         int done = 0;
-        t0 = now_ms();
+        double t0 = now_ms();
         MPI_Irecv(port, MPI_MAX_PORT_NAME, MPI_CHAR, 0, 1, inter, &q);
         while (!done && now_ms() - t0 < 3000)
             MPI_Test(&q, &done, MPI_STATUS_IGNORE);
