@@ -6,7 +6,8 @@
 # until this script's bound (20 s) stops them. Then connect/accept over MPI_COMM_SELF, one
 # intercommunicator a pair and no merge (bench/mpi_connect_probe.c): the newcomer alive,
 # dead before any accept, dead after the first; and a spawn by every member together: the
-# newcomer alive, dead after MPI_Init, gone before it.
+# newcomer alive, dead after MPI_Init, gone before it; and a spawn on a thread beside the
+# members' own messages (thread, thread-noinit).
 set -uo pipefail
 build=${1:-build}
 bin="$build/bench/mpi_grow_probe"
@@ -23,4 +24,4 @@ run() {
 }
 run ok
 run die
-for m in ok early middle group group-dies group-noinit; do run "$m" "$build/bench/mpi_connect_probe"; done
+for m in ok early middle group group-dies group-noinit thread thread-noinit; do run "$m" "$build/bench/mpi_connect_probe"; done

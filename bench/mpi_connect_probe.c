@@ -16,11 +16,18 @@
  * member gets the intercommunicator), then a token between each member and the newcomer:
  *   group         the newcomer lives;
  *   group-dies    it dies right after MPI_Init;
- *   group-noinit  it exits before MPI_Init (a program that fails at its start).
+ *   group-noinit  it exits before MPI_Init (a program that fails at its start);
+ *   thread        each member spawns a newcomer of its own on a thread (MPI_THREAD_MULTIPLE)
+ *                 while its main thread exchanges tokens with the other members, 3 s;
+ *   thread-noinit the same spawn on a thread of each member's own (MPI_THREAD_MULTIPLE),
+ *                 the newcomer gone before MPI_Init: does MPI go on beside a spawn that
+ *                 never returns?
  * Each call's result and time are printed; a call still blocked after 15 s prints
  * "HANG in CALL" and the process exits 9 (SIGALRM), which is the answer for that call.
  */
 #include <mpi.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,16 +55,17 @@ static void on_alarm(int sig)
     _exit(9);
 }
 
-/* A token both ways with peer `r` of `c`, nonblocking, polled until 3 s: "done", "error
-   N" or "timed out" (then both requests are abandoned: cancelled and freed). */
-static const char *exchange(MPI_Comm c, int r, double *ms)
+/* A token to peer `to` of `c` and one from peer `from`, nonblocking, polled until 3 s:
+   "done", "error N" or "timed out" (then both requests are abandoned: cancelled and
+   freed). */
+static const char *pass(MPI_Comm c, int to, int from, double *ms)
 {
     int out = 7, in = 0, done = 0;
     MPI_Request q[2];
     double t0 = now_ms();
-    int rc = MPI_Isend(&out, 1, MPI_INT, r, 5, c, &q[0]);
+    int rc = MPI_Isend(&out, 1, MPI_INT, to, 5, c, &q[0]);
     if (rc == MPI_SUCCESS)
-        rc = MPI_Irecv(&in, 1, MPI_INT, r, 5, c, &q[1]);
+        rc = MPI_Irecv(&in, 1, MPI_INT, from, 5, c, &q[1]);
     static char why[64];
     while (rc == MPI_SUCCESS && !done && now_ms() - t0 < 3000)
         rc = MPI_Testall(2, q, &done, MPI_STATUSES_IGNORE);
@@ -77,9 +85,69 @@ static const char *exchange(MPI_Comm c, int r, double *ms)
     return in == 7 ? "done" : "done, wrong token";
 }
 
-/* One newcomer, argv0 MODE child, spawned by the members of `over` together; their
-   intercommunicator with it (MPI_COMM_NULL if the spawn failed). */
-static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over)
+/* A token both ways with peer `r` of `c` (pass). */
+static const char *exchange(MPI_Comm c, int r, double *ms)
+{
+    return pass(c, r, r, ms);
+}
+
+struct spawn_job {
+    char *argv0;
+    const char *mode;
+    MPI_Comm inter;
+    volatile int done;
+};
+
+static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over, const char *how);
+
+static void *spawn_main(void *arg)
+{
+    struct spawn_job *j = arg;
+    MPI_Comm self;
+    MPI_Comm_dup(MPI_COMM_SELF, &self); /* each member spawns alone: no collective among them */
+    j->inter = spawn(j->argv0, j->mode, self, "alone, on a thread");
+    j->done = 1;
+    return NULL;
+}
+
+/* thread, thread-noinit: the spawn on a thread; tokens around the members' ring
+   meanwhile (100,000 rounds, or 3 s); then the spawn given up on if it has not returned
+   (the thread is left). */
+static void spawn_on_thread(char *argv0, const char *mode)
+{
+    static struct spawn_job j;
+    j = (struct spawn_job){.argv0 = argv0, .mode = mode, .inter = MPI_COMM_NULL};
+    pthread_t t;
+    pthread_create(&t, NULL, spawn_main, &j);
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    double t0 = now_ms(), ms;
+    int rounds = 0;
+    while (rounds < 100000 && now_ms() - t0 < 3000) { /* the ring is in step: all stop at once */
+        const char *how = pass(MPI_COMM_WORLD, (me + 1) % size, (me + size - 1) % size, &ms); /* a ring */
+        if (strcmp(how, "done") != 0) {
+            printf("rank %d: token among the members beside the spawn: %s\n", me, how);
+            break;
+        }
+        rounds++;
+    }
+    double t1 = now_ms();
+    while (!j.done && now_ms() - t0 < 3000)
+        usleep(1000);
+    printf("rank %d: %d token rounds among the members in %.1f ms beside the spawn; spawn %s at %.1f ms\n", me,
+           rounds, t1 - t0, j.done ? "returned" : "given up on (its thread left)", now_ms() - t0);
+    t1 = now_ms();
+    for (rounds = 0; rounds < 100000 && now_ms() - t1 < 3000; rounds++)
+        if (strcmp(pass(MPI_COMM_WORLD, (me + 1) % size, (me + size - 1) % size, &ms), "done") != 0)
+            break;
+    printf("rank %d: then %d more in %.1f ms\n", me, rounds, now_ms() - t1);
+    fflush(stdout);
+    pthread_detach(t);
+}
+
+/* One newcomer, argv0 MODE child, spawned by the members of `over` together (how: said
+   so); their intercommunicator with it (MPI_COMM_NULL if the spawn failed). */
+static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over, const char *how)
 {
     char *cargv[] = {(char *)mode, "child", NULL};
     int errs[1] = {0};
@@ -89,8 +157,7 @@ static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over)
     double t0 = now_ms();
     int rc = MPI_Comm_spawn(argv0, cargv, 1, MPI_INFO_NULL, 0, over, &inter, errs);
     alarm(0);
-    printf("rank %d: spawn (%s) rc %d, the newcomer's %d, in %.1f ms\n", me,
-           over == MPI_COMM_SELF ? "alone" : "by every member", rc, errs[0], now_ms() - t0);
+    printf("rank %d: spawn (%s) rc %d, the newcomer's %d, in %.1f ms\n", me, how, rc, errs[0], now_ms() - t0);
     fflush(stdout);
     if (rc != MPI_SUCCESS)
         return MPI_COMM_NULL;
@@ -102,9 +169,14 @@ int main(int argc, char **argv)
 {
     int prov;
     signal(SIGALRM, on_alarm);
-    if (argc > 2 && strcmp(argv[1], "group-noinit") == 0) /* the newcomer: argv[2] "child" */
+    if (argc > 2 && strstr(argv[1], "-noinit")) /* the newcomer: argv[2] "child" */
         _exit(1);
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &prov);
+    bool threaded = strncmp(argc > 1 ? argv[1] : "", "thread", 6) == 0;
+    MPI_Init_thread(&argc, &argv, threaded ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED, &prov);
+    if (threaded && prov < MPI_THREAD_MULTIPLE) {
+        printf("no MPI_THREAD_MULTIPLE (%d)\n", prov);
+        _exit(2);
+    }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     MPI_Comm parent;
@@ -112,6 +184,8 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "ok";
     char port[MPI_MAX_PORT_NAME] = "";
     double ms;
+    if (parent != MPI_COMM_NULL && threaded) /* thread: a newcomer that lives, and is not used */
+        _exit(0);
     if (parent != MPI_COMM_NULL && strncmp(mode, "group", 5) == 0) { /* the group's newcomer */
         me = 99;
         MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
@@ -157,10 +231,13 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm inter = MPI_COMM_NULL;
-    if (strncmp(mode, "group", 5) == 0) {
-        inter = spawn(argv[0], mode, MPI_COMM_WORLD);
+    if (threaded) {
+        spawn_on_thread(argv[0], mode);
+        _exit(0);
+    } else if (strncmp(mode, "group", 5) == 0) {
+        inter = spawn(argv[0], mode, MPI_COMM_WORLD, "by every member");
     } else if (me == 0) {
-        inter = spawn(argv[0], mode, MPI_COMM_SELF);
+        inter = spawn(argv[0], mode, MPI_COMM_SELF, "alone");
         MPI_Request q;
         int done = 0;
         double t0 = now_ms();
