@@ -6,7 +6,10 @@
  * Also the cost of the argument check (the signature in every message's tag): none in
  * messages or bytes; measured as a count-0 call, which is all protocol overhead.
  *   bench_ring [MAX_BYTES [CHUNK_BYTES WINDOW]]   (default 256 MiB; the ring's chunking)
+ * BENCH_RING_THREADS=multiple initializes MPI with MPI_THREAD_MULTIPLE instead of
+ * MPI_THREAD_SERIALIZED (what Rekindle asks for): the cost of the locks that level takes.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +25,13 @@ static int cmp_d(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     int provided, rank, n;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+    const char *th = getenv("BENCH_RING_THREADS");
+    bool multiple = th && strcmp(th, "multiple") == 0;
+    MPI_Init_thread(&argc, &argv, multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED, &provided);
+    if (multiple && provided < MPI_THREAD_MULTIPLE) {
+        fprintf(stderr, "bench_ring: MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     size_t maxb = argc > 1 ? strtoull(argv[1], NULL, 0) : (256u << 20);
