@@ -15,12 +15,20 @@
 #include "ckpt_internal.h"
 
 
-static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
+/* A generation's regions (its staging and partner copy) go; its bookkeeping stays. */
+static void gen_unmap(ckpt_engine *e, struct ckpt_gen *g)
 {
     if (g->staging)
         ckpt__unmap_region(e, g->staging, g->staging_cap);
     if (g->partner)
         ckpt__unmap_region(e, g->partner, g->partner_cap);
+    g->staging = g->partner = NULL;
+    g->staging_cap = g->partner_cap = g->partner_len = 0;
+}
+
+static void gen_free(ckpt_engine *e, struct ckpt_gen *g)
+{
+    gen_unmap(e, g);
     free(g->held_row0);
     free(g->frozen_ok);
     free(g->own_p);
@@ -393,15 +401,8 @@ static void swap_gens(ckpt_engine *e)
    it held was older than g's and is offered no more. */
 static void drop_old(ckpt_engine *e)
 {
-    struct ckpt_gen *o = &e->s.old;
-    if (o->staging)
-        ckpt__unmap_region(e, o->staging, o->staging_cap);
-    if (o->partner)
-        ckpt__unmap_region(e, o->partner, o->partner_cap);
-    o->staging = o->partner = NULL;
-    o->staging_cap = o->partner_cap = 0;
-    o->partner_len = 0;
-    o->left_step = -1;
+    gen_unmap(e, &e->s.old);
+    e->s.old.left_step = -1;
     forget_old(e);
 }
 
@@ -690,10 +691,8 @@ int ckpt_hold_seal(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
     } else {
         g->left_step = -1; /* of the membership before: not this snapshot's */
     }
-    size_t need = ckpt__hdr_bytes(n);
-    for (size_t i = 0; i < n; i++)
-        need += ALIGN_UP(t[i].nbytes);
-    if (e->s.prev && !o->staging && e->s.prev_cap >= need && !e->one_copy) {
+    size_t need = ckpt__staging_bytes(t, n);
+    if (e->s.prev && !e->one_copy && !o->staging && e->s.prev_cap >= need) {
         /* S11: the old snapshot's region is the older generation's, the next turn's (the
            sizes did not grow: a job of replicated state, or a spare brought in) */
         o->staging = e->s.prev;

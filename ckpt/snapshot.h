@@ -133,6 +133,8 @@
  *                              --ckpt__settle at its bound: give_up--> given up (g: -1, old:
  *                                s; later settles only look; the turn waits for its end)
  *     g: -1, old: s --ckpt__snapshot_begin (nothing whole in g: no turn)--> g: -1 (copying)
+ *     one copy (S13): g: s, old: none --ckpt__snapshot_begin (turn: old's regions dropped, no
+ *         swap while g is not pinned)--> g: -1 (copying s+1 into its own region), old: none
  *     g: -1 or t, old: s --ckpt_snapshot_select(s) (ckpt_snapshot_restore, ckpt__hold_open of s)-->
  *                                g: s, old: the other (not offered)
  *     old pinned --the turn--> park: old's region (nothing offered), old: park's region
