@@ -7,7 +7,8 @@
 # intercommunicator a pair and no merge (bench/mpi_connect_probe.c): the newcomer alive,
 # dead before any accept, dead after the first; and a spawn by every member together: the
 # newcomer alive, dead after MPI_Init, gone before it; and a spawn on a thread beside the
-# members' own messages (thread, thread-noinit).
+# members' own messages (thread, thread-noinit); and the spawn and merge by every member on a
+# thread, given up on at 3 s (merge, merge-dies, merge-noinit).
 set -uo pipefail
 build=${1:-build}
 bin="$build/bench/mpi_grow_probe"
@@ -24,4 +25,4 @@ run() {
 }
 run ok
 run die
-for m in ok early middle group group-dies group-noinit thread thread-noinit; do run "$m" "$build/bench/mpi_connect_probe"; done
+for m in ok early middle group group-dies group-noinit thread thread-noinit merge merge-dies merge-noinit; do run "$m" "$build/bench/mpi_connect_probe"; done

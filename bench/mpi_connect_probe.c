@@ -22,6 +22,14 @@
  *   thread-noinit the same spawn on a thread of each member's own (MPI_THREAD_MULTIPLE),
  *                 the newcomer gone before MPI_Init: does MPI go on beside a spawn that
  *                 never returns?
+ * And the spawn by every member together followed by MPI_Intercomm_merge, both on a
+ * thread of each member (MPI_THREAD_MULTIPLE), while the main threads pass tokens around
+ * the members' ring; given up on at 3 s if not returned; then, if merged, tokens around
+ * the merged ring of members and newcomer; last, MPI_Finalize (a 15 s bound), skipped
+ * where the thread was given up on (PROBE_FINALIZE_ANYWAY=1 calls it even then):
+ *   merge         the newcomer lives (and ends after its rounds of the merged ring);
+ *   merge-dies    it dies after MPI_Init, before the merge;
+ *   merge-noinit  it exits before MPI_Init.
  * Each call's result and time are printed; a call still blocked after 15 s prints
  * "HANG in CALL" and the process exits 9 (SIGALRM), which is the answer for that call.
  */
@@ -94,7 +102,7 @@ static const char *exchange(MPI_Comm c, int r, double *ms)
 struct spawn_job {
     char *argv0;
     const char *mode;
-    MPI_Comm inter;
+    MPI_Comm inter, merged;
     volatile int done;
 };
 
@@ -145,6 +153,84 @@ static void spawn_on_thread(char *argv0, const char *mode)
     pthread_detach(t);
 }
 
+/* merge*: the members' spawn and merge, on a thread of each */
+static void *merge_main(void *arg)
+{
+    struct spawn_job *j = arg;
+    MPI_Comm members;
+    MPI_Comm_dup(MPI_COMM_WORLD, &members);
+    j->inter = spawn(j->argv0, j->mode, members, "by every member, on a thread");
+    if (j->inter != MPI_COMM_NULL) {
+        double t0 = now_ms();
+        int rc = MPI_Intercomm_merge(j->inter, 0, &j->merged);
+        printf("rank %d: merge rc %d in %.1f ms (on the thread)\n", me, rc, now_ms() - t0);
+        fflush(stdout);
+        if (rc == MPI_SUCCESS)
+            MPI_Comm_set_errhandler(j->merged, MPI_ERRORS_RETURN);
+    }
+    j->done = 1;
+    return NULL;
+}
+
+/* Tokens around the ring of c for up to 100,000 rounds or 3 s: the rounds done and how
+   the last ended. */
+static int ring_rounds(MPI_Comm c, const char **how, double *ms)
+{
+    int size, r, rounds = 0;
+    MPI_Comm_size(c, &size);
+    MPI_Comm_rank(c, &r);
+    double t0 = now_ms(), one;
+    *how = "done";
+    while (rounds < 100000 && now_ms() - t0 < 3000) {
+        *how = pass(c, (r + 1) % size, (r + size - 1) % size, &one);
+        if (strcmp(*how, "done") != 0)
+            break;
+        rounds++;
+    }
+    *ms = now_ms() - t0;
+    return rounds;
+}
+
+static void merge_on_thread(char *argv0, const char *mode)
+{
+    static struct spawn_job j;
+    j = (struct spawn_job){.argv0 = argv0, .mode = mode, .inter = MPI_COMM_NULL, .merged = MPI_COMM_NULL};
+    pthread_t t;
+    pthread_create(&t, NULL, merge_main, &j);
+    const char *how;
+    double ms, t0 = now_ms();
+    int rounds = ring_rounds(MPI_COMM_WORLD, &how, &ms);
+    while (!j.done && now_ms() - t0 < 3000)
+        usleep(1000);
+    printf("rank %d: %d token rounds among the members in %.1f ms (%s) beside the spawn and merge; they %s at "
+           "%.1f ms\n", me, rounds, ms, how, j.done ? "returned" : "were given up on (the thread left)",
+           now_ms() - t0);
+    if (j.done && j.merged != MPI_COMM_NULL) {
+        rounds = ring_rounds(j.merged, &how, &ms);
+        printf("rank %d: %d token rounds around the merged ring in %.1f ms (%s)\n", me, rounds, ms, how);
+    } else {
+        rounds = ring_rounds(MPI_COMM_WORLD, &how, &ms);
+        printf("rank %d: then %d token rounds among the members in %.1f ms (%s)\n", me, rounds, ms, how);
+    }
+    fflush(stdout);
+    pthread_detach(t);
+    if (!j.done && !getenv("PROBE_FINALIZE_ANYWAY")) {
+        /* MPI_Finalize under a thread still inside the merge: that thread's progress
+           engine touches the shared-memory transport the finalize takes down (a segfault
+           in 1 of 2 runs of merge-dies). The process ends without it, as a program would. */
+        printf("rank %d: MPI_Finalize skipped: a thread is still inside MPI\n", me);
+        fflush(stdout);
+        exit(0);
+    }
+    alarm(15);
+    in_call = "MPI_Finalize";
+    t0 = now_ms();
+    int rc = MPI_Finalize();
+    alarm(0);
+    printf("rank %d: MPI_Finalize rc %d in %.1f ms\n", me, rc, now_ms() - t0);
+    fflush(stdout);
+}
+
 /* One newcomer, argv0 MODE child, spawned by the members of `over` together (how: said
    so); their intercommunicator with it (MPI_COMM_NULL if the spawn failed). */
 static MPI_Comm spawn(char *argv0, const char *mode, MPI_Comm over, const char *how)
@@ -171,7 +257,10 @@ int main(int argc, char **argv)
     signal(SIGALRM, on_alarm);
     if (argc > 2 && strstr(argv[1], "-noinit")) /* the newcomer: argv[2] "child" */
         _exit(1);
-    bool threaded = strncmp(argc > 1 ? argv[1] : "", "thread", 6) == 0;
+    bool merging = strncmp(argc > 1 ? argv[1] : "", "merge", 5) == 0;
+    bool threaded = strncmp(argc > 1 ? argv[1] : "", "thread", 6) == 0 || merging;
+    if (merging)
+        setenv("OMPI_MCA_async_mpi_finalize", "1", 0); /* as rk_init: no final barrier */
     MPI_Init_thread(&argc, &argv, threaded ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED, &prov);
     if (threaded && prov < MPI_THREAD_MULTIPLE) {
         printf("no MPI_THREAD_MULTIPLE (%d)\n", prov);
@@ -184,6 +273,24 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "ok";
     char port[MPI_MAX_PORT_NAME] = "";
     double ms;
+    if (parent != MPI_COMM_NULL && merging) { /* merge*: the newcomer */
+        me = 99;
+        MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN);
+        if (strcmp(mode, "merge-dies") == 0)
+            raise(SIGKILL);
+        MPI_Comm merged;
+        int rc = MPI_Intercomm_merge(parent, 1, &merged);
+        printf("newcomer: merge rc %d\n", rc);
+        if (rc == MPI_SUCCESS) {
+            MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+            const char *how;
+            int rounds = ring_rounds(merged, &how, &ms);
+            printf("newcomer: %d token rounds around the merged ring in %.1f ms (%s)\n", rounds, ms, how);
+        }
+        fflush(stdout);
+        MPI_Finalize();
+        return 0;
+    }
     if (parent != MPI_COMM_NULL && threaded) /* thread: a newcomer that lives, and is not used */
         _exit(0);
     if (parent != MPI_COMM_NULL && strncmp(mode, "group", 5) == 0) { /* the group's newcomer */
@@ -231,7 +338,10 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     MPI_Comm inter = MPI_COMM_NULL;
-    if (threaded) {
+    if (merging) {
+        merge_on_thread(argv[0], mode);
+        _exit(0);
+    } else if (threaded) {
         spawn_on_thread(argv[0], mode);
         _exit(0);
     } else if (strncmp(mode, "group", 5) == 0) {
