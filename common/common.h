@@ -50,7 +50,8 @@ int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what);
 /* A call into MPI that may never return: Open MPI's shared-memory transport leaves a
    receiver spinning inside its progress engine forever when a sender died in the middle of
    a send (docs/RING.md, "Transport"). Every MPI call of a polling loop (ring/, recover/) is
-   bracketed by rk__mpi_enter/rk__mpi_leave (one thread calls MPI: MPI_THREAD_SERIALIZED),
+   bracketed by rk__mpi_enter/rk__mpi_leave (one thread, the training thread, calls MPI
+   through them; a join's thread calls MPI beside it without them: recover/join.c J10),
    so that a watchdog on another thread sees one that never returns: rk__mpi_inside gives
    when the call in progress began (CLOCK_MONOTONIC ns) and a number that changes with each
    call, or 0 when none is in progress. */

@@ -118,7 +118,11 @@ int rk_init(rk_ctx **out, const rk_options *o)
            none (nothing here spawns or connects). Only the singleton component reads it (a
            launched process ignores it); the user's own setting is kept. */
         setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
-        mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
+        /* MPI_THREAD_MULTIPLE: a join of processes started later runs its spawn and merge
+           on a thread of its own, which may never return (join.c J11); the training
+           thread's calls are unchanged, and the ring's cost was within the noise
+           (docs/LAUNCHER.md). */
+        mrc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
         if (mrc != MPI_SUCCESS) {
             rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Init_thread");
             goto out_free;
@@ -205,7 +209,9 @@ int rk_finalize(rk_ctx **pctx)
     if (ctx->mpi_owned) {
         int finalized = 0;
         MPI_Finalized(&finalized);
-        if (!finalized)
+        if (!finalized && rec_join_thread_left())
+            RK_LOG_INFO(RK_SUB_REC, "MPI_Finalize not called: a join's thread is still inside MPI (join.c J9)");
+        else if (!finalized)
             MPI_Finalize();
     }
     sigpipe_release();

@@ -183,6 +183,31 @@ void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
 #define REC_GROW_FILE "grow-to"
 void rec_grow_poll(rk_ctx *ctx);
 bool rec_grow_admit(rk_ctx *ctx, int slot);
+/* Processes started while the job runs (recover/join.c J8-J11). rec_join_spawn, on every
+   member of `members` (ranks of parent) alike: spawns spec->n newcomers running
+   spec->command with spec->argv (NULL-terminated; spec->hosts: Open MPI's "host" info, NULL:
+   wherever mpirun has slots) and merges with them, on a thread; rec_join_newcomer, in such a
+   newcomer: the merge from its side (parent: MPI_Comm_get_parent's). Both return at once.
+   rec_join_poll: REC_AGAIN while the thread runs; then once 0 with out[] the
+   REC_JOIN_COMMS duplicates of the merged communicator (the members first, in their order,
+   then the newcomers), or the failed call's error. rec_join_end: always, last; a join
+   still running is left where it is (J8), and rec_join_thread_left() is true from then on
+   while its thread has not returned: MPI_Finalize must not be called (J9). */
+#define REC_JOIN_COMMS 2
+#define REC_JOIN_TAG 0x4a4f /* MPI_Comm_create_group's tag ("JO") */
+typedef struct rec_join_spec {
+    const char *command;
+    char *const *argv;
+    int n;
+    const char *hosts;
+} rec_join_spec;
+struct rec_join;
+int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec,
+                   struct rec_join **out);
+int rec_join_newcomer(MPI_Comm parent, struct rec_join **out);
+int rec_join_poll(struct rec_join *j, MPI_Comm out[REC_JOIN_COMMS]);
+void rec_join_end(struct rec_join **j);
+bool rec_join_thread_left(void);
 /* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
    ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
 int rec_spare_wait(rk_ctx *ctx);

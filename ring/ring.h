@@ -9,8 +9,8 @@
  * call. See ring/ring.c for the design (invariants, state diagram) and docs/RING.md for
  * the protocol.
  *
- * Threading: MPI_THREAD_SERIALIZED; a ring is used by one thread at a time, the thread
- * that calls MPI. The changed() callback of a ring_cancel runs on that thread.
+ * Threading: at least MPI_THREAD_SERIALIZED; a ring is used by one thread at a time, the
+ * training thread (a join's thread makes other MPI calls beside it: recover/join.c). The changed() callback of a ring_cancel runs on that thread.
  */
 #ifndef RK_RING_H
 #define RK_RING_H

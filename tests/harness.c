@@ -56,13 +56,23 @@ int th_dot_entries(const char *dir)
     return n;
 }
 
-char *th_bin(const char *name)
+static char *build_path(const char *dir, const char *name)
 {
     const char *b = getenv("RK_TEST_BUILD");
     char *p = NULL;
-    if (asprintf(&p, "%s/bin/%s", b ? b : "build", name) < 0)
+    if (asprintf(&p, "%s/%s/%s", b ? b : "build", dir, name) < 0)
         return NULL;
     return p;
+}
+
+char *th_bin(const char *name)
+{
+    return build_path("bin", name);
+}
+
+char *th_prog(const char *name)
+{
+    return build_path("tests", name);
 }
 
 char *th_tmpdir(const char *tag)

@@ -25,6 +25,8 @@ void th_skip_suite(const char *why) __attribute__((noreturn));
 
 /* "<build>/bin/<name>" (static storage per call site is not needed: returns malloc'd). */
 char *th_bin(const char *name);
+/* BUILD/tests/<name> (RK_TEST_BUILD; default build): a test program (tests/prog_*.c); malloc'd. */
+char *th_prog(const char *name);
 /* A new empty directory under RK_TEST_TMP (or /tmp); malloc'd path. Fails the test when it
    cannot be made (RK_TEST_TMP gone: its tests/run was stopped). */
 char *th_tmpdir(const char *tag);

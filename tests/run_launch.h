@@ -17,11 +17,7 @@
 
 static inline char *prog_path(void)
 {
-    const char *b = getenv("RK_TEST_BUILD");
-    char *p = NULL;
-    if (asprintf(&p, "%s/tests/prog_run", b ? b : "build") < 0)
-        return NULL;
-    return p;
+    return th_prog("prog_run");
 }
 
 /* rekindle run ARGS... -- prog_run MODE DIR (prog is appended when mode is not NULL). */

@@ -17,9 +17,8 @@
 
 static char *prog(void)
 {
-    const char *b = getenv("RK_TEST_BUILD");
-    char *p = NULL;
-    ck_assert(asprintf(&p, "%s/tests/prog_ckpt_cuda", b ? b : "build") > 0);
+    char *p = th_prog("prog_ckpt_cuda");
+    ck_assert(p);
     return p;
 }
 

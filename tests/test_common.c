@@ -538,8 +538,8 @@ END_TEST
 
 START_TEST(init_under_mpirun)
 {
-    char *prog = NULL;
-    if (asprintf(&prog, "%s/tests/prog_init", getenv("RK_TEST_BUILD")) < 0)
+    char *prog = th_prog("prog_init");
+    if (!prog)
         ck_abort();
     char *argv[] = {prog, NULL};
     char *out = NULL;
@@ -561,8 +561,8 @@ END_TEST
    its orted, and every page of the 64 MiB written before faults on its next write). */
 START_TEST(singleton_init_leaves_memory_writable)
 {
-    char *prog = NULL;
-    if (asprintf(&prog, "%s/tests/prog_init", getenv("RK_TEST_BUILD")) < 0)
+    char *prog = th_prog("prog_init");
+    if (!prog)
         ck_abort();
     char *argv[] = {prog, "rewrite", "64", NULL}, *out = NULL;
     for (int user_off = 0; user_off < 2; user_off++) {

@@ -49,7 +49,7 @@ static struct job start_job_as(int n, int run_ms, const char *const extra[], con
         /* exec, so that nothing of this (instrumented) process lingers in the child */
         char ms[64], nb[16], *prog = NULL, *pdir = NULL, *evl = NULL, *sec = NULL;
         if (asprintf(&pdir, "PROG_DET_DIR=%s", j.dir) < 0 || asprintf(&evl, "RK_EVENT_LOG=%s/ev", j.dir) < 0 ||
-            asprintf(&prog, "%s/tests/prog_det", getenv("RK_TEST_BUILD")) < 0 ||
+            !(prog = th_prog("prog_det")) ||
             (secret && asprintf(&sec, "RK_JOB_SECRET=%s", secret) < 0))
             _exit(90);
         snprintf(ms, sizeof(ms), "PROG_DET_MS=%d", run_ms);

@@ -12,7 +12,10 @@
  * one recovery: they go on at 3 from their memory, with the bits of an uninterrupted
  * 3-worker run. A job with sharded and per-rank state (rk-train --zero, G5) the same: grown
  * in place with a replay's bits, and the spare killed while joining. With --grow relaunch,
- * the job grows by a relaunch.
+ * the job grows by a relaunch. "join": processes started later brought into the job's
+ * communicator (recover/join.c, tests/prog_join.c): spawned and merged on a thread beside
+ * the members' own messages, and given up on at a deadline when the newcomer or a member
+ * dies at each point of it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -318,6 +321,71 @@ START_TEST(sharded_job_grows_in_place)
 }
 END_TEST
 
+/* ---- join: processes started later (recover/join.c J8-J11) ---------------------------- */
+
+/* prog_join MODE under mpirun -n 3 (with recovery: a killed newcomer or member ends no one
+   else), the join given up on at 2 s; its output, and the job's end asserted. */
+static char *join_job(const char *mode)
+{
+    char *out = NULL;
+    char *args[] = {(char *)mode, "2000", NULL};
+    char *prog = th_prog("prog_join");
+    int rc = th_mpirun_prog(3, true, prog, args, NULL, 60, &out);
+    free(prog);
+    ck_assert_msg(rc == 0, "prog_join %s: status %d (-1: it ran past the bound):\n%s", mode, rc, out);
+    ck_assert_msg(!strstr(out, "FAIL"), "prog_join %s:\n%s", mode, out);
+    return out;
+}
+
+/* The newcomer lives: every member and the newcomer end up in one communicator of 4 (3
+   when two members spawn: the third is in none), ranks in order, and tokens go around
+   both duplicates; the members' own tokens went on beside the join; MPI_Finalize as usual. */
+START_TEST(join_spawns_and_merges_beside_the_ring)
+{
+    char *out = join_job("alive");
+    for (int r = 0; r < 3; r++) {
+        char want[128];
+        snprintf(want, sizeof(want), "ok rank %d joined in", r);
+        ck_assert_msg(strstr(out, want), "%s missing:\n%s", want, out);
+        snprintf(want, sizeof(want), "merged size 4, rank %d; 1000 token rounds around it, 1 around the second", r);
+        ck_assert_msg(strstr(out, want), "%s missing:\n%s", want, out);
+    }
+    ck_assert_msg(strstr(out, "ok newcomer joined in") &&
+                      strstr(out, "merged size 4, rank 3; 1000 token rounds around it, 1 around the second"),
+                  "%s", out);
+    ck_assert_msg(th_count(out, "20000 token rounds among the members") == 3 && !strstr(out, "no finalize"), "%s", out);
+    free(out);
+    out = join_job("subset");
+    ck_assert_msg(strstr(out, "ok rank 2: not a member") &&
+                      strstr(out, "merged size 3, rank 0;") && strstr(out, "merged size 3, rank 1;") &&
+                      th_count(out, "merged size 3, rank 2; 1000 token rounds around it") == 1,
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
+/* The newcomer killed right after its MPI_Init (the members' threads stay inside the
+   merge), gone before MPI_Init (inside the spawn), or a member killed after starting its
+   join (the others' threads inside the members' communicator or the spawn): every member
+   left gives the join up at its deadline, its own tokens went on beside it and after it,
+   and it ends without MPI_Finalize (J9), the job with status 0. */
+static const char *const join_deaths[] = {"dies", "noinit", "member-dies"};
+
+START_TEST(join_given_up_when_a_party_dies)
+{
+    const char *mode = join_deaths[_i];
+    char *out = join_job(mode);
+    int members = strcmp(mode, "member-dies") == 0 ? 2 : 3;
+    ck_assert_msg(th_count(out, "join given up at 20") == members && th_count(out, "(thread left: 1)") == members &&
+                      th_count(out, "no finalize (a join's thread is inside MPI)") == members && !strstr(out, "joined"),
+                  "%s: each member gives the join up at 2 s:\n%s", mode, out);
+    if (members == 3)
+        ck_assert_msg(th_count(out, "20000 token rounds among the members in") == 6, "%s: tokens beside and after:\n%s",
+                      mode, out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("grow");
@@ -334,5 +402,10 @@ int main(void)
     tcase_add_test(tj, grow_relaunch_when_asked);
     tcase_add_test(tj, sharded_job_grows_in_place);
     suite_add_tcase(s, tj);
+    TCase *tn = tcase_create("join");
+    tcase_set_timeout(tn, 120);
+    tcase_add_test(tn, join_spawns_and_merges_beside_the_ring);
+    tcase_add_loop_test(tn, join_given_up_when_a_party_dies, 0, (int)(sizeof(join_deaths) / sizeof(join_deaths[0])));
+    suite_add_tcase(s, tn);
     return th_main(s);
 }

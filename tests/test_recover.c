@@ -552,8 +552,8 @@ END_TEST
 /* Runs prog_recover ARGS on n workers with recovery on; returns its output (malloc'd). */
 static char *recover_job(int n, const char *refuse, const char *a1, const char *a2, const char *a3, const char *a4)
 {
-    char *p = NULL;
-    ck_assert(asprintf(&p, "%s/tests/prog_recover", getenv("RK_TEST_BUILD")) > 0);
+    char *p = th_prog("prog_recover");
+    ck_assert(p);
     char *argv[] = {"--enable-recovery", "--mca", "orte_abort_on_non_zero_status", "0", p, (char *)a1, (char *)a2,
                     (char *)a3, (char *)a4, NULL};
     const char *env[] = {"RK_TIMEOUT_MS=" ROUND_MS, refuse, NULL};

@@ -175,9 +175,8 @@ END_TEST
 
 static char *prog(void)
 {
-    const char *b = getenv("RK_TEST_BUILD");
-    char *p = NULL;
-    ck_assert(asprintf(&p, "%s/tests/prog_ring", b ? b : "build") > 0);
+    char *p = th_prog("prog_ring");
+    ck_assert(p);
     return p;
 }
 

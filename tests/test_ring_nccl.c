@@ -131,9 +131,8 @@ END_TEST
 static void job(int n, bool recovery, char *const args[], const char *const env[], const char *tag, int want,
                 bool staged)
 {
-    const char *b = getenv("RK_TEST_BUILD");
-    char *p = NULL, *out = NULL;
-    ck_assert(asprintf(&p, "%s/tests/prog_ring_nccl", b ? b : "build") > 0);
+    char *p = th_prog("prog_ring_nccl"), *out = NULL;
+    ck_assert(p);
     int rc = th_mpirun_prog(n, recovery, p, args, env, JOB_S, &out);
     ck_assert_msg(out && !strstr(out, "FAIL"), "prog_ring_nccl %s on %d ranks failed (rc %d):\n%s", args[0], n, rc,
                   out ? out : "");

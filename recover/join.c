@@ -1,0 +1,282 @@
+/*
+ * recover/join.c - how processes started while the job runs come into its communicator:
+ * the members spawn them and merge with them, on a thread of each side that is given up
+ * on at a deadline (docs/LAUNCHER.md, "Joining processes started later").
+ *
+ * Why a thread: with Open MPI 4.1, MPI_Comm_spawn never returns when the newcomer ends
+ * before its MPI_Init, and MPI_Intercomm_merge never returns when it dies between its
+ * MPI_Init and the merge; no MPI call gets them out (ULFM's neither). On a thread of their
+ * own (MPI_THREAD_MULTIPLE) they can be left there while the members' point-to-point,
+ * on which the ring and the recovery run, goes on at full pace (bench/mpi_connect_probe.c
+ * merge, merge-dies, merge-noinit; docs/LAUNCHER.md). What the thread runs, in order:
+ *
+ *   member:   MPI_Comm_create_group(parent, the members) -> MPI_Comm_spawn over that
+ *             (root: the first member) -> MPI_Intercomm_merge (low) -> REC_JOIN_COMMS x
+ *             MPI_Comm_dup of the merged communicator
+ *   newcomer: MPI_Intercomm_merge(its parent intercommunicator, high) -> the same dups
+ *
+ * In each communicator handed out the members come first, in the order of `members`, then
+ * the newcomers in the order of their own MPI_COMM_WORLD; errors are returned, never
+ * fatal. The calling thread polls (rec_join_poll) against its own deadline.
+ *
+ * Invariants:
+ *   J8  The caller never waits for the thread past its deadline. rec_join_poll returns
+ *       REC_AGAIN, the communicators, or an error; rec_join_abandon leaves the thread
+ *       where it is: if it ever returns, it frees what it made (its communicators are never
+ *       handed out) and the join's memory, itself. One owner at a time: state RUNNING
+ *       (both), DONE (the thread ended: the caller joins it and frees), LEFT (the caller
+ *       let go: the thread frees).
+ *   J9  A process that left a thread inside MPI never calls MPI_Finalize
+ *       (rec_join_thread_left, read by rk_finalize): the finalize took the shared-memory
+ *       transport down under that thread's progress loop and the process died of a
+ *       segfault (1 of 2 runs); skipped, every run ended with status 0.
+ *   J10 The thread makes no call through RK_MPI: the wedge watchdog (api_det.c) watches
+ *       the training thread's calls, and a join given up on is not a wedge.
+ *   J11 A join starts only where MPI gives MPI_THREAD_MULTIPLE (RK_E_STATE otherwise):
+ *       below it, a second thread inside MPI is not allowed at all.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rec_internal.h"
+
+enum { JOIN_RUNNING, JOIN_DONE, JOIN_LEFT };
+
+struct rec_join {
+    atomic_int state;
+    pthread_t thread;
+    bool newcomer;
+    /* what the thread runs on (the caller's copies, owned here) */
+    MPI_Comm parent;           /* member: the communicator of the members; newcomer: its parent */
+    MPI_Group group;           /* member: the members in parent */
+    char *command, **argv, *hosts;
+    int n;
+    /* what it made: written by the thread before DONE, read by the caller after */
+    MPI_Comm out[REC_JOIN_COMMS];
+    int mrc;                   /* MPI_SUCCESS, or the failed call's code */
+    _Atomic(const char *) what; /* the call under way, or that failed */
+    int spawn_err;             /* a newcomer's error code from MPI_Comm_spawn */
+};
+
+static atomic_int threads_left; /* joins given up on whose thread has not returned (J9) */
+
+bool rec_join_thread_left(void)
+{
+    return atomic_load(&threads_left) > 0;
+}
+
+static void free_join(struct rec_join *j)
+{
+    for (int i = 0; i < REC_JOIN_COMMS; i++)
+        if (j->out[i] != MPI_COMM_NULL)
+            MPI_Comm_free(&j->out[i]);
+    if (j->group != MPI_GROUP_NULL)
+        MPI_Group_free(&j->group);
+    if (j->argv)
+        for (char **a = j->argv; *a; a++)
+            free(*a);
+    free(j->argv);
+    free(j->command);
+    free(j->hosts);
+    free(j);
+}
+
+static void step(struct rec_join *j, const char *what)
+{
+    atomic_store(&j->what, what);
+}
+
+/* The thread's steps (J10: plain MPI calls). */
+static void run(struct rec_join *j)
+{
+    MPI_Comm members = MPI_COMM_NULL, inter = MPI_COMM_NULL, merged = MPI_COMM_NULL;
+    if (j->newcomer) {
+        inter = j->parent;
+    } else {
+        step(j, "MPI_Comm_create_group (the members)");
+        if ((j->mrc = MPI_Comm_create_group(j->parent, j->group, REC_JOIN_TAG, &members)) != MPI_SUCCESS)
+            return;
+        MPI_Comm_set_errhandler(members, MPI_ERRORS_RETURN);
+        MPI_Info info = MPI_INFO_NULL;
+        if (j->hosts && MPI_Info_create(&info) == MPI_SUCCESS)
+            MPI_Info_set(info, "host", j->hosts);
+        int *errs = calloc((size_t)j->n, sizeof(*errs));
+        step(j, "MPI_Comm_spawn");
+        j->mrc = errs ? MPI_Comm_spawn(j->command, j->argv, j->n, info, 0, members, &inter, errs) : MPI_ERR_NO_MEM;
+        for (int i = 0; j->mrc == MPI_SUCCESS && i < j->n; i++)
+            if (errs[i] != MPI_SUCCESS && !j->spawn_err)
+                j->spawn_err = errs[i];
+        free(errs);
+        if (info != MPI_INFO_NULL)
+            MPI_Info_free(&info);
+        MPI_Comm_free(&members);
+        if (j->mrc != MPI_SUCCESS || j->spawn_err) {
+            if (j->mrc == MPI_SUCCESS)
+                j->mrc = j->spawn_err;
+            if (inter != MPI_COMM_NULL)
+                MPI_Comm_free(&inter);
+            return;
+        }
+        MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
+    }
+    step(j, "MPI_Intercomm_merge");
+    j->mrc = MPI_Intercomm_merge(inter, j->newcomer, &merged);
+    if (!j->newcomer)
+        MPI_Comm_free(&inter);
+    if (j->mrc != MPI_SUCCESS)
+        return;
+    MPI_Comm_set_errhandler(merged, MPI_ERRORS_RETURN);
+    step(j, "MPI_Comm_dup (the merged communicator)");
+    for (int i = 0; i < REC_JOIN_COMMS && j->mrc == MPI_SUCCESS; i++)
+        if ((j->mrc = MPI_Comm_dup(merged, &j->out[i])) == MPI_SUCCESS)
+            MPI_Comm_set_errhandler(j->out[i], MPI_ERRORS_RETURN);
+    MPI_Comm_free(&merged);
+}
+
+static void *join_main(void *arg)
+{
+    struct rec_join *j = arg;
+    run(j);
+    int expect = JOIN_RUNNING;
+    if (!atomic_compare_exchange_strong(&j->state, &expect, JOIN_DONE)) { /* LEFT: ours to free (J8) */
+        free_join(j);
+        atomic_fetch_sub(&threads_left, 1);
+    }
+    return NULL;
+}
+
+static int thread_level_ok(const char *who)
+{
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE,
+                        "%s: MPI runs at thread level %d, below MPI_THREAD_MULTIPLE: a join needs a second thread "
+                        "inside MPI (initialize MPI with MPI_THREAD_MULTIPLE, or let rk_init do it)", who, level);
+    return 0;
+}
+
+static int start(struct rec_join *j, struct rec_join **out)
+{
+    atomic_init(&j->state, JOIN_RUNNING);
+    pthread_attr_t attr;
+    int e = pthread_attr_init(&attr);
+    if (!e) {
+        pthread_attr_setstacksize(&attr, 1u << 20);
+        e = pthread_create(&j->thread, &attr, join_main, j);
+        pthread_attr_destroy(&attr);
+    }
+    if (e) {
+        free_join(j);
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -e, "join: cannot start its thread: %s", strerror(e));
+    }
+    *out = j;
+    return 0;
+}
+
+static struct rec_join *new_join(void)
+{
+    struct rec_join *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->parent = MPI_COMM_NULL;
+    j->group = MPI_GROUP_NULL;
+    for (int i = 0; i < REC_JOIN_COMMS; i++)
+        j->out[i] = MPI_COMM_NULL;
+    return j;
+}
+
+int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec, struct rec_join **out)
+{
+    *out = NULL;
+    if (!spec || !spec->command || !*spec->command || spec->n < 1 || !members || nmembers < 1)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: no command, no newcomer or no member");
+    int rc = thread_level_ok("join");
+    if (rc)
+        return rc;
+    struct rec_join *j = new_join();
+    size_t na = 0;
+    while (spec->argv && spec->argv[na])
+        na++;
+    if (!j)
+        return -ENOMEM;
+    j->parent = parent;
+    j->n = spec->n;
+    j->command = strdup(spec->command);
+    j->argv = calloc(na + 1, sizeof(*j->argv));
+    j->hosts = spec->hosts ? strdup(spec->hosts) : NULL;
+    bool ok = j->command && j->argv && (!spec->hosts || j->hosts);
+    for (size_t i = 0; ok && i < na; i++)
+        ok = (j->argv[i] = strdup(spec->argv[i])) != NULL;
+    if (!ok) {
+        free_join(j);
+        return -ENOMEM;
+    }
+    MPI_Group all;
+    int mrc = MPI_Comm_group(parent, &all);
+    if (mrc == MPI_SUCCESS) {
+        mrc = MPI_Group_incl(all, nmembers, members, &j->group);
+        MPI_Group_free(&all);
+    }
+    if (mrc != MPI_SUCCESS) {
+        free_join(j);
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "join: the members' group");
+    }
+    return start(j, out);
+}
+
+int rec_join_newcomer(MPI_Comm parent, struct rec_join **out)
+{
+    *out = NULL;
+    if (parent == MPI_COMM_NULL)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: this process was not spawned (no parent)");
+    int rc = thread_level_ok("join");
+    if (rc)
+        return rc;
+    struct rec_join *j = new_join();
+    if (!j)
+        return -ENOMEM;
+    j->newcomer = true;
+    j->parent = parent;
+    return start(j, out);
+}
+
+int rec_join_poll(struct rec_join *j, MPI_Comm out[REC_JOIN_COMMS])
+{
+    if (atomic_load(&j->state) != JOIN_DONE)
+        return REC_AGAIN;
+    pthread_join(j->thread, NULL);
+    atomic_store(&j->state, JOIN_LEFT); /* the thread is gone: nothing left to hand over */
+    if (j->mrc != MPI_SUCCESS)
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_WARN, RK_E_MPI, j->mrc, atomic_load(&j->what));
+    for (int i = 0; i < REC_JOIN_COMMS; i++) {
+        out[i] = j->out[i];
+        j->out[i] = MPI_COMM_NULL;
+    }
+    return 0;
+}
+
+void rec_join_end(struct rec_join **pj)
+{
+    struct rec_join *j = *pj;
+    *pj = NULL;
+    if (!j)
+        return;
+    int expect = JOIN_RUNNING;
+    atomic_fetch_add(&threads_left, 1); /* before the thread can see LEFT and count itself out */
+    if (atomic_compare_exchange_strong(&j->state, &expect, JOIN_LEFT)) {
+        pthread_detach(j->thread); /* J8: it frees the join if it ever returns */
+        RK_LOG_WARN(RK_SUB_REC, "join given up on inside %s: its thread stays there; this process will not call "
+                    "MPI_Finalize", atomic_load(&j->what) ? atomic_load(&j->what) : "its first MPI call");
+        return;
+    }
+    atomic_fetch_sub(&threads_left, 1);
+    if (expect == JOIN_DONE)
+        pthread_join(j->thread, NULL);
+    free_join(j);
+}
