@@ -45,6 +45,11 @@ typedef struct ring ring;
    timeout_ms: the default bound of every wait (< 0: none). *r is owned by the caller,
    released with ring_destroy(). */
 int ring_create(ring **r, MPI_Comm comm, const int *members, int nmembers, int timeout_ms);
+/* ring_create over `comm` itself, which the ring takes (and frees in ring_destroy) instead
+   of a duplicate: no collective call at all. For a communicator that holds a process
+   which may die (a newcomer's: recover/join.c), duplicated where that can be given up on.
+   comm is the ring's on success only. */
+int ring_create_on(ring **r, MPI_Comm comm, const int *members, int nmembers, int timeout_ms);
 /* Releases the ring and its communicator; *r = NULL. Receive buffers that MPI might
    still write after an aborted call are released only once MPI says it is done with them. */
 void ring_destroy(ring **r);
@@ -118,6 +123,15 @@ int ring_shift_by(ring *r, int dist, const void *send, size_t send_bytes, void *
    RK_E_FENCED if this process is not in the list. */
 int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch,
                  const ring_cancel *cancel);
+/* ring_rebuild onto another communicator, `comm` (a merged one with newcomers in it,
+   recover/join.c), which the ring takes: members are ranks of comm, and from the
+   handshake on every message travels there; the communicator before is freed (MPI lets
+   what is pending on it complete; the slots of aborted calls stay graves until MPI is
+   done with them). On an error the ring lives on comm as a spare (ring_is_member false)
+   until a rebuild there succeeds: over the members that remain is the way on (a newcomer
+   that died after the merge is a lost member like any other). */
+int ring_rebuild_on(ring *r, MPI_Comm comm, const int *members, int nmembers, uint64_t epoch,
+                    const ring_cancel *cancel);
 
 bool ring_is_member(const ring *r);
 int ring_rank(const ring *r);   /* rank in the ring (dense), -1 for a spare */

@@ -186,7 +186,7 @@ static void adopt(ring *r, int *members, int n, uint64_t epoch)
     r->fenced = false;
 }
 
-int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int timeout_ms)
+static int create(ring **out, MPI_Comm comm, bool dup, const int *members, int nmembers, int timeout_ms)
 {
     int rc, mrc, flag = 0, *list = NULL;
     void *ub = NULL;
@@ -201,7 +201,9 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
     r->timeout_ms = timeout_ms;
     r->chunk_bytes = RING_DEFAULT_CHUNK;
     r->window = RING_DEFAULT_WINDOW;
-    if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
+    if (!dup) {
+        r->parent = comm;
+    } else if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
         rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_MPI, mrc, "ring_create: MPI_Comm_dup");
         goto out_free;
     }
@@ -235,10 +237,21 @@ int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int
 out_list:
     free(list);
 out_parent:
-    MPI_Comm_free(&r->parent);
+    if (dup)
+        MPI_Comm_free(&r->parent);
 out_free:
     free(r);
     return refail(RK_LOG_ERROR, rc, "ring_create");
+}
+
+int ring_create(ring **out, MPI_Comm comm, const int *members, int nmembers, int timeout_ms)
+{
+    return create(out, comm, true, members, nmembers, timeout_ms);
+}
+
+int ring_create_on(ring **out, MPI_Comm comm, const int *members, int nmembers, int timeout_ms)
+{
+    return create(out, comm, false, members, nmembers, timeout_ms);
 }
 
 void ring_destroy(ring **pr)
@@ -347,6 +360,22 @@ int ring_rebuild(ring *r, const int *members, int nmembers, uint64_t epoch, cons
     rk__fault_point("rebuild");
     adopt(r, list, nmembers, epoch);
     return 0;
+}
+
+int ring_rebuild_on(ring *r, MPI_Comm comm, const int *members, int nmembers, uint64_t epoch, const ring_cancel *c)
+{
+    if (!r || comm == MPI_COMM_NULL)
+        return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_rebuild_on: no ring or no communicator");
+    /* What this process sent or posted on the communicator before stays there: its
+       requests complete or stay graves (invariant 6); nothing of it can match a message
+       of the new one. */
+    MPI_Comm_free(&r->parent);
+    r->parent = comm;
+    MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(r->parent, &r->prank);
+    MPI_Comm_size(r->parent, &r->psize);
+    r->rank = r->left = r->right = -1; /* a member of no ring of comm until the handshake */
+    return ring_rebuild(r, members, nmembers, epoch, c);
 }
 
 /* A blob's message: the epoch and call number it belongs to, then its bytes. A receive

@@ -7,7 +7,14 @@
  * exit 1 on a wrong result. MODE:
  *   alive        every rank a member; the newcomer lives: all four pass 1,000 tokens
  *                around the merged ring (and one around its second duplicate), and every
- *                process says its size and rank there;
+ *                process says its size and rank there; then the members' ring (built
+ *                over their communicator at the start) is rebuilt onto the second
+ *                duplicate with the newcomer in it (ring_rebuild_on; the newcomer's ring
+ *                made there without a collective call, ring_create_on) and an allreduce
+ *                of 4 is exact;
+ *   late-dies    the newcomer joins, then SIGKILLs itself before the ring's rebuild: the
+ *                members' rebuild onto the merged communicator fails within its 1 s bound,
+ *                and a rebuild of the members alone there gives an exact allreduce of 3;
  *   subset       ranks 0 and 1 the members (rank 2, not one, waits); merged size 3;
  *   dies         the newcomer SIGKILLs itself right after MPI_Init: the members give the
  *                join up at the deadline, and pass 20,000 more tokens after it;
@@ -25,6 +32,7 @@
 #include <unistd.h>
 
 #include "../recover/rec_internal.h"
+#include "../ring/ring.h"
 
 static int me = -1;
 
@@ -78,18 +86,37 @@ static int end(int status)
     return status;
 }
 
-/* After the join: its communicators' size and rank, and tokens around them. */
-static int joined(MPI_Comm out[REC_JOIN_COMMS], const char *who, double t)
+/* After the join: its communicators' size and rank, and tokens around them (not where
+   the newcomer died: each token to it would hold a member up to its 1 s bound, and the
+   members would come to the ring's rebuild seconds apart). out[1] is left for the ring. */
+static void joined(MPI_Comm out[REC_JOIN_COMMS], const char *who, double t, bool tokens)
 {
     int size, r;
     MPI_Comm_size(out[0], &size);
     MPI_Comm_rank(out[0], &r);
-    int k = rounds(out[0], 1000), k1 = rounds(out[1], 1);
+    int k = tokens ? rounds(out[0], 1000) : 0, k1 = tokens ? rounds(out[1], 1) : 0;
     printf("ok %s joined in %.0f ms: merged size %d, rank %d; %d token rounds around it, %d around the second\n",
            who, t, size, r, k, k1);
-    for (int i = 0; i < REC_JOIN_COMMS; i++)
-        MPI_Comm_free(&out[i]);
-    return 0;
+    MPI_Comm_free(&out[0]);
+}
+
+/* An allreduce (sum, f64) of 1000 values over the ring: member k of the ring gives
+   (k + 1) * (i + 1); every element must be (i + 1) * n (n + 1) / 2. */
+static bool exact(ring *rg, const char *who)
+{
+    double v[1000];
+    int k = ring_rank(rg), n = ring_size(rg);
+    for (int i = 0; i < 1000; i++)
+        v[i] = (double)(k + 1) * (i + 1);
+    int rc = ring_allreduce(rg, v, 1000, RK_F64, RK_SUM, NULL);
+    bool ok = rc == 0;
+    for (int i = 0; ok && i < 1000; i++)
+        ok = v[i] == (double)(i + 1) * n * (n + 1) / 2;
+    if (ok)
+        printf("ok %s: allreduce of %d exact, epoch %llu\n", who, n, (unsigned long long)ring_epoch(rg));
+    else
+        printf("FAIL %s: allreduce of %d: rc %d %s\n", who, n, rc, rk_last_error());
+    return ok;
 }
 
 static int newcomer(const char *mode)
@@ -109,11 +136,31 @@ static int newcomer(const char *mode)
     if (rc == 0)
         while ((rc = rec_join_poll(j, out)) == REC_AGAIN && ms_since(t0) < 5000)
             usleep(1000);
-    if (rc == 0)
-        joined(out, "newcomer", ms_since(t0));
-    else
+    if (rc) {
         printf("FAIL newcomer: join rc %d at %.0f ms: %s\n", rc, ms_since(t0), rk_last_error());
+        rec_join_end(&j);
+        return end(1);
+    }
     rec_join_end(&j);
+    if (strcmp(mode, "late-dies") == 0)
+        raise(SIGKILL);
+    joined(out, "newcomer", ms_since(t0), true);
+    if (strcmp(mode, "alive") != 0) { /* subset: no ring */
+        MPI_Comm_free(&out[1]);
+        return end(0);
+    }
+    /* the ring: a spare of the members' ring (ranks 0 .. size-2), then a member of 4 */
+    int size;
+    MPI_Comm_size(out[1], &size);
+    int all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    ring *rg = NULL;
+    if ((rc = ring_create_on(&rg, out[1], all, size - 1, 1000)) == 0)
+        rc = ring_rebuild(rg, all, size, 1, NULL);
+    if (rc)
+        printf("FAIL newcomer: ring over the merged communicator: %s\n", rk_last_error());
+    else
+        exact(rg, "newcomer");
+    ring_destroy(&rg);
     return end(rc ? 1 : 0);
 }
 
@@ -149,8 +196,14 @@ int main(int argc, char **argv)
         return end(1);
     }
     self[len] = '\0';
-    char *args[] = {"newcomer", (char *)(strcmp(mode, "subset") == 0 || strcmp(mode, "member-dies") == 0 ? "alive" : mode),
-                    NULL};
+    char *args[] = {"newcomer", (char *)(strcmp(mode, "member-dies") == 0 ? "subset" : mode), NULL};
+    ring *rg = NULL; /* the members' ring, over their communicator */
+    if (strcmp(mode, "alive") == 0 || strcmp(mode, "late-dies") == 0) {
+        if (ring_create(&rg, c, members, n, 1000) != 0 || !exact(rg, "members")) {
+            printf("FAIL rank %d: the members' ring: %s\n", me, rk_last_error());
+            return end(1);
+        }
+    }
     rec_join_spec spec = {.command = self, .argv = args, .n = 1};
     struct rec_join *j = NULL;
     int64_t t0 = rk__mono_ns();
@@ -170,8 +223,27 @@ int main(int argc, char **argv)
     printf("ok rank %d: %d token rounds among the members in %.0f ms beside the join\n", me, before, t_before);
     if (rc == 0) {
         rec_join_end(&j);
-        joined(out, me == 0 ? "rank 0" : me == 1 ? "rank 1" : "rank 2", t);
-        return end(0);
+        const char *who = me == 0 ? "rank 0" : me == 1 ? "rank 1" : "rank 2";
+        joined(out, who, t, strcmp(mode, "late-dies") != 0);
+        if (!rg) {
+            MPI_Comm_free(&out[1]);
+            return end(0);
+        }
+        int all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, msize;
+        MPI_Comm_size(out[1], &msize);
+        int64_t t1 = rk__mono_ns();
+        rc = ring_rebuild_on(rg, out[1], all, msize, 1, NULL);
+        if (strcmp(mode, "late-dies") == 0) {
+            printf("ok %s: rebuild with the dead newcomer: rc %d in %.0f ms, member %d\n", who, rc, ms_since(t1),
+                   (int)ring_is_member(rg));
+            if (rc == 0 || (rc = ring_rebuild(rg, all, n, 2, NULL)) != 0)
+                printf("FAIL %s: rebuild of the members on the merged communicator: rc %d %s\n", who, rc, rk_last_error());
+        } else if (rc) {
+            printf("FAIL %s: ring_rebuild_on: %s\n", who, rk_last_error());
+        }
+        bool ok = rc == 0 && exact(rg, who);
+        ring_destroy(&rg);
+        return end(ok ? 0 : 1);
     }
     if (rc != REC_AGAIN) {
         printf("FAIL rank %d: join rc %d: %s\n", me, rc, rk_last_error());

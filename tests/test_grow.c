@@ -324,11 +324,13 @@ END_TEST
 /* ---- join: processes started later (recover/join.c J8-J11) ---------------------------- */
 
 /* prog_join MODE under mpirun -n 3 (with recovery: a killed newcomer or member ends no one
-   else), the join given up on at 2 s; its output, and the job's end asserted. */
+   else), the join given up on at 2 s (times the sanitizers' scale); its output, and the
+   job's end asserted. */
 static char *join_job(const char *mode)
 {
-    char *out = NULL;
-    char *args[] = {(char *)mode, "2000", NULL};
+    char *out = NULL, deadline[16];
+    snprintf(deadline, sizeof(deadline), "%d", 2000 * th_time_scale());
+    char *args[] = {(char *)mode, deadline, NULL};
     char *prog = th_prog("prog_join");
     int rc = th_mpirun_prog(3, true, prog, args, NULL, 60, &out);
     free(prog);
@@ -339,7 +341,9 @@ static char *join_job(const char *mode)
 
 /* The newcomer lives: every member and the newcomer end up in one communicator of 4 (3
    when two members spawn: the third is in none), ranks in order, and tokens go around
-   both duplicates; the members' own tokens went on beside the join; MPI_Finalize as usual. */
+   both duplicates; the members' own tokens went on beside the join; their ring, rebuilt
+   onto the merged communicator with the newcomer (ring_rebuild_on, ring_create_on: no
+   collective call), reduces exactly over 4; MPI_Finalize as usual. */
 START_TEST(join_spawns_and_merges_beside_the_ring)
 {
     char *out = join_job("alive");
@@ -354,6 +358,9 @@ START_TEST(join_spawns_and_merges_beside_the_ring)
                       strstr(out, "merged size 4, rank 3; 1000 token rounds around it, 1 around the second"),
                   "%s", out);
     ck_assert_msg(th_count(out, "20000 token rounds among the members") == 3 && !strstr(out, "no finalize"), "%s", out);
+    ck_assert_msg(th_count(out, "ok members: allreduce of 3 exact, epoch 0") == 3 &&
+                      th_count(out, ": allreduce of 4 exact, epoch 1") == 4 && strstr(out, "ok newcomer: allreduce of 4"),
+                  "the ring over the merged communicator:\n%s", out);
     free(out);
     out = join_job("subset");
     ck_assert_msg(strstr(out, "ok rank 2: not a member") &&
@@ -371,12 +378,27 @@ END_TEST
    and it ends without MPI_Finalize (J9), the job with status 0. */
 static const char *const join_deaths[] = {"dies", "noinit", "member-dies"};
 
+/* The newcomer dies after the merge, before the ring is rebuilt with it: the members'
+   rebuild onto the merged communicator ends at its 1 s bound (the ring a spare there),
+   and their rebuild without it, on the same communicator, reduces exactly over 3: a loss
+   like any other, which costs one bounded wait. */
+START_TEST(join_newcomer_dies_after_the_merge)
+{
+    char *out = join_job("late-dies");
+    ck_assert_msg(th_count(out, "joined in") == 3 && th_count(out, "rebuild with the dead newcomer: rc -") == 3 &&
+                      th_count(out, "member 0\n") == 3 && th_count(out, ": allreduce of 3 exact, epoch 2") == 3 &&
+                      !strstr(out, "no finalize"),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(join_given_up_when_a_party_dies)
 {
     const char *mode = join_deaths[_i];
     char *out = join_job(mode);
     int members = strcmp(mode, "member-dies") == 0 ? 2 : 3;
-    ck_assert_msg(th_count(out, "join given up at 20") == members && th_count(out, "(thread left: 1)") == members &&
+    ck_assert_msg(th_count(out, "join given up at ") == members && th_count(out, "(thread left: 1)") == members &&
                       th_count(out, "no finalize (a join's thread is inside MPI)") == members && !strstr(out, "joined"),
                   "%s: each member gives the join up at 2 s:\n%s", mode, out);
     if (members == 3)
@@ -406,6 +428,7 @@ int main(void)
     tcase_set_timeout(tn, 120);
     tcase_add_test(tn, join_spawns_and_merges_beside_the_ring);
     tcase_add_loop_test(tn, join_given_up_when_a_party_dies, 0, (int)(sizeof(join_deaths) / sizeof(join_deaths[0])));
+    tcase_add_test(tn, join_newcomer_dies_after_the_merge);
     suite_add_tcase(s, tn);
     return th_main(s);
 }
