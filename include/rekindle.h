@@ -140,9 +140,10 @@ typedef struct rk_options {
    recorded in o->env_error and reported by rk_init() as RK_E_OPTION. */
 void rk_options_init(rk_options *o);
 
-/* Collective over the job; calls MPI_Init_thread itself if MPI is not initialized
-   (asking for MPI_THREAD_MULTIPLE; a program that initializes MPI itself needs at least
-   MPI_THREAD_SERIALIZED, and calls every rk_* function from one thread) (then
+/* Collective over the job; calls MPI_Init_thread itself, asking for MPI_THREAD_MULTIPLE,
+   if MPI is not initialized (a program that initializes MPI itself needs
+   MPI_THREAD_SERIALIZED at least, and calls every rk_* function from one thread; when
+   rk_init initializes MPI,
    it sets OMPI_MCA_async_mpi_finalize=1 unless already set, so that rk_finalize never
    waits in Open MPI's final barrier for a lost peer, and OMPI_MCA_ess_singleton_isolated=1
    unless already set, so that a process started without mpirun forks no daemon: after
