@@ -221,8 +221,9 @@ out:
     fmt_ckpt_close(&c);
     /* S9: the first snapshot's region mapped ahead, once the reader's memory went (its
        munmap would wait for the mapping thread's) */
-    if (!rc && into && e->s.g.staging_cap < ckpt__staging_bytes(t, n))
-        ckpt__prepare(e, ckpt__staging_bytes(t, n));
+    size_t need = !rc && into ? ckpt__staging_bytes(t, n) : 0;
+    if (need > e->s.g.staging_cap)
+        ckpt__prepare(e, need);
     return rc;
 }
 

@@ -38,10 +38,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "rec_internal.h"
 
@@ -60,7 +58,6 @@ struct rec_join {
     MPI_Comm out[REC_JOIN_COMMS];
     int mrc;                   /* MPI_SUCCESS, or the failed call's code */
     _Atomic(const char *) what; /* the call under way, or that failed */
-    int spawn_err;             /* a newcomer's error code from MPI_Comm_spawn */
 };
 
 static atomic_int threads_left; /* joins given up on whose thread has not returned (J9) */
@@ -109,15 +106,12 @@ static void run(struct rec_join *j)
         step(j, "MPI_Comm_spawn");
         j->mrc = errs ? MPI_Comm_spawn(j->command, j->argv, j->n, info, 0, members, &inter, errs) : MPI_ERR_NO_MEM;
         for (int i = 0; j->mrc == MPI_SUCCESS && i < j->n; i++)
-            if (errs[i] != MPI_SUCCESS && !j->spawn_err)
-                j->spawn_err = errs[i];
+            j->mrc = errs[i]; /* a newcomer that did not start */
         free(errs);
         if (info != MPI_INFO_NULL)
             MPI_Info_free(&info);
         MPI_Comm_free(&members);
-        if (j->mrc != MPI_SUCCESS || j->spawn_err) {
-            if (j->mrc == MPI_SUCCESS)
-                j->mrc = j->spawn_err;
+        if (j->mrc != MPI_SUCCESS) {
             if (inter != MPI_COMM_NULL)
                 MPI_Comm_free(&inter);
             return;
@@ -200,11 +194,11 @@ int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_
     if (rc)
         return rc;
     struct rec_join *j = new_join();
+    if (!j)
+        return -ENOMEM;
     size_t na = 0;
     while (spec->argv && spec->argv[na])
         na++;
-    if (!j)
-        return -ENOMEM;
     j->parent = parent;
     j->n = spec->n;
     j->command = strdup(spec->command);

@@ -186,6 +186,16 @@ static void adopt(ring *r, int *members, int n, uint64_t epoch)
     r->fenced = false;
 }
 
+/* comm becomes the ring's parent (owned): errors returned, this process's rank and the
+   size read from it. */
+static void take_parent(ring *r, MPI_Comm comm)
+{
+    r->parent = comm;
+    MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(r->parent, &r->prank);
+    MPI_Comm_size(r->parent, &r->psize);
+}
+
 static int create(ring **out, MPI_Comm comm, bool dup, const int *members, int nmembers, int timeout_ms)
 {
     int rc, mrc, flag = 0, *list = NULL;
@@ -201,15 +211,12 @@ static int create(ring **out, MPI_Comm comm, bool dup, const int *members, int n
     r->timeout_ms = timeout_ms;
     r->chunk_bytes = RING_DEFAULT_CHUNK;
     r->window = RING_DEFAULT_WINDOW;
-    if (!dup) {
-        r->parent = comm;
-    } else if ((mrc = MPI_Comm_dup(comm, &r->parent)) != MPI_SUCCESS) {
+    MPI_Comm mine = comm;
+    if (dup && (mrc = MPI_Comm_dup(comm, &mine)) != MPI_SUCCESS) {
         rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_MPI, mrc, "ring_create: MPI_Comm_dup");
         goto out_free;
     }
-    MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(r->parent, &r->prank);
-    MPI_Comm_size(r->parent, &r->psize);
+    take_parent(r, mine);
     /* MPI_TAG_UB is an attribute of MPI_COMM_WORLD alone (MPI 4.1, 9.1.2): Open MPI
        attaches it to no other communicator, not even MPI_COMM_SELF or a duplicate of one,
        and its value holds for every communicator. */
@@ -370,10 +377,7 @@ int ring_rebuild_on(ring *r, MPI_Comm comm, const int *members, int nmembers, ui
        requests complete or stay graves (invariant 6); nothing of it can match a message
        of the new one. */
     MPI_Comm_free(&r->parent);
-    r->parent = comm;
-    MPI_Comm_set_errhandler(r->parent, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(r->parent, &r->prank);
-    MPI_Comm_size(r->parent, &r->psize);
+    take_parent(r, comm);
     r->rank = r->left = r->right = -1; /* a member of no ring of comm until the handshake */
     return ring_rebuild(r, members, nmembers, epoch, c);
 }

@@ -35,6 +35,7 @@
 #include "../ring/ring.h"
 
 static int me = -1;
+static const int ranks[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* the first n of them: n ranks of a communicator */
 
 static double ms_since(int64_t t0)
 {
@@ -152,10 +153,9 @@ static int newcomer(const char *mode)
     /* the ring: a spare of the members' ring (ranks 0 .. size-2), then a member of 4 */
     int size;
     MPI_Comm_size(out[1], &size);
-    int all[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     ring *rg = NULL;
-    if ((rc = ring_create_on(&rg, out[1], all, size - 1, 1000)) == 0)
-        rc = ring_rebuild(rg, all, size, 1, NULL);
+    if ((rc = ring_create_on(&rg, out[1], ranks, size - 1, 1000)) == 0)
+        rc = ring_rebuild(rg, ranks, size, 1, NULL);
     if (rc)
         printf("FAIL newcomer: ring over the merged communicator: %s\n", rk_last_error());
     else
@@ -178,13 +178,11 @@ int main(int argc, char **argv)
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c, &me);
     MPI_Comm_size(c, &size);
-    bool subset = strcmp(mode, "subset") == 0 || strcmp(mode, "member-dies") == 0;
-    int members[3] = {0, 1, 2}, n = subset ? 2 : size;
-    if (strcmp(mode, "member-dies") == 0)
-        n = 3;
+    bool subset = strcmp(mode, "subset") == 0;
+    int n = subset ? 2 : size; /* the members: ranks 0 .. n-1 */
     MPI_Comm mc = c; /* the members' ring beside the join */
     if (subset)
-        MPI_Comm_split(c, me < 2 ? 0 : MPI_UNDEFINED, me, &mc);
+        MPI_Comm_split(c, me < n ? 0 : MPI_UNDEFINED, me, &mc);
     if (me >= n) { /* subset: not a member */
         printf("ok rank %d: not a member\n", me);
         return end(0);
@@ -199,7 +197,7 @@ int main(int argc, char **argv)
     char *args[] = {"newcomer", (char *)(strcmp(mode, "member-dies") == 0 ? "subset" : mode), NULL};
     ring *rg = NULL; /* the members' ring, over their communicator */
     if (strcmp(mode, "alive") == 0 || strcmp(mode, "late-dies") == 0) {
-        if (ring_create(&rg, c, members, n, 1000) != 0 || !exact(rg, "members")) {
+        if (ring_create(&rg, c, ranks, n, 1000) != 0 || !exact(rg, "members")) {
             printf("FAIL rank %d: the members' ring: %s\n", me, rk_last_error());
             return end(1);
         }
@@ -207,7 +205,7 @@ int main(int argc, char **argv)
     rec_join_spec spec = {.command = self, .argv = args, .n = 1};
     struct rec_join *j = NULL;
     int64_t t0 = rk__mono_ns();
-    int rc = rec_join_spawn(c, members, n, &spec, &j);
+    int rc = rec_join_spawn(c, ranks, n, &spec, &j);
     if (rc) {
         printf("FAIL rank %d: rec_join_spawn: %s\n", me, rk_last_error());
         return end(1);
@@ -223,20 +221,21 @@ int main(int argc, char **argv)
     printf("ok rank %d: %d token rounds among the members in %.0f ms beside the join\n", me, before, t_before);
     if (rc == 0) {
         rec_join_end(&j);
-        const char *who = me == 0 ? "rank 0" : me == 1 ? "rank 1" : "rank 2";
+        char who[16];
+        snprintf(who, sizeof(who), "rank %d", me);
         joined(out, who, t, strcmp(mode, "late-dies") != 0);
         if (!rg) {
             MPI_Comm_free(&out[1]);
             return end(0);
         }
-        int all[8] = {0, 1, 2, 3, 4, 5, 6, 7}, msize;
+        int msize;
         MPI_Comm_size(out[1], &msize);
         int64_t t1 = rk__mono_ns();
-        rc = ring_rebuild_on(rg, out[1], all, msize, 1, NULL);
+        rc = ring_rebuild_on(rg, out[1], ranks, msize, 1, NULL);
         if (strcmp(mode, "late-dies") == 0) {
             printf("ok %s: rebuild with the dead newcomer: rc %d in %.0f ms, member %d\n", who, rc, ms_since(t1),
                    (int)ring_is_member(rg));
-            if (rc == 0 || (rc = ring_rebuild(rg, all, n, 2, NULL)) != 0)
+            if (rc == 0 || (rc = ring_rebuild(rg, ranks, n, 2, NULL)) != 0)
                 printf("FAIL %s: rebuild of the members on the merged communicator: rc %d %s\n", who, rc, rk_last_error());
         } else if (rc) {
             printf("FAIL %s: ring_rebuild_on: %s\n", who, rk_last_error());
