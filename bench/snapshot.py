@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/snapshot.py BUILD [--sizes 64,512] [--ranks 4] [--steps N] [--pairs P] [--batch B] [--torch H]
+"""bench/snapshot.py BUILD [--sizes 64,512] [--ranks 4] [--steps N] [--pairs P] [--batch B] [--torch H] [--device cuda]
 
 Snapshots at every step (RK_SNAPSHOT_EVERY=1, the default) against none
 (RK_SNAPSHOT_EVERY=0), on rk-train with no disk checkpoint in between (RK_CKPT_EVERY=0).
@@ -13,8 +13,11 @@ step of each kind, their ratio, the wait a step. Then the peak resident memory o
 per parameter with and without (rk-train --mem; the runtime of a 1-wide model
 subtracted), beside the 16 bytes a parameter that the state and its gradients take.
 With --torch H: the same on examples/torch_train.py at --hidden H (its MLP on the
-digits, Adam) instead of rk-train, and no memory figure. Exit 0; a failed run stops it
-with its command line.
+digits, Adam) instead of rk-train, and no memory figure. With --device cuda: the model,
+its gradients and Adam's state on the GPU (rk-train --device cuda, torch_train.py
+--device cuda; each snapshot a copy from the device into pinned host memory), no memory
+figure, and the time a step from rank 0's step lines (per_step); the interpreter of torch_train.py is $RK_TEST_PYTHON (default /usr/bin/python3) and
+its data $RK_TEST_DIGITS where set. Exit 0; a failed run stops it with its command line.
 """
 import argparse
 import glob
@@ -48,15 +51,28 @@ def run(a, hidden, layers, every, steps, mem=False):
         src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env.update({"PYTHONPATH": os.path.join(src, "python"),
                     "REKINDLE_LIB": os.path.join(os.path.abspath(a.build), "lib", "librekindle.so.1")})
-        prog = ["/usr/bin/python3", os.path.join(src, "examples", "torch_train.py"), "--steps", str(steps),
-                "--hidden", str(hidden), "--batch", str(a.batch)]
+        prog = [os.environ.get("RK_TEST_PYTHON") or "/usr/bin/python3", os.path.join(src, "examples", "torch_train.py"),
+                "--steps", str(steps), "--hidden", str(hidden), "--batch", str(a.batch), "--device", a.device]
+        if os.environ.get("RK_TEST_DIGITS"):
+            prog += ["--data", os.environ["RK_TEST_DIGITS"]]
     else:
         prog = [os.path.join(a.build, "bin", "rk-train"), "--steps", str(steps), "--hidden", str(hidden),
-                "--layers", str(layers), "--batch", str(a.batch), "--seed", "1"] + (["--mem"] if mem else [])
+                "--layers", str(layers), "--batch", str(a.batch), "--seed", "1", "--device", a.device] + (
+                    ["--mem"] if mem else [])
     cmd = [os.path.join(a.build, "bin", "rekindle"), "run", "-n", str(a.ranks), "--"] + prog
     t0 = time.monotonic()
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines, at = [], []  # rank 0's lines, and when each "step" line came (flushed a step)
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("step "):
+            at.append(time.monotonic())
+    p.wait()
+    p.stdout = "".join(lines)
     wall = time.monotonic() - t0
+    if a.device != "cpu":  # the time a step from the step lines after the first third
+        skip = len(at) // 3
+        wall = (at[-1] - at[skip]) / (len(at) - 1 - skip) if len(at) - 1 - skip > 0 else float("nan")
     waits = []
     for f in glob.glob(os.path.join(work, "ev.*")):
         for e in map(json.loads, open(f)):
@@ -73,7 +89,12 @@ def run(a, hidden, layers, every, steps, mem=False):
 
 
 def per_step(a, hidden, layers, every):
-    """(seconds a step, ms waited for the copy a step) from a run of N steps and one of 2N."""
+    """(seconds a step, ms waited for the copy a step) from a run of N steps and one of 2N;
+    on a GPU, where the start-up (CUDA context, pinning) varies by more than N steps take,
+    from the step lines of one run of 3N steps: rank 0 prints and flushes one a step, and
+    the last 2N of them, timed as they come, give the time a step."""
+    if a.device != "cpu":
+        return run(a, hidden, layers, every, 3 * a.steps)
     t1, _ = run(a, hidden, layers, every, a.steps)
     t2, w = run(a, hidden, layers, every, 2 * a.steps)
     return (t2 - t1) / a.steps, w
@@ -88,9 +109,12 @@ def main():
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--torch", type=int, metavar="H", help="examples/torch_train.py --hidden H instead of rk-train")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (default cpu)")
     a = p.parse_args()
-    print("snapshot: %d ranks, batch %d, runs of %d and %d steps, %d pairs; RK_CKPT_EVERY=0 (no disk)" % (
-        a.ranks, a.batch, a.steps, 2 * a.steps, a.pairs), flush=True)
+    runs = "runs of %d and %d steps" % (a.steps, 2 * a.steps) if a.device == "cpu" else \
+        "runs of %d steps, the last %d step lines timed" % (3 * a.steps, 2 * a.steps)
+    print("snapshot: %d ranks, batch %d, %s, %d pairs; RK_CKPT_EVERY=0 (no disk); --device %s" % (
+        a.ranks, a.batch, runs, a.pairs, a.device), flush=True)
     if a.torch:
         off, on, wait = [], [], []
         for _ in range(a.pairs):
@@ -118,6 +142,8 @@ def main():
               "every step: x%.3f (%+.1f%%); training waited %.2f ms a step for the copy (slowest rank, median)" % (
                   mib, hidden, layers, t0 * 1e3, t1 * 1e3, t1 / t0, (t1 / t0 - 1) * 100, statistics.median(wait)),
               flush=True)
+    if a.device != "cpu":
+        return
     hidden, layers = shape_for(int(a.sizes.split(",")[0]))
     for e in (0, 1):
         base = run(a, 1, 2, e, 2, mem=True)[0]

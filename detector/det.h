@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common.h"
 
@@ -145,7 +146,9 @@ int det_port(const det *d);
  * (det_cfg.parent_fd), the attempt's salt, its slot and where every slot listens; the
  * wrapper holds the job's key (RK_JOB_SECRET, inherited like the worker's) and, when the
  * worker exits or is killed, sends every member a DEATH datagram under the attempt's MAC
- * key. A stopped worker is never reported: the wrapper reports only what waitpid says ended. */
+ * key. A stopped worker is never reported: the wrapper reports only what waitpid says ended,
+ * or a worker every thread of which is inside its exit (det_proc_ending: the kernel tears a
+ * CUDA process down for tens of ms before waitpid can say so). */
 typedef struct det_parent det_parent;
 /* fd: the pipe's read end (made non-blocking here; owned by the caller); key: the job's.
    *out owned by the caller, det_parent_close. */
@@ -154,9 +157,16 @@ int det_parent_open(det_parent **out, int fd, const uint8_t key[DET_KEY_BYTES]);
    (the worker is ending, or exec'd another program): do not poll it again (what it told
    is kept for the report). */
 int det_parent_read(det_parent *pp);
-/* The worker ended with wait status `status`: tells every known member at once. Returns
-   how many datagrams were sent (0: the worker's detector was not running). */
+/* The worker ended with wait status `status` (-1: ending, its status not known yet: P5):
+   tells every known member at once. Returns how many datagrams were sent (0: the worker's
+   detector was not running). */
 int det_parent_report(det_parent *pp, int status);
 void det_parent_close(det_parent **pp);
+/* Whether process pid (the caller's child, not yet reaped) can run no more code of its
+   own: 1 when every thread of it is inside the kernel's exit, a zombie or gone (its death
+   may be reported before waitpid returns it: det_parent.c, P5), 0 when some thread may
+   still run or the threads cannot be read, -EINVAL / -ENOMEM. One read of
+   /proc/PID/stat while the main thread runs. */
+int det_proc_ending(pid_t pid);
 
 #endif

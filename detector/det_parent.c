@@ -5,29 +5,40 @@
  *   Silence needs a timeout (3 heartbeat periods at least) before a worker is declared
  *   dead. For the commonest fault, a process that ends on a host that stays up (a crash,
  *   an OOM kill, an uncaught exception, SIGKILL), waiting is not needed: under
- *   `rekindle run` the worker is the child of a wrapper, and waitpid tells the wrapper at
- *   once. This file is both ends of what lets the wrapper tell the members:
+ *   `rekindle run` the worker is the child of a wrapper, which sees the process's exit begin
+ *   (every thread of it inside the kernel's exit: a look at /proc every 5 ms) well before
+ *   waitpid can say it ended: the kernel's teardown of a CUDA process's memory and device
+ *   context took 270 ms on an H200 (bench/exit_cuda.sh). This file is both ends of what
+ *   lets the wrapper tell the members:
  *
  *   worker (det.c calls detpar_tell_*)          wrapper (tools/run_worker.c calls det_parent_*)
  *     det_start:     START {slot, nslots, salt}  ->  derives the attempt's MAC key (detw_init)
  *                    ADDR {slot, address} x n    ->  from the job's key it holds and the salt
  *     det_set_addr:  ADDR                        ->  where a spare listens
  *     det_close:     CLOSE                       ->  forgets: a worker that left is no news
- *     (the process ends: exit or kill)               waitpid -> det_parent_report: a DEATH
- *                                                    datagram to every member it knows
+ *     (the process ends: exit or kill)               det_proc_ending (P5), else waitpid ->
+ *                                                    det_parent_report: a DEATH datagram to
+ *                                                    every member it knows
  *
  * INVARIANTS
  *   P1  Nothing secret crosses the pipe: the wrapper has the job's key from its own
  *       environment (RK_JOB_SECRET, which the worker inherited from it); the pipe carries
  *       the attempt's salt, slots and addresses. The pipe is private to the two processes
  *       (the worker marks its end close-on-exec at rk_init), never a file.
- *   P2  The wrapper reports only an end that waitpid returned (an exit or a kill), never a
- *       stop: a stopped worker is found, or not, by silence alone.
+ *   P2  The wrapper reports only an end: one waitpid returned (an exit or a kill), or one
+ *       under way (P5); never a stop: a stopped worker is found, or not, by silence alone.
  *   P3  A report is a datagram of the job like any other (det_wire.c): the attempt's MAC
  *       key, addressed to one receiver, numbered from DETW_PARENT_SEQ so that a replayed
  *       copy falls in the receiver's window; one that does not authenticate is dropped and
  *       counted. Between a CLOSE and the next START there is nothing to report. The pipe's
  *       end of file is no CLOSE: a dying worker's end closes before waitpid tells.
+ *   P5  The wrapper may report before waitpid can, but only a worker that can run no more
+ *       code of its own: det_proc_ending finds every thread of it inside the kernel's exit
+ *       (PF_EXITING, set on entry to do_exit, from which nothing returns), a zombie, or gone,
+ *       reading the thread list twice around it so that a thread started meanwhile is not
+ *       missed. A worker whose main thread alone ended (pthread_exit) is not ending, nor is a
+ *       stopped one, nor one that closed the pipe (an exec): those wait for waitpid or
+ *       silence. The pid cannot name another process: the wrapper reaps it only after.
  *   P4  The worker never waits on its parent for long: its writes are non-blocking, wait
  *       at most TELL_WAIT_MS for room, and a record that does not fit is dropped (logged):
  *       the members then learn of the death by silence, as without a parent. The pipe
@@ -36,11 +47,13 @@
  *       (the parent-death signal, tools/run_worker.c), so no write can raise SIGPIPE.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -282,4 +295,88 @@ void det_parent_close(det_parent **ppp)
     sodium_memzero(pp->key, sizeof(pp->key));
     free(pp);
     *ppp = NULL;
+}
+
+/* ---- whether a process is ending (P5) ---------------------------------------------------- */
+
+#define PF_EXITING_FLAG 0x4ul /* include/linux/sched.h: set on entry to do_exit */
+
+/* 1: the thread whose stat file is `path` is inside its exit, a zombie or gone; 0: it may
+   still run (or its state cannot be read). */
+static int thread_ending(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH;
+    char buf[1024];
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int err = n < 0 ? errno : 0;
+    close(fd);
+    if (n <= 0)
+        return n == 0 || err == ESRCH;
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* after the command's name, which may hold anything */
+    char state = 0;
+    unsigned long flags = 0;
+    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2)
+        return 0;
+    return state == 'Z' || state == 'X' || state == 'x' || (flags & PF_EXITING_FLAG) != 0;
+}
+
+static int cmp_tid(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* The thread ids of pid, sorted: how many (at most cap), or -1 when they cannot be listed
+   or are more than cap. */
+static int list_threads(pid_t pid, long *tid, int cap)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%ld/task", (long)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        if (n == cap) {
+            n = -1;
+            break;
+        }
+        tid[n++] = strtol(e->d_name, NULL, 10);
+    }
+    closedir(d);
+    if (n > 0)
+        qsort(tid, (size_t)n, sizeof(*tid), cmp_tid);
+    return n;
+}
+
+int det_proc_ending(pid_t pid)
+{
+    if (pid <= 0)
+        return -EINVAL;
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/%ld/stat", (long)pid);
+    if (!thread_ending(path))
+        return 0; /* the main thread runs: the common case, one read */
+    enum { MAX_THREADS = 4096 };
+    long *a = malloc(2 * MAX_THREADS * sizeof(long)), *b = a + MAX_THREADS;
+    if (!a)
+        return -ENOMEM;
+    int na = list_threads(pid, a, MAX_THREADS), ending = na >= 0;
+    for (int i = 0; ending && i < na; i++) {
+        snprintf(path, sizeof(path), "/proc/%ld/task/%ld/stat", (long)pid, a[i]);
+        ending = thread_ending(path);
+    }
+    /* Every thread listed is ending; one started before the last of them began its exit
+       is in the second list. A list that holds only threads of the first: nothing of the
+       process can run again (P5). */
+    int nb = ending ? list_threads(pid, b, MAX_THREADS) : -1;
+    for (int i = 0; ending && i < nb; i++)
+        ending = bsearch(&b[i], a, (size_t)na, sizeof(*a), cmp_tid) != NULL;
+    free(a);
+    return ending && nb >= 0;
 }

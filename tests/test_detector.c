@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -800,6 +801,80 @@ START_TEST(wire_secret_parsing)
 }
 END_TEST
 
+/* det_proc_ending (det_parent.c P5), on real processes: what the wrapper of `rekindle run`
+   reports before waitpid. A live child is not ending, nor a stopped one, nor one whose main
+   thread alone ended (pthread_exit) while another runs; a killed one is, at the latest
+   when it is a zombie, and a child holding memory is seen ending before waitpid returns
+   it or at that moment (never after: the report must not wait for the teardown). */
+static void *sleeper(void *arg)
+{
+    (void)arg;
+    sleep(30);
+    return NULL;
+}
+
+static pid_t child_of(int kind)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    if (kind == 1) { /* the main thread ends alone: the process lives on */
+        pthread_t t;
+        if (pthread_create(&t, NULL, sleeper, NULL) != 0)
+            _exit(3);
+        pthread_exit(NULL);
+    }
+    if (kind == 2) { /* 256 MiB touched: a teardown that takes a while */
+        size_t n = 256u << 20;
+        char *m = malloc(n);
+        if (m)
+            memset(m, 1, n);
+    }
+    sleep(30);
+    _exit(0);
+}
+
+START_TEST(proc_ending_only_for_a_process_that_is)
+{
+    ck_assert_int_eq(det_proc_ending(0), -EINVAL);
+    pid_t live = child_of(0), lone = child_of(1), big = child_of(2);
+    usleep(300 * 1000); /* the threads made, the memory touched */
+    ck_assert_int_eq(det_proc_ending(live), 0);
+    ck_assert_int_eq(det_proc_ending(lone), 0); /* its main thread is a zombie, its other thread runs */
+    char path[64], buf[512] = "";
+    snprintf(path, sizeof(path), "/proc/%ld/stat", (long)lone);
+    FILE *f = fopen(path, "r");
+    ck_assert(f && fgets(buf, sizeof(buf), f));
+    fclose(f);
+    ck_assert_msg(strstr(buf, ") Z "), "the main thread of the lone child is not a zombie: %s", buf);
+    kill(live, SIGSTOP);
+    int st;
+    ck_assert_int_eq(waitpid(live, &st, WUNTRACED), live);
+    ck_assert(WIFSTOPPED(st));
+    ck_assert_int_eq(det_proc_ending(live), 0);
+    /* Killed: seen ending no later than reaped. */
+    pid_t all[3] = {live, lone, big};
+    for (int i = 0; i < 3; i++) {
+        kill(all[i], SIGKILL);
+        bool seen = false;
+        for (int64_t deadline = rk__deadline_ns(10000);;) {
+            int e = det_proc_ending(all[i]);
+            ck_assert_int_ge(e, 0);
+            seen = seen || e == 1;
+            siginfo_t si = {0};
+            if (waitid(P_PID, (id_t)all[i], &si, WEXITED | WNOHANG | WNOWAIT) == 0 && si.si_pid == all[i]) {
+                ck_assert_int_eq(det_proc_ending(all[i]), 1); /* a zombie */
+                break;
+            }
+            ck_assert_msg(!rk__deadline_passed(deadline), "child %d not reaped in 10 s", i);
+        }
+        ck_assert_msg(seen, "child %d never seen ending before it could be reaped", i);
+        ck_assert_int_eq(waitpid(all[i], &st, 0), all[i]);
+        ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    }
+}
+END_TEST
+
 static Suite *detector_suite(void)
 {
     Suite *s = suite_create("detector");
@@ -819,6 +894,11 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, sim_install_view_spares);
     tcase_add_test(tc, sim_nonmember_ignored);
     tcase_add_test(tc, sim_parent_report_declares_at_once);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("proc");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, proc_ending_only_for_a_process_that_is);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("wire");

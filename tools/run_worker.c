@@ -9,7 +9,8 @@
  * checked against a wrapper already gone), passes on the signals it receives, beats
  * (alive-<R>, a counter the launcher judges by content: R3), ends PROGRAM at once when the
  * launcher writes the stop file (a stop to grow), and when PROGRAM ends (an exit or a
- * kill, never a stop) first tells the job's other workers (detector/det_parent.c), then
+ * kill, never a stop; or as soon as every thread of it is inside its exit) first tells
+ * the job's other workers (detector/det_parent.c), then
  * records how in rank-<R>, then ends the same way (docs/LAUNCHER.md, "What it runs").
  */
 #include <errno.h>
@@ -31,6 +32,17 @@
 #include "tools.h"
 
 enum { STOP_POLL_MS = 20 }; /* how often the wrapper looks for the stop file (a stop to grow) */
+
+/* How often the wrapper looks whether its program is ending (det_proc_ending), so that it
+   reports the death before the kernel's teardown of the process is done: RK_PARENT_WATCH_MS,
+   default 5; 0: only when the pipe closes and when waitpid returns. */
+static int watch_ms(void)
+{
+    const char *v = getenv("RK_PARENT_WATCH_MS");
+    char *end;
+    long ms = v && *v ? strtol(v, &end, 10) : 5;
+    return v && *v && (*end || ms < 0 || ms > 1000) ? 5 : (int)ms;
+}
 
 /* The channel for reporting the child's death (detector/det_parent.c): a pipe, and the
    job's key from RK_JOB_SECRET, as the child's detector will derive it. NULL (and pfd
@@ -114,8 +126,8 @@ int run_worker(const char *dir, char **prog)
        worker still at work from one whose host is gone. DIR/stop, written by a launcher
        that stops the job to grow it, ends the program at once (SIGTERM), on every host:
        mpirun's own forwarding of the launcher's SIGTERM took 1-2 s, steps all lost. */
-    int status = 0;
-    bool pipe_open = pp != NULL, stopping = false;
+    int status = 0, watch = watch_ms();
+    bool pipe_open = pp != NULL, stopping = false, reported = false;
     char host[256], addrs[512]; /* for a launcher that learns of a host gone from the beat */
     rec_this_host(host, sizeof(host), addrs, sizeof(addrs));
     uint64_t beats = 0;
@@ -125,14 +137,23 @@ int run_worker(const char *dir, char **prog)
             beat_at = rk__deadline_ns(BEAT_MS);
         }
         struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
-        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
-        poll(pf, 2, ms > STOP_POLL_MS ? STOP_POLL_MS : ms > 0 ? ms : 0);
+        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1, cap = pp && !reported && watch > 0 ? watch : STOP_POLL_MS;
+        poll(pf, 2, ms > cap ? cap : ms > 0 ? ms : 0);
         if (!stopping && rec_exists(&rec, RUN_STOP_FILE)) {
             kill(child, SIGTERM);
             stopping = true;
         }
-        if (pf[1].revents && det_parent_read(pp) != 0)
-            pipe_open = false; /* closed: the child ended or exec'd a program without a detector */
+        bool closed = false;
+        if (pf[1].revents && det_parent_read(pp) != 0) {
+            pipe_open = false; /* closed: the child is ending, or exec'd a program without a detector */
+            closed = true;
+        }
+        /* Every thread of the program inside its exit: tell the others now, before the
+           kernel has torn it down (P5 of det_parent.c; tens of ms for a CUDA process). */
+        if (pp && !reported && (closed || watch > 0) && det_proc_ending(child) == 1) {
+            det_parent_report(pp, -1);
+            reported = true;
+        }
         struct signalfd_siginfo si;
         bool ended = false;
         while (!ended && read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
@@ -144,7 +165,8 @@ int run_worker(const char *dir, char **prog)
         if (ended)
             break;
     }
-    det_parent_report(pp, status); /* before anything slower: the others are waiting */
+    if (!reported)
+        det_parent_report(pp, status); /* before anything slower: the others are waiting */
     det_parent_close(&pp);
     if (pfd[0] >= 0)
         close(pfd[0]);
