@@ -210,6 +210,11 @@ static void check_file(int64_t step)
 static void train(rk_ctx *ctx, int64_t n, void (*update)(int64_t step))
 {
     for (int64_t s = 0; s < n; s++) {
+        /* Device tensors may change only once the last snapshot's copy is done: after the
+           next rk_allreduce, or here, with no allreduce, after rk_before_update (rekindle.h,
+           RK_DEVICE). Without it a checkpoint's copy, still running on the library's
+           non-blocking stream, read the next step's bytes (seen on an H200: checkpoint 8 torn). */
+        rk_before_update(ctx);
         update(s + 1);
         int rc = rk_step_done(ctx, s);
         if (rc != 0)
@@ -257,11 +262,13 @@ static int generations(void)
             pattern(t, s, g_pat[s][t]);
         }
     train(ctx, GEN_STEPS, gen_update);
+    check_state(GEN_STEPS, "after the checkpoints");
+    /* rk_wait does not wait for the retention that follows the last commit (rekindle.h);
+       rk_finalize does: the files are read once nothing removes them any more. */
+    finish(ctx);
     int k = 0;
     for (int64_t s = 1; s <= GEN_STEPS; s++)
         k += check_file_if(s, s == GEN_STEPS);
-    check_state(GEN_STEPS, "after the checkpoints");
-    finish(ctx);
     for (int64_t s = 1; s <= GEN_STEPS; s++)
         for (size_t t = 0; t < NT; t++)
             free(g_pat[s][t]);

@@ -4,7 +4,9 @@
  * device and resumed into it continues with the bits of an uninterrupted run; two ranks on
  * the device agree with two ranks on the host; of three ranks on the device one is killed:
  * the survivors roll back from memory and end with the bits of a fault-free replay, or a
- * spare takes its place and the job ends with the bits of an uninterrupted run. Needs a CUDA GPU: without one the suite is
+ * spare takes its place and the job ends with the bits of an uninterrupted run. A program
+ * written from the header alone (tests/prog_user_cuda.c: a device tensor registered, a
+ * device buffer through rk_allreduce) survives a killed rank of three. Needs a CUDA GPU: without one the suite is
  * skipped (exit 77, reported SKIP); scripts/gpu-check runs it where there is one. The same
  * passes run on the host in every build: tests/test_train.c, cuda_passes_give_the_cpu_bits.
  */
@@ -172,6 +174,34 @@ START_TEST(spare_replaces_killed_rank)
 }
 END_TEST
 
+/* A user's program (tests/prog_user_cuda.c) on 3 ranks under `rekindle run`, rank 1 killed
+   before its allreduce of step 60: both survivors check every sum and the device weights
+   they got back, and end with the same weights, having recovered once. */
+START_TEST(user_program_survives_a_kill)
+{
+    char *w = th_tmpdir("train_cuda_user"), *rekindle = th_bin("rekindle"), *prog = th_prog("prog_user_cuda");
+    char *cmd = NULL, *out = NULL;
+    ck_assert(asprintf(&cmd,
+                       "export RK_CKPT_DIR=%s/c RK_CKPT_EVERY=25 RK_EVENT_LOG=%s/ev RK_TIMEOUT_MS=8000; "
+                       "%s run -n 3 -- %s 120 60 > %s/out 2>&1; echo \"exit=$?\"; cat %s/out",
+                       w, w, rekindle, prog, w, w) > 0);
+    th_assert_rc(th_sh(cmd, TRAIN_TIMEOUT_S, &out), 0);
+    ck_assert_msg(strstr(out, "exit=0\n") && !strstr(out, "FAIL"), "the job:\n%s", out);
+    ck_assert_msg(th_count(out, "final rank=") == 2 && th_count(out, " world=2 steps=120 ") == 2 &&
+                      th_count(out, " recovered=1\n") == 2,
+                  "not two survivors at world 2 that recovered once:\n%s", out);
+    const char *f1 = strstr(out, "final rank="), *f2 = strstr(f1 + 1, "final rank=");
+    const char *a = strstr(f1, " w="), *b = strstr(f2, " w=");
+    ck_assert_msg(a && b && strncmp(a, b, strcspn(a + 1, " \n") + 1) == 0, "the survivors' weights differ:\n%s", out);
+    th_rmrf(w);
+    free(w);
+    free(rekindle);
+    free(prog);
+    free(cmd);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     char why[160];
@@ -188,6 +218,7 @@ int main(void)
     tcase_set_timeout(tk, 600);
     tcase_add_test(tk, killed_rank_equals_replay);
     tcase_add_test(tk, spare_replaces_killed_rank);
+    tcase_add_test(tk, user_program_survives_a_kill);
     suite_add_tcase(s, tk);
     return th_main(s);
 }
