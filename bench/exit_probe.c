@@ -133,7 +133,7 @@ int main(int argc, char **argv)
                         t[r][EV_ZOMBIE] = now;
                 }
             }
-            if (t[r][EV_ENDING] < 0 && det_proc_ending(pid) == 1)
+            if (t[r][EV_ENDING] < 0 && det_proc_ending(pid, -1) == 1)
                 t[r][EV_ENDING] = now;
             if (t[r][EV_EOF] < 0 && read(pfd[0], &c, 1) == 0)
                 t[r][EV_EOF] = now;

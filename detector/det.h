@@ -161,12 +161,15 @@ int det_parent_read(det_parent *pp);
    tells every known member at once. Returns how many datagrams were sent (0: the worker's
    detector was not running). */
 int det_parent_report(det_parent *pp, int status);
+/* Whether a report would be sent now: the worker's detector started and not closed. */
+bool det_parent_armed(const det_parent *pp);
 void det_parent_close(det_parent **pp);
 /* Whether process pid (the caller's child, not yet reaped) can run no more code of its
    own: 1 when every thread of it is inside the kernel's exit, a zombie or gone (its death
    may be reported before waitpid returns it: det_parent.c, P5), 0 when some thread may
-   still run or the threads cannot be read, -EINVAL / -ENOMEM. One read of
-   /proc/PID/stat while the main thread runs. */
-int det_proc_ending(pid_t pid);
+   still run or the threads cannot be read, -EINVAL / -ENOMEM. statfd: /proc/PID/stat kept
+   open by the caller (read again from its start: no open a call), or -1. One read of it
+   while the main thread runs. */
+int det_proc_ending(pid_t pid, int statfd);
 
 #endif

@@ -284,6 +284,11 @@ int det_parent_report(det_parent *pp, int status)
     return sent;
 }
 
+bool det_parent_armed(const det_parent *pp)
+{
+    return pp && pp->started;
+}
+
 void det_parent_close(det_parent **ppp)
 {
     if (!ppp || !*ppp)
@@ -301,17 +306,18 @@ void det_parent_close(det_parent **ppp)
 
 #define PF_EXITING_FLAG 0x4ul /* include/linux/sched.h: set on entry to do_exit */
 
-/* 1: the thread whose stat file is `path` is inside its exit, a zombie or gone; 0: it may
-   still run (or its state cannot be read). */
-static int thread_ending(const char *path)
+/* 1: the thread whose stat file is `path` (or open as `fd`, read again from its start) is
+   inside its exit, a zombie or gone; 0: it may still run (or its state cannot be read). */
+static int thread_ending(const char *path, int fd)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    bool own = fd < 0;
+    if (own && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return errno == ENOENT || errno == ESRCH;
     char buf[1024];
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
     int err = n < 0 ? errno : 0;
-    close(fd);
+    if (own)
+        close(fd);
     if (n <= 0)
         return n == 0 || err == ESRCH;
     buf[n] = '\0';
@@ -354,13 +360,13 @@ static int list_threads(pid_t pid, long *tid, int cap)
     return n;
 }
 
-int det_proc_ending(pid_t pid)
+int det_proc_ending(pid_t pid, int statfd)
 {
     if (pid <= 0)
         return -EINVAL;
     char path[96];
     snprintf(path, sizeof(path), "/proc/%ld/stat", (long)pid);
-    if (!thread_ending(path))
+    if (!thread_ending(path, statfd))
         return 0; /* the main thread runs: the common case, one read */
     enum { MAX_THREADS = 4096 };
     long *a = malloc(2 * MAX_THREADS * sizeof(long)), *b = a + MAX_THREADS;
@@ -369,7 +375,7 @@ int det_proc_ending(pid_t pid)
     int na = list_threads(pid, a, MAX_THREADS), ending = na >= 0;
     for (int i = 0; ending && i < na; i++) {
         snprintf(path, sizeof(path), "/proc/%ld/task/%ld/stat", (long)pid, a[i]);
-        ending = thread_ending(path);
+        ending = thread_ending(path, -1);
     }
     /* Every thread listed is ending; one started before the last of them began its exit
        is in the second list. A list that holds only threads of the first: nothing of the

@@ -121,6 +121,9 @@ int run_worker(const char *dir, char **prog)
     }
     if (pfd[1] >= 0)
         close(pfd[1]);
+    char statpath[64];
+    snprintf(statpath, sizeof(statpath), "/proc/%ld/stat", (long)child);
+    int statfd = pp ? open(statpath, O_RDONLY | O_CLOEXEC) : -1; /* read again at every look */
     /* Pass on what is sent to the wrapper; end when the program ends (waitpid reports an end,
        never a stop), telling the others first; beat meanwhile, so the launcher can tell a
        worker still at work from one whose host is gone. DIR/stop, written by a launcher
@@ -137,7 +140,8 @@ int run_worker(const char *dir, char **prog)
             beat_at = rk__deadline_ns(BEAT_MS);
         }
         struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
-        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1, cap = pp && !reported && watch > 0 ? watch : STOP_POLL_MS;
+        int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
+        int cap = pp && !reported && watch > 0 && det_parent_armed(pp) ? watch : STOP_POLL_MS;
         poll(pf, 2, ms > cap ? cap : ms > 0 ? ms : 0);
         if (!stopping && rec_exists(&rec, RUN_STOP_FILE)) {
             kill(child, SIGTERM);
@@ -150,7 +154,7 @@ int run_worker(const char *dir, char **prog)
         }
         /* Every thread of the program inside its exit: tell the others now, before the
            kernel has torn it down (P5 of det_parent.c; tens of ms for a CUDA process). */
-        if (pp && !reported && (closed || watch > 0) && det_proc_ending(child) == 1) {
+        if (pp && !reported && (closed || watch > 0) && det_parent_armed(pp) && det_proc_ending(child, statfd) == 1) {
             det_parent_report(pp, -1);
             reported = true;
         }
@@ -168,6 +172,8 @@ int run_worker(const char *dir, char **prog)
     if (!reported)
         det_parent_report(pp, status); /* before anything slower: the others are waiting */
     det_parent_close(&pp);
+    if (statfd >= 0)
+        close(statfd);
     if (pfd[0] >= 0)
         close(pfd[0]);
     close(sfd);
