@@ -3,8 +3,10 @@
  * tensors (docs/GPU.md): registration from tensor.is_cuda, allreduce of CUDA tensors and
  * gradients, snapshots copied from the device while the next step runs, resume into the
  * device, rekindle.load(map_location=...), the trainer's --device cuda reproducible and
- * surviving a SIGKILLed worker with the hash of a replay. The checks are Python
- * (tests/py/cuda_check.py, tests/py/job_check.py).
+ * surviving a SIGKILLed worker with the hash of a replay; the torch.distributed backend
+ * "rekindle" on CUDA tensors: every collective exact on 3 ranks, and an unchanged DDP on the
+ * device that loses a worker inside its backward pass. The checks are Python
+ * (tests/py/cuda_check.py, tests/py/job_check.py, tests/py/backend_check.py --device cuda).
  *
  * Needs a GPU and a torch with CUDA: skipped with the reason otherwise (scripts/gpu-check
  * runs it where there is one). Without scikit-learn, the trainer reads the digits from
@@ -65,6 +67,29 @@ START_TEST(killed_worker_replay)
 }
 END_TEST
 
+/* The backend's collectives on CUDA tensors of device 0, 3 ranks (backend_check.py P1-P5). */
+START_TEST(backend_collectives_on_cuda)
+{
+    char *dir = th_tmpdir("py-cuda-backend"), *script = th_py_script("backend_check.py");
+    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, "collectives", "--device", "cuda", NULL};
+    th_py_expect(argv, 3, "backend_check collectives: ok", 300);
+    free(script);
+    free(dir);
+}
+END_TEST
+
+/* An unchanged DDP on the device over the backend, one of 3 workers SIGKILLed inside its
+   backward pass: Recovered from optimizer.step(), the survivors' states equal (P4). */
+START_TEST(backend_ddp_loses_a_worker_on_cuda)
+{
+    char *dir = th_tmpdir("py-cuda-backend-loss"), *script = th_py_script("backend_check.py");
+    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, "loss", "--device", "cuda", NULL};
+    th_py_expect(argv, 0, "backend_check loss: ok", 300);
+    free(script);
+    free(dir);
+}
+END_TEST
+
 int main(void)
 {
     char why[256];
@@ -87,6 +112,11 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, trainer_reproducible);
     tcase_add_test(tc, killed_worker_replay);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("backend");
+    tcase_set_timeout(tc, 400);
+    tcase_add_test(tc, backend_collectives_on_cuda);
+    tcase_add_test(tc, backend_ddp_loses_a_worker_on_cuda);
     suite_add_tcase(s, tc);
     return th_main(s);
 }

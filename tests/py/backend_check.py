@@ -21,6 +21,8 @@
         "backend_check loss-worker: ok" on each survivor; the job must end with exit 0 and
         both, then "backend_check loss: ok" is printed. Needs torch >= 2
         (tests/test_python_backend.c skips under 1.13, naming what it lacks).
+    ... MODE --device cuda                     the same on CUDA tensors of device 0 (every
+        tensor given to the group, the model and its data; tests/test_python_cuda.c).
 Exit 0 when every check passed; otherwise a message saying which and why (exit 1).
 """
 import os
@@ -36,6 +38,13 @@ import torch.nn as nn
 import rekindle
 
 BUILD, DIR, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
+DEVICE = sys.argv[5] if len(sys.argv) == 6 and sys.argv[4] == "--device" else "cpu"
+DEV = torch.device("cuda", 0) if DEVICE == "cuda" else torch.device("cpu")
+
+
+def dv(t):
+    """t on the device the check runs on."""
+    return t.to(DEV)
 LAUNCH = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 
 
@@ -68,54 +77,55 @@ def collectives():
     want = parts[0].clone()
     for p in parts[1:]:
         want += p
-    t = parts[r].clone()
+    t = dv(parts[r].clone())
     work = dist.all_reduce(t, async_op=True)
     check(work.is_completed(), "the allreduce's Work is not complete when the call returned (P2)")
     work.wait()
-    check(bits_equal(t, want), "allreduce SUM differs from the parts added in rank order")
-    flipped = parts[r].flip(0).clone()
+    check(bits_equal(t.cpu(), want), "allreduce SUM differs from the parts added in rank order")
+    flipped = dv(parts[r].flip(0).clone())
     dist.all_reduce(flipped)
-    check(bits_equal(flipped.flip(0), want), "a float sum depends on where the elements sit (P3)")
+    check(bits_equal(flipped.cpu().flip(0), want), "a float sum depends on where the elements sit (P3)")
     if hasattr(dist.ReduceOp, "AVG"):
-        t = parts[r].clone()
+        t = dv(parts[r].clone())
         dist.all_reduce(t, dist.ReduceOp.AVG)
-        check(bits_equal(t, want / w), "allreduce AVG differs from the rank-order sum / world")
+        check(bits_equal(t.cpu(), want / w), "allreduce AVG differs from the rank-order sum / world")
     for op, fn in ((dist.ReduceOp.MAX, max), (dist.ReduceOp.MIN, min)):
-        t = torch.tensor([r * 3, -r], dtype=torch.int64)
+        t = dv(torch.tensor([r * 3, -r], dtype=torch.int64))
         dist.all_reduce(t, op)
         check(t.tolist() == [fn(i * 3 for i in range(w)), fn(-i for i in range(w))], "allreduce %s: %s" % (op, t))
-    t = torch.tensor([r + 1], dtype=torch.int32)
+    t = dv(torch.tensor([r + 1], dtype=torch.int32))
     dist.all_reduce(t)
     check(t.item() == w * (w + 1) // 2, "int sum %s" % t)
-    b = torch.full((5,), float(r)).double()
+    b = dv(torch.full((5,), float(r)).double())
     dist.broadcast(b, 1)
-    check(torch.equal(b, torch.full((5,), 1.0).double()), "broadcast from rank 1: %s" % b)
-    outs = [torch.zeros(3) for _ in range(w)]
-    dist.all_gather(outs, torch.full((3,), float(r)))
-    check(all(torch.equal(o, torch.full((3,), float(i))) for i, o in enumerate(outs)), "all_gather %s" % outs)
+    check(torch.equal(b.cpu(), torch.full((5,), 1.0).double()), "broadcast from rank 1: %s" % b)
+    outs = [dv(torch.zeros(3)) for _ in range(w)]
+    dist.all_gather(outs, dv(torch.full((3,), float(r))))
+    check(all(torch.equal(o.cpu(), torch.full((3,), float(i))) for i, o in enumerate(outs)), "all_gather %s" % outs)
     if hasattr(dist, "all_gather_into_tensor"):
-        out = torch.zeros(w * 2, dtype=torch.int64)
-        dist.all_gather_into_tensor(out, torch.tensor([r, -r]))
+        out = dv(torch.zeros(w * 2, dtype=torch.int64))
+        dist.all_gather_into_tensor(out, dv(torch.tensor([r, -r])))
         check(out.tolist() == [v for i in range(w) for v in (i, -i)], "all_gather_into_tensor %s" % out)
-    o = torch.zeros(2)
-    dist.reduce_scatter(o, [torch.full((2,), float(r * 10 + i)) for i in range(w)])
-    check(torch.equal(o, torch.full((2,), float(sum(i * 10 + r for i in range(w))))), "reduce_scatter %s" % o)
+    o = dv(torch.zeros(2))
+    dist.reduce_scatter(o, [dv(torch.full((2,), float(r * 10 + i))) for i in range(w)])
+    check(torch.equal(o.cpu(), torch.full((2,), float(sum(i * 10 + r for i in range(w))))), "reduce_scatter %s" % o)
     if hasattr(dist, "reduce_scatter_tensor"):
-        o = torch.zeros(2)
-        dist.reduce_scatter_tensor(o, torch.arange(2 * w, dtype=torch.float32) * (r + 1))
-        check(torch.equal(o, torch.tensor([2.0 * r, 2.0 * r + 1]) * (w * (w + 1) // 2)), "reduce_scatter_tensor %s" % o)
+        o = dv(torch.zeros(2))
+        dist.reduce_scatter_tensor(o, dv(torch.arange(2 * w, dtype=torch.float32) * (r + 1)))
+        check(torch.equal(o.cpu(), torch.tensor([2.0 * r, 2.0 * r + 1]) * (w * (w + 1) // 2)),
+              "reduce_scatter_tensor %s" % o)
     dist.barrier()
-    for what, call in (("send", lambda: dist.send(torch.zeros(1), (r + 1) % w)),
-                       ("recv", lambda: dist.recv(torch.zeros(1), (r + 1) % w)),
-                       ("reduce", lambda: dist.reduce(torch.zeros(1), 0)),
-                       ("all_to_all_single", lambda: dist.all_to_all_single(torch.zeros(w), torch.zeros(w)))):
+    for what, call in (("send", lambda: dist.send(dv(torch.zeros(1)), (r + 1) % w)),
+                       ("recv", lambda: dist.recv(dv(torch.zeros(1)), (r + 1) % w)),
+                       ("reduce", lambda: dist.reduce(dv(torch.zeros(1)), 0)),
+                       ("all_to_all_single", lambda: dist.all_to_all_single(dv(torch.zeros(w)), dv(torch.zeros(w))))):
         try:
             call()
             check(False, "%s did not raise" % what)
         except rekindle.Error as e:
             check(e.name == "RK_E_NOTAVAIL" and what in e.message, "%s raised %s" % (what, e))
     try:
-        t = torch.zeros(1, dtype=torch.float64)
+        t = dv(torch.zeros(1, dtype=torch.float64))
         dist.all_reduce(t, dist.ReduceOp.PRODUCT)
         check(False, "PRODUCT did not raise")
     except rekindle.Error as e:
@@ -127,7 +137,7 @@ def collectives():
 
 def loss():
     cmd = [os.path.join(BUILD, "bin", "rekindle"), "run", "-n", "3", "--", sys.executable, os.path.abspath(__file__),
-           BUILD, DIR, "loss-worker"]
+           BUILD, DIR, "loss-worker", "--device", DEVICE]
     scale = int(os.environ.get("RK_TEST_TIME_SCALE", "1") or 1)
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240 * scale,
@@ -143,7 +153,7 @@ def loss():
 def loss_worker():
     torch.set_num_threads(1)
     torch.manual_seed(11)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to(DEV)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     rk = rekindle.init(ckpt_dir=os.path.join(DIR, "ckpt"), ckpt_every=1000)
     dist.init_process_group("rekindle")
@@ -160,7 +170,7 @@ def loss_worker():
                           [("%d.%s" % (i, k), v) for i, s in enumerate(optimizer.state.values())
                            for k, v in s.items()]}
             g = torch.Generator().manual_seed(step)
-            x = torch.randn(6, 8, generator=g)[dist.get_rank()::dist.get_world_size()]
+            x = dv(torch.randn(6, 8, generator=g)[dist.get_rank()::dist.get_world_size()])
             optimizer.zero_grad()
             ddp(x).square().mean().backward()
             where = "step"
@@ -180,7 +190,7 @@ def loss_worker():
           "Recovered seen at %s: want once, from optimizer.step() in step 3" % seen)
     check((dist.get_world_size(), ddp.process_group.size()) == (2, 2), "world after the loss %d" % dist.get_world_size())
     digest = rk.state_hash()
-    both = torch.zeros(2, dtype=torch.int64)
+    both = dv(torch.zeros(2, dtype=torch.int64))
     both[dist.get_rank()] = int(digest[:15], 16)
     dist.all_reduce(both, dist.ReduceOp.MAX)
     check(both[0] == both[1], "the survivors' states differ: %s" % both.tolist())
@@ -190,4 +200,7 @@ def loss_worker():
         seen[0][0], seen[0][2], digest))
 
 
+if DEVICE == "cuda":
+    check(torch.cuda.is_available(), "--device cuda: torch sees no CUDA device")
+    torch.cuda.set_device(0)
 {"collectives": collectives, "loss": loss, "loss-worker": loss_worker}[MODE]()
