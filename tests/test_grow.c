@@ -139,6 +139,11 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
     int n = asprintf(
         &cmd,
         "W=%s; B=%s; R=%s; A='%s'; N=%d\n"
+        /* Without rank 0's step lines, only whole ones: mpirun forwards each rank's output
+           in pieces that may end mid-line, so another rank's final line, or the launcher's,
+           can follow part of a step line on the same line (seen under load: a replay with 2
+           final lines when every line that began with "step " went). */
+        "nostep() { grep -v '^step [0-9]* loss [^ ]* world [0-9]*$'; }\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run\n"
         "F='%s'; case $F in ''|stop|planted) ;;\n"
         "held@*) touch $W/hold-0 $W/hold-1 $W/hold-2\n"
@@ -161,7 +166,7 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
            over): a stopped process is never reported, so its wrapper beats on meanwhile. */
         "if [ -n \"$sp\" ]; then for i in $(seq 1200); do grep -q '^final' $W/out && break; sleep 0.1; done\n"
         "  sleep 1; kill -CONT $sp; fi\n"
-        "wait $job; echo \"exit=$?\"; grep -v '^step ' $W/out\n"
+        "wait $job; echo \"exit=$?\"; nostep < $W/out\n"
         "unset RK_FAULT CHAOS_FAULT_RANK; kept=0\n"
         "for r in 0 1 2; do p=$(sed -n 's/.*pid \\([0-9]*\\).*/\\1/p' $W/run/attempt-0/rank-$r)\n"
         "  [ -n \"$p\" ] && grep -qx \"$p\" $W/pids && kept=$((kept + 1)); done\n"
@@ -172,11 +177,11 @@ static void grow_job(const char *fault, const char *opts, const char *args, cons
         "grown) s=$(grep -h '\"resumed\"' $W/ev.* | grep '\"world\": 4' | head -1 | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
         "  [ -n \"$s\" ] || exit 1; mkdir -p $W/r\n"
         "  RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s $R run -n 3 -- $B --steps $s $A > /dev/null 2>&1 || exit 1\n"
-        "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>&1 | grep -v '^step ';;\n"
+        "  echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>&1 | nostep;;\n"
         /* One uninterrupted 3-worker run serves every case of the suite with the same steps
            and arguments (the same bits), kept under the suite's RK_TEST_TMP. */
         "three) echo replay; c=${RK_TEST_TMP:-$W}/grow-three-$N-$(echo \"$A\" | cksum | cut -d' ' -f1).out\n"
-        "  if [ ! -s $c ]; then RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>&1 | grep -v '^step ' > $c.$$ &&\n"
+        "  if [ ! -s $c ]; then RK_CKPT_DIR= $R run -n 3 -- $B --steps $N $A 2>&1 | nostep > $c.$$ &&\n"
         "    mv $c.$$ $c; fi; cat $c;;\n"
         "esac\n",
         w, bin, rekindle, all, STEPS, fault, opts, src ? src : ".", replay);
