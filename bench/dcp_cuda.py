@@ -25,6 +25,11 @@ its process).
              called at once, returns ("copy done": nothing overlapping); then one checkpoint:
              checkpoint() and wait() (on disk), its bytes read back with rekindle.load and
              compared (sizes up to --verify-max, 1 GiB)
+  restore    (in a new process: this one's registry holds the tensors) the page cache
+             dropped where this process may (root), then into new tensors of the same
+             shapes on the device: dcp.load of one more DCP checkpoint of the same state
+             (dcp.save) against rekindle's resume() of its checkpoint, each until the
+             tensors are on the device (synchronized), and both compared with the state
 
 Prints one line per way, a RESULT line for the wrapper. --cpu: the same on CPU tensors (a
 dry run of every call where there is no GPU). Exit 0 measured; 77 no CUDA device (the line
@@ -76,6 +81,7 @@ def main():
     p.add_argument("--verify-max", type=parse_size, default=1 << 30)
     p.add_argument("--cpu", action="store_true", help="CPU tensors: a dry run without a GPU")
     p.add_argument("--gloo", action="store_true", help="async_save in a gloo group of one even where no_dist is")
+    p.add_argument("--restore", action="store_true", help="(internal) the restore half, from --dir's checkpoints")
     a = p.parse_args()
     size = label(a.size)
 
@@ -115,6 +121,9 @@ def main():
         sync()
     except Exception as e:  # noqa: BLE001 - said as it is
         fail("making the state", e)
+    if a.restore:
+        restore(a, size, sd, dev, sync, fail)
+        return
     name = torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu"
     say("%s: torch %s, %s, %d float32 tensors of %.1f MiB, in %s" % (size, torch.__version__, name, a.tensors,
                                                                         per * 4 / 2 ** 20, work))
@@ -203,6 +212,13 @@ def main():
         results[way] = b
         say("%s: dcp.async_save (%s stager, %s): blocks %.1f ms, state free %.1f ms, on disk %.0f ms (%s)"
             % (size, way, how, b[0], b[1], b[2], "best of %d" % len(runs) if runs else "the warm-up alone"))
+    kept = False  # one more DCP checkpoint, kept for the restore
+    if left() > 2.5 * save_s + 20:
+        try:
+            dcp.save(sd, checkpoint_id=os.path.join(work, "dcp-keep"), **kw)
+            kept = True
+        except Exception as e:  # noqa: BLE001 - said; the restore then has Rekindle's side alone
+            say("%s: dcp.save for the restore: FAILED in torch: %s" % (size, why(e)))
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -275,7 +291,83 @@ def main():
               *("%.3f" % x if x is not None else "na" for x in (
                   d[0] if d else None, d[1] if d else None, d[2] if d else None,
                   pn[0] if pn else None, pn[1] if pn else None))), flush=True)
+    if ck and left() > 3 * save_s + 10:
+        import subprocess
+        cmd = [sys.executable, os.path.abspath(__file__), "%dM" % (a.size >> 20), "--tensors", str(a.tensors),
+               "--dir", work, "--restore"] + (["--cpu"] if a.cpu else [])
+        try:
+            r = subprocess.run(cmd, timeout=max(10.0, left() - 5), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+            sys.stdout.write(r.stdout)
+            if r.returncode != 0:
+                say("%s: restore: FAILED (exit %d)" % (size, r.returncode))
+                dcp_failed = True
+        except subprocess.TimeoutExpired:
+            say("%s: restore: FAILED: still running at the budget" % size)
+            dcp_failed = True
+    else:
+        say("%s: restore: NOT RUN (%s)" % (size, "no checkpoint" if not ck else "the budget"))
     if dcp_failed:
+        sys.exit(1)
+
+
+def restore(a, size, sd, dev, sync, fail):
+    """The restore half (a process of its own): dcp.load against rekindle's resume, into new
+    tensors on the device, each compared with the state sd."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        cache = "cold: page cache dropped"
+    except OSError:
+        cache = "warm: the page cache could not be dropped here"
+
+    def fresh():
+        return {k: torch.empty_like(t) for k, t in sd.items()}
+
+    def same(got):
+        return all(torch.equal(got[k], t) for k, t in sd.items())
+
+    line = []
+    root = os.path.join(a.dir, "dcp-keep")
+    if os.path.isdir(root):
+        dst = fresh()
+        kw = {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {}
+        try:
+            sync()
+            t0 = time.perf_counter()
+            dcp.load(dst, checkpoint_id=root, **kw)
+            sync()
+            d_ms = (time.perf_counter() - t0) * 1e3
+            line.append("dcp.load %.0f ms (%s)" % (d_ms, "equal" if same(dst) else "DIFFERS"))
+        except Exception as e:  # noqa: BLE001
+            line.append("dcp.load FAILED in torch: %s" % why(e))
+            d_ms = None
+        del dst
+    else:
+        d_ms = None
+        line.append("no DCP checkpoint kept")
+    dst = fresh()
+    try:
+        import rekindle
+        rk = rekindle.init(ckpt_dir=os.path.join(a.dir, "rk"), ckpt_every=0, snapshot_every=0)
+        for k, t in dst.items():
+            rk.register(k, t)
+        sync()
+        t0 = time.perf_counter()
+        rk.resume()
+        sync()
+        r_ms = (time.perf_counter() - t0) * 1e3
+        ok = same(dst)
+        rk.finalize()
+    except Exception as e:  # noqa: BLE001
+        fail("rekindle's resume", e)
+    line.append("rekindle resume %.0f ms (%s)" % (r_ms, "equal" if ok else "DIFFERS"))
+    say("%s: restore into new tensors on %s (%s): %s%s" % (size, dev.type, cache, ", ".join(line),
+                                                     "; rekindle / dcp %.2fx" % (r_ms / d_ms) if d_ms else ""))
+    if not ok or "DIFFERS" in line[0]:
         sys.exit(1)
 
 
