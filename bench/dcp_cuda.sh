@@ -2,7 +2,9 @@
 # bench/dcp_cuda.sh BUILD - torch.distributed.checkpoint.async_save against Rekindle, the
 # same 1 and 4 GiB of CUDA tensors on the same GPU in the same process (bench/dcp_cuda.py,
 # one process a size): DCP's blocking time and time until the state is free against the
-# time training waits inside Rekindle's step_done, and until its copy is done. The last line
+# time training waits inside Rekindle's step_done, and until its copy is done; then, in a new
+# process with the page cache dropped where it may be, dcp.load against Rekindle's resume
+# into new tensors (bench/dcp_cuda.py, "restore"). The last line
 # is the ratio per size. RK_BENCH_DCP_CUDA_SIZES="1G 4G" to change the sizes; the whole
 # stays within RK_BENCH_BUDGET_S (90) seconds: a size is not started with less than 15 s +
 # 5 s a GiB left (reported NOT RUN), and the script leaves out repetitions that would not
