@@ -43,24 +43,9 @@ static double now_ms(void)
 /* The main thread's state and flags from /proc/PID/stat; 0 on success. */
 static int leader_stat(pid_t pid, char *state, unsigned long *flags, long *threads)
 {
-    char path[64], buf[1024];
+    char path[64];
     snprintf(path, sizeof(path), "/proc/%ld/stat", (long)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    const char *p = strrchr(buf, ')');
-    long nt = 0;
-    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %ld", state, flags,
-                     &nt) != 3)
-        return -1;
-    if (threads)
-        *threads = nt;
-    return 0;
+    return det_proc_stat(path, -1, state, flags, threads);
 }
 
 static int cmp_double(const void *a, const void *b)

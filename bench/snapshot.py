@@ -68,7 +68,7 @@ def run(a, hidden, layers, every, steps, mem=False):
         if line.startswith("step "):
             at.append(time.monotonic())
     p.wait()
-    p.stdout = "".join(lines)
+    out = "".join(lines)
     wall = time.monotonic() - t0
     if a.device != "cpu":  # the time a step from the step lines after the first third
         skip = len(at) // 3
@@ -82,8 +82,8 @@ def run(a, hidden, layers, every, steps, mem=False):
     if p.returncode != 0:
         sys.exit("snapshot: %s exited %d" % (" ".join(cmd), p.returncode))
     if mem:
-        hwm = [int(x) for x in re.findall(r"hwm=(\d+)", p.stdout)]
-        params = [int(x) for x in re.findall(r"params=(\d+)", p.stdout)]
+        hwm = [int(x) for x in re.findall(r"hwm=(\d+)", out)]
+        params = [int(x) for x in re.findall(r"params=(\d+)", out)]
         return max(hwm), params[0] // 4
     return wall, max(waits, default=0.0)
 

@@ -171,5 +171,9 @@ void det_parent_close(det_parent **pp);
    open by the caller (read again from its start: no open a call), or -1. One read of it
    while the main thread runs. */
 int det_proc_ending(pid_t pid, int statfd);
+/* One thread's state letter, flags (PF_*) and the process's thread count from its stat
+   file: `path`, or `fd` when >= 0 (read again from its start). 0, -ENOENT (gone), -errno,
+   -EINVAL (unreadable). threads may be NULL. */
+int det_proc_stat(const char *path, int fd, char *state, unsigned long *flags, long *threads);
 
 #endif

@@ -306,26 +306,38 @@ void det_parent_close(det_parent **ppp)
 
 #define PF_EXITING_FLAG 0x4ul /* include/linux/sched.h: set on entry to do_exit */
 
-/* 1: the thread whose stat file is `path` (or open as `fd`, read again from its start) is
-   inside its exit, a zombie or gone; 0: it may still run (or its state cannot be read). */
-static int thread_ending(const char *path, int fd)
+int det_proc_stat(const char *path, int fd, char *state, unsigned long *flags, long *threads)
 {
     bool own = fd < 0;
     if (own && (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return errno == ENOENT || errno == ESRCH;
+        return errno == ENOENT || errno == ESRCH ? -ENOENT : -errno;
     char buf[1024];
     ssize_t n = pread(fd, buf, sizeof(buf) - 1, 0);
     int err = n < 0 ? errno : 0;
     if (own)
         close(fd);
     if (n <= 0)
-        return n == 0 || err == ESRCH;
+        return n == 0 || err == ESRCH ? -ENOENT : -err;
     buf[n] = '\0';
     const char *p = strrchr(buf, ')'); /* after the command's name, which may hold anything */
+    long nt = 0;
+    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %ld", state, flags,
+                     &nt) != 3)
+        return -EINVAL;
+    if (threads)
+        *threads = nt;
+    return 0;
+}
+
+/* 1: the thread whose stat file is `path` (or open as `fd`) is inside its exit, a zombie
+   or gone; 0: it may still run (or its state cannot be read). */
+static int thread_ending(const char *path, int fd)
+{
     char state = 0;
     unsigned long flags = 0;
-    if (!p || sscanf(p + 1, " %c %*d %*d %*d %*d %*d %lu", &state, &flags) != 2)
-        return 0;
+    int rc = det_proc_stat(path, fd, &state, &flags, NULL);
+    if (rc)
+        return rc == -ENOENT;
     return state == 'Z' || state == 'X' || state == 'x' || (flags & PF_EXITING_FLAG) != 0;
 }
 

@@ -185,17 +185,25 @@ static struct rec_join *new_join(void)
     return j;
 }
 
+/* Either side's start: MPI's thread level checked, a new join made. */
+static int begin(struct rec_join **j)
+{
+    int rc = thread_level_ok("join");
+    if (rc)
+        return rc;
+    *j = new_join();
+    return *j ? 0 : -ENOMEM;
+}
+
 int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec, struct rec_join **out)
 {
     *out = NULL;
     if (!spec || !spec->command || !*spec->command || spec->n < 1 || !members || nmembers < 1)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: no command, no newcomer or no member");
-    int rc = thread_level_ok("join");
+    struct rec_join *j = NULL;
+    int rc = begin(&j);
     if (rc)
         return rc;
-    struct rec_join *j = new_join();
-    if (!j)
-        return -ENOMEM;
     size_t na = 0;
     while (spec->argv && spec->argv[na])
         na++;
@@ -229,12 +237,10 @@ int rec_join_newcomer(MPI_Comm parent, struct rec_join **out)
     *out = NULL;
     if (parent == MPI_COMM_NULL)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: this process was not spawned (no parent)");
-    int rc = thread_level_ok("join");
+    struct rec_join *j = NULL;
+    int rc = begin(&j);
     if (rc)
         return rc;
-    struct rec_join *j = new_join();
-    if (!j)
-        return -ENOMEM;
     j->newcomer = true;
     j->parent = parent;
     return start(j, out);

@@ -67,14 +67,20 @@ START_TEST(killed_worker_replay)
 }
 END_TEST
 
+/* tests/py/backend_check.py MODE --device cuda on `ranks` ranks (0: one process). */
+static void backend_on_cuda(const char *mode, int ranks, const char *want)
+{
+    char *dir = th_tmpdir("py-cuda-backend"), *script = th_py_script("backend_check.py");
+    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, (char *)mode, "--device", "cuda", NULL};
+    th_py_expect(argv, ranks, want, 300);
+    free(script);
+    free(dir);
+}
+
 /* The backend's collectives on CUDA tensors of device 0, 3 ranks (backend_check.py P1-P5). */
 START_TEST(backend_collectives_on_cuda)
 {
-    char *dir = th_tmpdir("py-cuda-backend"), *script = th_py_script("backend_check.py");
-    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, "collectives", "--device", "cuda", NULL};
-    th_py_expect(argv, 3, "backend_check collectives: ok", 300);
-    free(script);
-    free(dir);
+    backend_on_cuda("collectives", 3, "backend_check collectives: ok");
 }
 END_TEST
 
@@ -82,11 +88,7 @@ END_TEST
    backward pass: Recovered from optimizer.step(), the survivors' states equal (P4). */
 START_TEST(backend_ddp_loses_a_worker_on_cuda)
 {
-    char *dir = th_tmpdir("py-cuda-backend-loss"), *script = th_py_script("backend_check.py");
-    char *argv[] = {th_python, script, (char *)getenv("RK_TEST_BUILD"), dir, "loss", "--device", "cuda", NULL};
-    th_py_expect(argv, 0, "backend_check loss: ok", 300);
-    free(script);
-    free(dir);
+    backend_on_cuda("loss", 0, "backend_check loss: ok");
 }
 END_TEST
 

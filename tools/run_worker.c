@@ -36,12 +36,15 @@ enum { STOP_POLL_MS = 20 }; /* how often the wrapper looks for the stop file (a 
 /* How often the wrapper looks whether its program is ending (det_proc_ending), so that it
    reports the death before the kernel's teardown of the process is done: RK_PARENT_WATCH_MS,
    default 5; 0: only when the pipe closes and when waitpid returns. */
-static int watch_ms(void)
+static int watch_ms(const char *rank)
 {
-    const char *v = getenv("RK_PARENT_WATCH_MS");
-    char *end;
-    long ms = v && *v ? strtol(v, &end, 10) : 5;
-    return v && *v && (*end || ms < 0 || ms > 1000) ? 5 : (int)ms;
+    const char *v = getenv("RK_PARENT_WATCH_MS"), *why = NULL;
+    long ms = 5;
+    if (v && *v && rk__parse_int(v, 0, 1000, &ms, &why) != 0) {
+        fprintf(stderr, "rekindle: run: rank %s: RK_PARENT_WATCH_MS='%s': %s; 5 taken\n", rank, v, why);
+        ms = 5;
+    }
+    return (int)ms;
 }
 
 /* The channel for reporting the child's death (detector/det_parent.c): a pipe, and the
@@ -129,23 +132,27 @@ int run_worker(const char *dir, char **prog)
        worker still at work from one whose host is gone. DIR/stop, written by a launcher
        that stops the job to grow it, ends the program at once (SIGTERM), on every host:
        mpirun's own forwarding of the launcher's SIGTERM took 1-2 s, steps all lost. */
-    int status = 0, watch = watch_ms();
+    int status = 0, watch = watch_ms(rank);
     bool pipe_open = pp != NULL, stopping = false, reported = false;
     char host[256], addrs[512]; /* for a launcher that learns of a host gone from the beat */
     rec_this_host(host, sizeof(host), addrs, sizeof(addrs));
     uint64_t beats = 0;
-    for (int64_t beat_at = 0;;) {
+    for (int64_t beat_at = 0, stop_at = 0;;) {
         if (rk__mono_ns() >= beat_at) {
             rec_beat(&rec, rank, beats++, host, addrs); /* not written: the launcher sees silence */
             beat_at = rk__deadline_ns(BEAT_MS);
         }
         struct pollfd pf[2] = {{.fd = sfd, .events = POLLIN}, {.fd = pipe_open ? pfd[0] : -1, .events = POLLIN}};
         int ms = (int)((beat_at - rk__mono_ns()) / 1000000) + 1;
-        int cap = pp && !reported && watch > 0 && det_parent_armed(pp) ? watch : STOP_POLL_MS;
+        bool watching = !reported && watch > 0 && det_parent_armed(pp);
+        int cap = watching ? watch : STOP_POLL_MS;
         poll(pf, 2, ms > cap ? cap : ms > 0 ? ms : 0);
-        if (!stopping && rec_exists(&rec, RUN_STOP_FILE)) {
-            kill(child, SIGTERM);
-            stopping = true;
+        if (!stopping && rk__mono_ns() >= stop_at) { /* every STOP_POLL_MS: a stat of a shared file */
+            stop_at = rk__deadline_ns(STOP_POLL_MS);
+            if (rec_exists(&rec, RUN_STOP_FILE)) {
+                kill(child, SIGTERM);
+                stopping = true;
+            }
         }
         bool closed = false;
         if (pf[1].revents && det_parent_read(pp) != 0) {
@@ -154,7 +161,7 @@ int run_worker(const char *dir, char **prog)
         }
         /* Every thread of the program inside its exit: tell the others now, before the
            kernel has torn it down (P5 of det_parent.c; tens of ms for a CUDA process). */
-        if (pp && !reported && (closed || watch > 0) && det_parent_armed(pp) && det_proc_ending(child, statfd) == 1) {
+        if ((watching || (closed && !reported && det_parent_armed(pp))) && det_proc_ending(child, statfd) == 1) {
             det_parent_report(pp, -1);
             reported = true;
         }
