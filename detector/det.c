@@ -53,6 +53,7 @@ struct det {
     uint64_t ev_lost;
     det_stats stats;
     int64_t t_start;          /* det_start, monotonic ns */
+    uint8_t key[DET_KEY_BYTES], salt[DET_KEY_BYTES]; /* det_start's: a joiner's (det_join_info) */
 };
 
 static uint64_t host_hash(void)
@@ -392,7 +393,10 @@ int det_start(det *d, const det_addr *addrs, const uint8_t key[DET_KEY_BYTES], c
     memcpy(&seed, salt, sizeof(seed));
     detp_cfg pc = {.self = d->cfg.rank, .world = d->cfg.world, .nslots = d->cfg.nslots,
                    .period_ns = (int64_t)d->cfg.heartbeat_ms * 1000000, .k = 3, .nhelpers = 2,
-                   .seed = seed ^ (uint64_t)rk__mono_ns()};
+                   .seed = seed ^ (uint64_t)rk__mono_ns(), .view0 = d->cfg.view0};
+    d->cfg.view0 = NULL; /* the caller's */
+    memcpy(d->key, key, DET_KEY_BYTES);
+    memcpy(d->salt, salt, DET_KEY_BYTES);
     if ((rc = detp_create(&d->proto, &pc, rk__mono_ns())) != 0)
         goto out_wire;
     detp_view(d->proto, &d->view);
@@ -457,6 +461,8 @@ void det_close(det **pd)
     close(d->notify_fd);
     free(d->addrs);
     pthread_mutex_destroy(&d->mu);
+    explicit_bzero(d->key, sizeof(d->key));
+    explicit_bzero(d->salt, sizeof(d->salt));
     free(d);
     *pd = NULL;
 }
@@ -529,6 +535,22 @@ void det_stats_get(const det *d, det_stats *out)
     pthread_mutex_lock(&m->mu);
     *out = m->stats;
     pthread_mutex_unlock(&m->mu);
+}
+
+int det_join_info(det *d, uint8_t key[DET_KEY_BYTES], uint8_t salt[DET_KEY_BYTES], det_addr *addrs,
+                  det_view *view)
+{
+    if (!d || !d->started)
+        return -EINVAL;
+    pthread_mutex_lock(&d->mu);
+    memcpy(key, d->key, DET_KEY_BYTES);
+    memcpy(salt, d->salt, DET_KEY_BYTES);
+    for (int r = 0; r < d->cfg.nslots; r++)
+        addrs[r] = (det_addr){.ipv4 = d->addrs[r].sin_addr.s_addr, .port = d->addrs[r].sin_port,
+                              .loopback = d->self_addr.loopback};
+    *view = d->view;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
 }
 
 int det_set_addr(det *d, int slot, const det_addr *a)

@@ -36,6 +36,19 @@ typedef struct det_addr {
     uint64_t host_id;               /* hash of the host name: who shares a host */
 } det_addr;
 
+/* The membership as this worker sees it. */
+typedef struct det_view {
+    uint64_t epoch;                 /* bumped on every membership change */
+    int nslots;
+    int nmembers;
+    uint64_t members[DET_MAX_SLOTS / 64]; /* bit r: slot r is a member */
+} det_view;
+
+static inline bool det_view_has(const det_view *v, int r)
+{
+    return r >= 0 && r < v->nslots && (v->members[r / 64] >> (r % 64)) & 1;
+}
+
 typedef struct det_cfg {
     int rank;                       /* this worker's rank at start */
     int world;                      /* members at start: ranks 0 .. world-1 */
@@ -49,20 +62,10 @@ typedef struct det_cfg {
     int parent_fd;                  /* > 2: a pipe to this worker's parent (rekindle run's
                                        wrapper), told what it needs to report the worker's
                                        death (det_parent_*); 0: none. Not owned */
+    const det_view *view0;          /* NULL: ranks 0 .. world-1 at epoch 0. A worker that joins
+                                       a running job (recover/join.c): the members' view and
+                                       epoch, itself in it (world: nslots); read by det_start */
 } det_cfg;
-
-/* The membership as this worker sees it. */
-typedef struct det_view {
-    uint64_t epoch;                 /* bumped on every membership change */
-    int nslots;
-    int nmembers;
-    uint64_t members[DET_MAX_SLOTS / 64]; /* bit r: slot r is a member */
-} det_view;
-
-static inline bool det_view_has(const det_view *v, int r)
-{
-    return r >= 0 && r < v->nslots && (v->members[r / 64] >> (r % 64)) & 1;
-}
 
 enum det_event_kind {
     DET_EV_SUSPECT = 1,   /* peer silent; others asked to probe it */
@@ -132,8 +135,15 @@ bool det_fenced(const det *d);
 int det_install_view(det *d, const det_view *v);
 /* Asks every member that spare `slot` join the ring as an additional member (growth in
    place, det_proto.c I11): each member's detector bumps its epoch and emits DET_EV_ADMIT,
-   this one's included. 0 (also if asked already), -EINVAL, RK_E_FENCED. */
+   this one's included. A slot no process held yet (a worker started while the job runs,
+   whose address every member was given: det_set_addr) becomes a member of every view by
+   the same declaration (I12). 0 (also if asked already), -EINVAL, RK_E_FENCED. */
 int det_admit(det *d, int slot);
+/* What a worker that joins needs to start its detector among these members: the job's key
+   and the attempt's salt given to det_start, where every slot listens (nslots entries,
+   port 0: unknown) and the current view. -EINVAL before det_start or after det_close. */
+int det_join_info(det *d, uint8_t key[DET_KEY_BYTES], uint8_t salt[DET_KEY_BYTES], det_addr *addrs,
+                  det_view *view);
 void det_stats_get(const det *d, det_stats *out);
 /* Where a spare listens, once known (before det_install_view makes it a member). */
 int det_set_addr(det *d, int slot, const det_addr *a);

@@ -63,6 +63,8 @@ typedef struct detp_cfg {
     int k;             /* observers per member (>= 2 when the world allows) */
     int nhelpers;      /* members asked for indirect probes */
     uint64_t seed;     /* nonces */
+    const det_view *view0; /* NULL: ranks 0 .. world-1 at epoch 0; else the members and epoch
+                              to start from (a worker that joins a running job, I12) */
 } detp_cfg;
 
 int detp_create(detp **out, const detp_cfg *cfg, int64_t now);

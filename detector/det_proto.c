@@ -52,6 +52,13 @@
  *       it as they learn a death, and recovery (recover/recovery.c) agrees on the ring
  *       with the spare in it. A spare is asked at most once per life of the detector; the
  *       declaration of a rank out of the view, or of one asked already, does nothing.
+ *   I12 A worker started while the job runs (recover/join.c) joins at a slot no process
+ *       ever held (NONMEMBER): the members learn its address first (det_set_addr), then the
+ *       same ADMIT declaration as I11 also makes it a member of every view that applies it
+ *       (one epoch bump, the member set grown by one) and starts its observation; only
+ *       the ADMIT and later declarations are piggybacked to it (it was given the view
+ *       before: detp_cfg.view0, with the epoch of the members' view when it was made). A
+ *       slot out by a declaration (DEAD) never comes back (I4).
  *   I10 A fenced member's next deadline is always ahead of the last tick: detp_tick moves
  *       it a period on and detp_next_deadline no longer counts the peers' silence (their
  *       clocks stopped at the fencing), so det.c's thread sleeps a period a turn, draining
@@ -293,11 +300,18 @@ static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
 {
     int r = (int)d->rank;
     if (d->silence_ms == DETM_DECL_ADMIT) { /* I11: news, not a change of the member set */
-        if (!is_member(p, r) || p->peers[r].admit)
+        if (r < 0 || r >= p->cfg.nslots || p->peers[r].state == DETP_DEAD || p->peers[r].admit)
             return false;
+        bool joiner = p->peers[r].state == DETP_NONMEMBER; /* I12 */
         p->peers[r].admit = true;
         p->epoch++;
         p->log[p->nlog++] = *d;
+        if (joiner) {
+            p->peers[r].state = DETP_ALIVE;
+            p->nmembers++;
+            p->peers[r].ack_idx = p->nlog - 1; /* it knows the view before; this is news */
+            ring_recompute(p, now);
+        }
         emit(p, DET_EV_ADMIT, r, 0, 0);
         return true;
     }
@@ -353,7 +367,7 @@ int detp_admit(detp *p, int r, int64_t now)
 {
     if (p->fenced)
         return RK_E_FENCED;
-    if (r < 0 || r >= p->cfg.nslots || r == p->cfg.self || !is_member(p, r))
+    if (r < 0 || r >= p->cfg.nslots || r == p->cfg.self || p->peers[r].state == DETP_DEAD)
         return -EINVAL;
     detm_decl d = {.rank = (uint32_t)r, .silence_ms = DETM_DECL_ADMIT};
     if (apply_decl(p, &d, now))
@@ -609,9 +623,20 @@ int detp_create(detp **out, const detp_cfg *cfg, int64_t now)
     p->rng = cfg->seed ^ ((uint64_t)cfg->self << 32);
     p->out.elem = sizeof(detm);
     p->ev.elem = sizeof(det_event);
-    for (int r = 0; r < cfg->nslots; r++)
-        p->peers[r].state = r < cfg->world ? DETP_ALIVE : DETP_NONMEMBER;
-    p->nmembers = cfg->world;
+    p->nmembers = 0;
+    for (int r = 0; r < cfg->nslots; r++) {
+        bool in = cfg->view0 ? det_view_has(cfg->view0, r) : r < cfg->world;
+        p->peers[r].state = in ? DETP_ALIVE : DETP_NONMEMBER;
+        p->nmembers += in;
+    }
+    p->cfg.view0 = NULL; /* the caller's; read here only */
+    if (cfg->view0) { /* I12: a joiner starts from the view it was given */
+        p->epoch = cfg->view0->epoch;
+        if (cfg->view0->nslots != cfg->nslots || !det_view_has(cfg->view0, cfg->self)) {
+            detp_destroy(&p);
+            return -EINVAL;
+        }
+    }
     p->next_hb = now;
     p->last_tick = now;
     ring_recompute(p, now);

@@ -491,6 +491,48 @@ START_TEST(sim_install_view_spares)
 }
 END_TEST
 
+/* I12: a worker started while the job runs joins at a slot no process held: given the
+   members' view (detp_cfg.view0), it is made a member of every view by one ADMIT, all
+   views stay alike, it is watched like any member (its crash is declared), and a slot out
+   by a declaration cannot be admitted again. */
+START_TEST(sim_joiner_admitted_into_every_view)
+{
+    struct sim *s = sim_new(5, 41); /* slots 5, 6 held by no process */
+    s->crashed[2] = true;
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_uint_eq(assert_same_view(s), 1);
+    det_view v;
+    detp_view(s->node[0], &v);
+    v.members[0] |= 1u << 5; /* what the members hand the joiner: their view, itself in it */
+    v.nmembers++;
+    detp_cfg c = {.self = 5, .world = 7, .nslots = 7, .period_ns = P, .k = 3, .nhelpers = 2, .seed = 9,
+                  .view0 = &v};
+    th_assert_rc(detp_create(&s->node[5], &c, s->now), 0);
+    s->n = 6;
+    ck_assert_int_eq(detp_peer_state(s->node[0], 5), DETP_NONMEMBER);
+    th_assert_rc(detp_admit(s->node[0], 2, s->now), -EINVAL); /* out is final (I4) */
+    th_assert_rc(detp_admit(s->node[0], 5, s->now), 0);
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_uint_eq(assert_same_view(s), 2);
+    detp_view(s->node[3], &v);
+    ck_assert(det_view_has(&v, 5));
+    ck_assert_int_eq(v.nmembers, 5);
+    for (int i = 0; i < 6; i++)
+        if (i != 2) {
+            ck_assert_int_eq(count_ev(s, i, DET_EV_ADMIT, 5), 1);
+            ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, 5), 0);
+        }
+    th_assert_rc(detp_admit(s->node[1], 5, s->now), 0); /* asked already: nothing */
+    sim_run(s, s->now + 500 * MS);
+    ck_assert_uint_eq(assert_same_view(s), 2);
+    s->crashed[5] = true;
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_uint_eq(assert_same_view(s), 3);
+    ck_assert_int_eq(count_ev(s, 0, DET_EV_DEAD, 5), 1);
+    sim_free(s);
+}
+END_TEST
+
 /* I7: messages from a non-member slot or to someone else are ignored. */
 START_TEST(sim_nonmember_ignored)
 {
@@ -893,6 +935,7 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, sim_partition_no_rejoin);
     tcase_add_test(tc, sim_leave_is_not_death);
     tcase_add_test(tc, sim_install_view_spares);
+    tcase_add_test(tc, sim_joiner_admitted_into_every_view);
     tcase_add_test(tc, sim_nonmember_ignored);
     tcase_add_test(tc, sim_parent_report_declares_at_once);
     suite_add_tcase(s, tc);
