@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../detector/det.h"
+#include "../ring/ring.h"
 #include "rec_internal.h"
 
 /* A write to a socket whose peer has died raises SIGPIPE, whose default action ends the
@@ -55,6 +57,57 @@ static void sigpipe_release(void)
     MPI_Finalized(&ended);
     if ((!started || ended) && sigpipe_is(sigpipe_noop))
         sigpipe_set_to(SIG_DFL);
+}
+
+/* rk_init of a worker started by the members of a running job (MPI_Comm_spawn: join.c):
+   the merge and the members' welcome (bounded: join_proto.c), then its detector, a ring
+   in the spare state on the merged communicator and its checkpoint engine, made without a
+   collective call: it waits in rk_resume as a spare until a decision brings it in. */
+static int init_newcomer(rk_ctx *ctx, MPI_Comm parent)
+{
+    MPI_Comm ring_comm = MPI_COMM_NULL;
+    struct rec_join_welcome *w = NULL;
+    int rc = rec_join_arrive(ctx, parent, &ring_comm, &w);
+    if (!rc)
+        rc = rec_join_welcome_apply(ctx, w);
+    if (!rc && !ctx->opt.ckpt_dir)
+        rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_OPTION, "rk_init: a worker that joins a running job takes the "
+                      "others' snapshot: set RK_CKPT_DIR");
+    if (!rc) {
+        rk__log_set_rank(ctx->rank0);
+        rc = rk__evlog_open(&ctx->ev, ctx->opt.event_log, ctx->rank0);
+    }
+    if (!rc)
+        rc = rec_det_open_joined(ctx, w);
+    rec_join_welcome_free(&w);
+    int *members = rc ? NULL : malloc((size_t)ctx->nview * sizeof(int));
+    if (!rc && !members)
+        rc = -ENOMEM;
+    for (int i = 0; !rc && i < ctx->nview; i++)
+        members[i] = rec_rank_of(ctx, ctx->view[i]);
+    if (!rc) {
+        rc = ring_create_on(&ctx->ring, ring_comm, members, ctx->nview, ctx->opt.timeout_ms);
+        ring_comm = MPI_COMM_NULL; /* the ring's, even on an error */
+    }
+    free(members);
+    if (!rc)
+        rc = rec_ckpt_open(ctx);
+    if (!rc) {
+        ctx->seen_seq = det_seq(ctx->det);
+        RK_LOG_INFO(RK_SUB_REC, "joined the running job at slot %d (world %d): waiting to be brought in", ctx->rank0,
+                    ctx->world);
+        return 0;
+    }
+    if (ring_comm != MPI_COMM_NULL)
+        MPI_Comm_free(&ring_comm);
+    rec_ckpt_close(ctx);
+    rec_ring_close(ctx);
+    rec_det_close(ctx);
+    rk__evlog_close(&ctx->ev);
+    rec_recovery_fini(ctx);
+    if (ctx->comm != MPI_COMM_NULL)
+        MPI_Comm_free(&ctx->comm);
+    return rc;
 }
 
 int rk_init(rk_ctx **out, const rk_options *o)
@@ -131,6 +184,14 @@ int rk_init(rk_ctx **out, const rk_options *o)
         if (provided < MPI_THREAD_SERIALIZED)
             RK_LOG_WARN(RK_SUB_REC, "MPI provides thread level %d < SERIALIZED: call Rekindle from one thread only", provided);
     }
+    MPI_Comm parent = MPI_COMM_NULL;
+    MPI_Comm_get_parent(&parent);
+    if (parent != MPI_COMM_NULL) { /* started by the members of a running job: it joins them */
+        if ((rc = init_newcomer(ctx, parent)) != 0)
+            goto out_mpi;
+        *out = ctx;
+        return 0;
+    }
     if ((mrc = MPI_Comm_dup(MPI_COMM_WORLD, &ctx->comm)) != MPI_SUCCESS) {
         rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Comm_dup");
         goto out_mpi;
@@ -145,6 +206,8 @@ int rk_init(rk_ctx **out, const rk_options *o)
         goto out_comm;
     }
     /* The last RK_SPARES ranks are spares: outside the ring until recovery needs them. */
+    ctx->nslots = ctx->world0 + REC_JOIN_SLOTS < DET_MAX_SLOTS ? ctx->world0 + REC_JOIN_SLOTS : DET_MAX_SLOTS;
+    ctx->next_join_slot = ctx->world0;
     ctx->nspares = (int)nspares;
     ctx->world = ctx->world0 - ctx->nspares;
     ctx->is_spare = ctx->rank0 >= ctx->world;
@@ -199,6 +262,7 @@ int rk_finalize(rk_ctx **pctx)
     if (rec_membership_changed(ctx))
         rec_ckpt_abandon(ctx); /* a member was lost and never recovered: don't wait for it */
     int rc = rec_ckpt_close(ctx);
+    rec_join_fini(ctx);
     rec_recovery_fini(ctx);
     rec_ring_close(ctx);
     rec_det_close(ctx);
@@ -232,6 +296,7 @@ int rk_step_done(rk_ctx *ctx, int64_t step)
     int rc = rec_det_status(ctx);
     if (rc != 0)
         return rc;
+    rec_join_progress(ctx);
     if (ctx->is_spare)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "rk_step_done: a spare worker must wait in rk_resume");
     if (rec_membership_changed(ctx) && rec_membership_lost(ctx))

@@ -33,18 +33,25 @@ int rec_ckpt_open(rk_ctx *ctx)
     ctx->disk_newest = -1;
     if (!ctx->opt.ckpt_dir)
         return 0;
-    uint64_t nonce = ctx->rank == 0 ? make_nonce() : 0;
-    int mrc = MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, ctx->comm);
+    bool newcomer = ctx->rank0 >= ctx->world0; /* started later: the nonce came with its welcome */
+    uint64_t nonce = newcomer ? ctx->ckpt_nonce : ctx->rank == 0 ? make_nonce() : 0;
+    int mrc = newcomer ? MPI_SUCCESS : MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, ctx->comm);
     if (mrc != MPI_SUCCESS)
         return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint nonce");
+    ctx->ckpt_nonce = nonce;
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
                        .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx,
                        .cuda_stream = ctx->opt.cuda_stream, .shared_reads = ctx->host_ranks > 1,
                        .one_copy = ctx->opt.snapshot_every == 0};
-    /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     int rc = 0, worst = 0;
+    if (newcomer) { /* the directory is the members': no collective with them */
+        if ((rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
+            ckpt_newest_below(ctx->opt.ckpt_dir, INT64_MAX, &ctx->disk_newest);
+        return rc;
+    }
+    /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
         ckpt_clean_dir(ctx->opt.ckpt_dir);
     if ((mrc = MPI_Bcast(&rc, 1, MPI_INT, 0, ctx->comm)) != MPI_SUCCESS)

@@ -108,6 +108,20 @@ static int parent_pipe(void)
     return fd;
 }
 
+static det_cfg base_cfg(rk_ctx *ctx)
+{
+    return (det_cfg){.rank = ctx->rank0, .world = ctx->world0, .nslots = ctx->nslots,
+                     .heartbeat_ms = ctx->opt.heartbeat_ms, .iface = ctx->opt.det_iface, .ev = ctx->ev,
+                     .watch = wedge_watch, .watch_arg = ctx, .parent_fd = parent_pipe()};
+}
+
+int rec_det_open_joined(rk_ctx *ctx, struct rec_join_welcome *w)
+{
+    det_cfg cfg = base_cfg(ctx);
+    rec_det_forget_secret(ctx); /* the members' key came with the welcome */
+    return rec_join_det_start(ctx, w, &cfg);
+}
+
 int rec_det_open(rk_ctx *ctx)
 {
     int rc, mrc, who = -1;
@@ -116,9 +130,7 @@ int rec_det_open(rk_ctx *ctx)
     memset(&mine, 0, sizeof(mine));
     uint8_t key[DET_KEY_BYTES];
     const char *secret = ctx->job_secret;
-    det_cfg cfg = {.rank = ctx->rank0, .world = ctx->world0, .heartbeat_ms = ctx->opt.heartbeat_ms,
-                   .iface = ctx->opt.det_iface, .ev = ctx->ev, .watch = wedge_watch, .watch_arg = ctx,
-                   .parent_fd = parent_pipe()};
+    det_cfg cfg = base_cfg(ctx);
 
     mine.status = det_open(&ctx->det, &cfg);
     if (mine.status == 0)

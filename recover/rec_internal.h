@@ -46,6 +46,8 @@ struct ckpt_engine;
 struct det;
 struct rec_xfer;
 struct ring;
+struct rec_joining;
+struct rec_join_welcome;
 
 struct rk_ctx {
     rk_options opt;       /* validated copy that owns its strings (rk__options_keep): the
@@ -91,6 +93,11 @@ struct rk_ctx {
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
     struct rec_dev *dev;      /* rk_allreduce's device path (api_ring_nccl.c); NULL: not looked at */
+    int nslots;               /* detector slots: world0 + REC_JOIN_SLOTS (newcomers') */
+    int *slot_rank;           /* slot -> rank in comm (-1: none); NULL: the identity */
+    int next_join_slot;       /* the slot of the next newcomer (J12: alike on every member) */
+    struct rec_joining *joining; /* a join under way (join_proto.c), NULL: none */
+    uint64_t ckpt_nonce;      /* the checkpoints' nonce, agreed at rk_init (a newcomer's too) */
     struct {                  /* the wedge watchdog (api_det.c), on the detector's thread */
         uint64_t call;        /* the MPI call in progress at the last turn */
         int turns;            /* turns it has been in progress */
@@ -103,6 +110,8 @@ int rec_ckpt_open(rk_ctx *ctx);
 int rec_ckpt_close(rk_ctx *ctx);
 int rec_ckpt_step_done(rk_ctx *ctx, int64_t step);
 int rec_det_open(rk_ctx *ctx);
+/* A newcomer's (join_proto.c): the detector started from the members' welcome. */
+int rec_det_open_joined(rk_ctx *ctx, struct rec_join_welcome *w);
 void rec_det_close(rk_ctx *ctx);
 /* Wipes and frees ctx->job_secret (rec_det_open does once the detector has its key). */
 void rec_det_forget_secret(rk_ctx *ctx);
@@ -173,6 +182,10 @@ int rec_recover(rk_ctx *ctx);
 #define REC_POLL_NS (200 * 1000) /* between polls of MPI and the detector */
 int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag);
 int rec_msg_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline);
+/* The same by rank of another communicator (a join's: join_proto.c); dst and *src are
+   ranks of comm, not slots. */
+int rec_msg_send_on(rk_ctx *ctx, MPI_Comm comm, int dst, const void *msg, size_t len, int tag);
+int rec_msg_recv_on(rk_ctx *ctx, MPI_Comm comm, int tag, void *buf, size_t cap, int *src, int64_t deadline);
 void rec_msgs_progress(rk_ctx *ctx);
 void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
 /* Growth in place (recovery.c G1-G4). rec_grow_poll: on the lowest member, at most every
@@ -208,6 +221,32 @@ int rec_join_newcomer(MPI_Comm parent, struct rec_join **out);
 int rec_join_poll(struct rec_join *j, MPI_Comm out[REC_JOIN_COMMS]);
 void rec_join_end(struct rec_join **j);
 bool rec_join_thread_left(void);
+/* Workers started while the job runs, brought into the ring (join_proto.c J12-J15).
+   Slots: a worker's detector slot (its rank at start; a newcomer's from world0 up) and its
+   rank in ctx->comm differ once the job switched onto a merged communicator:
+   rec_rank_of / rec_slot_of (-1: none). rec_join_route: where a newcomer of the join under
+   way is reached before the switch (false: not one). rec_join_begin (every member alike,
+   spec->n == 1), then rec_join_progress at each rk_step_done; rec_join_switch, from
+   apply_decision: the ranks of the decision's members, and *ring_comm the merged
+   communicator the ring moves onto when it names a newcomer (MPI_COMM_NULL: it stays).
+   The newcomer: rec_join_arrive (rk_init: the merge and the welcome, bounded),
+   rec_join_welcome_apply (its ctx), rec_join_det_start (its detector, its address sent
+   to every member), rec_join_welcome_free. */
+#define REC_JOIN_SLOTS 64 /* slots held for workers started later, above the launch's */
+#define REC_JOIN_WAIT 2   /* a join's bound, in RK_TIMEOUT_MS */
+struct rec_join_welcome;
+struct det_cfg;
+int rec_rank_of(const rk_ctx *ctx, int slot);
+int rec_slot_of(const rk_ctx *ctx, int rank);
+bool rec_join_route(const rk_ctx *ctx, int slot, MPI_Comm *comm, int *rank);
+int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec);
+void rec_join_progress(rk_ctx *ctx);
+int rec_join_switch(rk_ctx *ctx, const int *members, int nmembers, int *ranks, MPI_Comm *ring_comm);
+void rec_join_fini(rk_ctx *ctx);
+int rec_join_arrive(rk_ctx *ctx, MPI_Comm parent, MPI_Comm *ring_comm, struct rec_join_welcome **w);
+int rec_join_welcome_apply(rk_ctx *ctx, struct rec_join_welcome *w);
+int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *w, const struct det_cfg *base);
+void rec_join_welcome_free(struct rec_join_welcome **w);
 /* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
    ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
 int rec_spare_wait(rk_ctx *ctx);

@@ -67,6 +67,17 @@ void rec_msgs_settle(rk_ctx *ctx, int64_t deadline)
    caller sends again in the next round, or the detector declares dst dead); -ENOMEM. */
 int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
 {
+    MPI_Comm comm = ctx->comm;
+    int rank = rec_rank_of(ctx, dst);
+    if (!rec_join_route(ctx, dst, &comm, &rank) && rank < 0) {
+        RK_LOG_DEBUG(RK_SUB_REC, "recovery: slot %d has no rank to send to", dst);
+        return REC_AGAIN;
+    }
+    return rec_msg_send_on(ctx, comm, rank, msg, len, tag);
+}
+
+int rec_msg_send_on(rk_ctx *ctx, MPI_Comm comm, int dst, const void *msg, size_t len, int tag)
+{
     if (ctx->nxfers == ctx->cap_xfers) {
         int cap = ctx->cap_xfers ? 2 * ctx->cap_xfers : 8;
         struct rec_xfer *x = realloc(ctx->xfers, (size_t)cap * sizeof(*x));
@@ -80,7 +91,7 @@ int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
         return -ENOMEM;
     memcpy(copy, msg, len);
     MPI_Request rq = MPI_REQUEST_NULL;
-    int mrc = RK_MPI(MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, ctx->comm, &rq));
+    int mrc = RK_MPI(MPI_Isend(copy, (int)len, MPI_BYTE, dst, tag, comm, &rq));
     if (mrc != MPI_SUCCESS) {
         MPI_Free_mem(copy); /* a failed MPI_Isend holds nothing */
         RK_LOG_DEBUG(RK_SUB_REC, "recovery: send (tag %#x) to rank %d refused (MPI error %d)", tag, dst, mrc);
@@ -101,10 +112,18 @@ int rec_msg_send(rk_ctx *ctx, const void *msg, size_t len, int dst, int tag)
    with the next. */
 int rec_msg_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t deadline)
 {
+    int n = rec_msg_recv_on(ctx, ctx->comm, tag, buf, cap, src, deadline);
+    if (n > 0)
+        *src = rec_slot_of(ctx, *src);
+    return n;
+}
+
+int rec_msg_recv_on(rk_ctx *ctx, MPI_Comm comm, int tag, void *buf, size_t cap, int *src, int64_t deadline)
+{
     int flag = 0, count = 0, done = 0;
     MPI_Message msg;
     MPI_Status st;
-    if (RK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, tag, ctx->comm, &flag, &st)) != MPI_SUCCESS || !flag)
+    if (RK_MPI(MPI_Iprobe(MPI_ANY_SOURCE, tag, comm, &flag, &st)) != MPI_SUCCESS || !flag)
         return 0;
     if (MPI_Get_count(&st, MPI_BYTE, &count) != MPI_SUCCESS || count < 0)
         count = 0;
@@ -113,7 +132,7 @@ int rec_msg_recv(rk_ctx *ctx, int tag, void *buf, size_t cap, int *src, int64_t 
         rk__fail(RK_SUB_REC, RK_LOG_WARN, -ENOMEM, "recovery: no memory to receive a message of %d bytes yet", count);
         return 0; /* not matched: it waits for a later call; every wait for it is bounded */
     }
-    if (RK_MPI(MPI_Improbe(st.MPI_SOURCE, tag, ctx->comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag) {
+    if (RK_MPI(MPI_Improbe(st.MPI_SOURCE, tag, comm, &flag, &msg, &st)) != MPI_SUCCESS || !flag) {
         MPI_Free_mem(copy); /* gone meanwhile (its sender's request cancelled): nothing taken */
         return 0;
     }

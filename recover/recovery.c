@@ -189,8 +189,6 @@ int rec_recovery_init(rk_ctx *ctx)
             goto out_fail;
         for (int i = 0; i < ctx->nspares; i++)
             ctx->spares[i] = ctx->world + i;
-        if (!(ctx->admit = calloc((size_t)ctx->world0, sizeof(bool))))
-            goto out_fail;
         const char *dir = getenv("RK_RUN_RECORDS"); /* G2: under `rekindle run` */
         if (dir && *dir && !ctx->is_spare) {
             size_t n = strlen(dir) + sizeof("/" REC_GROW_FILE);
@@ -199,6 +197,8 @@ int rec_recovery_init(rk_ctx *ctx)
             snprintf(ctx->grow_file, n, "%s/%s", dir, REC_GROW_FILE);
         }
     }
+    if (!(ctx->admit = calloc((size_t)(ctx->nslots > 0 ? ctx->nslots : 1), sizeof(bool))))
+        goto out_fail;
     if (ctx->det) {
         det_view v;
         det_view_get(ctx->det, &v);
@@ -221,6 +221,8 @@ void rec_recovery_fini(rk_ctx *ctx)
     ctx->nspares = 0;
     free(ctx->admit);
     ctx->admit = NULL;
+    free(ctx->slot_rank);
+    ctx->slot_rank = NULL;
     free(ctx->grow_file);
     ctx->grow_file = NULL;
     rec_msgs_settle(ctx, 0);
@@ -482,7 +484,7 @@ static bool rebuild_changed(void *arg)
     det_view v;
     det_view_get(w->ctx->det, &v);
     for (int i = 0; i < w->dec->nmembers; i++)
-        if (w->dec->members[i] < w->ctx->world0 && !det_view_has(&v, w->dec->members[i]))
+        if (w->dec->members[i] < w->ctx->nslots && !det_view_has(&v, w->dec->members[i]))
             return true;
     return false;
 }
@@ -501,7 +503,15 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
                         "recovery: the survivors continued without this worker: fenced");
     struct rebuild_watch w = {ctx, dec};
     ring_cancel cancel = {.deadline_ns = deadline, .changed = rebuild_changed, .arg = &w};
-    int rc = ring_rebuild(ctx->ring, dec->members, dec->nmembers, dec->epoch, &cancel);
+    /* Slots to ranks; a decision that names a newcomer moves this member onto the merged
+       communicator (join_proto.c J15). */
+    int ranks[REC_MAX_WORLD];
+    MPI_Comm merged = MPI_COMM_NULL;
+    int rc = rec_join_switch(ctx, dec->members, dec->nmembers, ranks, &merged);
+    if (rc)
+        return rc;
+    rc = merged != MPI_COMM_NULL ? ring_rebuild_on(ctx->ring, merged, ranks, dec->nmembers, dec->epoch, &cancel)
+                                 : ring_rebuild(ctx->ring, ranks, dec->nmembers, dec->epoch, &cancel);
     if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT) {
         RK_LOG_WARN(RK_SUB_REC, "recovery: ring rebuild at epoch %llu interrupted (%s): next round",
                     (unsigned long long)dec->epoch, rk_strerror(rc));
@@ -525,14 +535,17 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         if (!in_list(dec->members, dec->nmembers, ctx->spares[i]))
             ctx->spares[kept++] = ctx->spares[i];
     ctx->nspares = kept;
-    det_view nv;
+    det_view nv, now;
     det_view_get(ctx->det, &nv);
+    now = nv;
     nv.epoch = dec->epoch;
     memset(nv.members, 0, sizeof(nv.members));
     nv.nmembers = 0;
     /* The detector keeps watching the spares still waiting: a removal would be final. */
     for (int i = 0; i < dec->nmembers + ctx->nspares; i++) {
         int r = i < dec->nmembers ? dec->members[i] : ctx->spares[i - dec->nmembers];
+        if (i >= dec->nmembers && !det_view_has(&now, r))
+            continue; /* a spare declared dead stays out (det_proto.c I4) */
         nv.members[r / 64] |= 1ull << (r % 64);
         nv.nmembers++;
     }
@@ -797,7 +810,7 @@ void rec_release_spares(rk_ctx *ctx)
 
 bool rec_grow_admit(rk_ctx *ctx, int slot)
 {
-    if (!ctx->admit || slot < 0 || slot >= ctx->world0 || !in_list(ctx->spares, ctx->nspares, slot))
+    if (!ctx->admit || slot < 0 || slot >= ctx->nslots || !in_list(ctx->spares, ctx->nspares, slot))
         return false; /* brought in already (a late event), or no spare at all */
     ctx->admit[slot] = true;
     return true;

@@ -467,7 +467,7 @@ static int check_sizes(const rk_ctx *ctx, const struct rec_plan *p, const ckpt_t
 static int rebuild_partnered(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
     size_t n = ctx->ntensors;
-    int w = ctx->world, cap = ctx->world0; /* no old world is larger than the job */
+    int w = ctx->world, cap = ctx->nslots; /* no old world is larger than the slots */
     int rc = trc, fault = rk__fault_fail("rollback");
     if (!rc && fault)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, fault, "rollback: injected failure (RK_FAULT=rollback)");

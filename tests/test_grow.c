@@ -413,6 +413,63 @@ START_TEST(join_newcomer_dies_after_the_merge)
 }
 END_TEST
 
+/* ---- a worker started while the job trains joins it (recover/join_proto.c J12-J15) ----- */
+
+/* prog_join_rk MODE under mpirun -n 3 with a checkpoint directory: the members spawn one
+   newcomer at step 10 and train on; its output, the job's end asserted. */
+static char *join_rk_job(const char *mode)
+{
+    char *out = NULL, env_dir[4200], env_mode[96];
+    char *dir = th_tmpdir("join_rk");
+    snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s/ck", dir);
+    snprintf(env_mode, sizeof(env_mode), "JOIN_MODE=%s", mode);
+    const char *env[] = {env_dir, env_mode, "RK_LOG=info", NULL};
+    char *args[] = {NULL};
+    char *prog = th_prog("prog_join_rk");
+    int rc = th_mpirun_prog(3, true, prog, args, env, 90, &out);
+    free(prog);
+    th_rmrf(dir);
+    free(dir);
+    ck_assert_msg(rc == 0, "prog_join_rk %s: status %d (-1: it ran past the bound):\n%s", mode, rc, out);
+    ck_assert_msg(!strstr(out, "FAIL"), "prog_join_rk %s:\n%s", mode, out);
+    return out;
+}
+
+/* The newcomer lives: spawned while the three train, it is asked in at a step boundary,
+   receives the members' state from memory (0 steps lost) and all four end exact on a
+   world of 4; no member restarted (the members' lines come once each). */
+START_TEST(join_rk_newcomer_trains_with_the_members)
+{
+    char *out = join_rk_job("alive");
+    ck_assert_msg(strstr(out, "ok newcomer brought in at step ") && strstr(out, "rank 3 of 4") &&
+                      th_count(out, "ok member world 4 at step ") == 3 &&
+                      th_count(out, "ok member ends at step 80 on a world of 4, w exact") == 3 &&
+                      strstr(out, "ok newcomer ends at step 80 on a world of 4, w exact") &&
+                      th_count(out, "ok member rank ") == 3 && strstr(out, "from memory (0 steps lost)"),
+                  "%s", out);
+    free(out);
+}
+END_TEST
+
+/* The newcomer dies at each point of its join: asked in dead, on the decision, inside the
+   ring's rebuild over 4, before the state is sent to it, in its first allreduce as a
+   member. Each costs the three one detection and one round: they go on at 3 from memory
+   and end exact. */
+static const char *const join_rk_deaths[] = {"dies", "fault:join@0=crash", "fault:rebuild@0=crash",
+                                             "fault:join@1=crash", "fault:allreduce@0=crash"};
+
+START_TEST(join_rk_newcomer_killed_while_joining)
+{
+    const char *mode = join_rk_deaths[_i];
+    char *out = join_rk_job(mode);
+    ck_assert_msg(th_count(out, "ok member ends at step 80 on a world of 3, w exact") == 3 &&
+                      !strstr(out, "newcomer ends") && strstr(out, "from memory (0 steps lost)") &&
+                      !strstr(out, "from disk"),
+                  "%s:\n%s", mode, out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("grow");
@@ -435,5 +492,11 @@ int main(void)
     tcase_add_loop_test(tn, join_given_up_when_a_party_dies, 0, (int)(sizeof(join_deaths) / sizeof(join_deaths[0])));
     tcase_add_test(tn, join_newcomer_dies_after_the_merge);
     suite_add_tcase(s, tn);
+    TCase *tr = tcase_create("join_rk");
+    tcase_set_timeout(tr, 200);
+    tcase_add_test(tr, join_rk_newcomer_trains_with_the_members);
+    tcase_add_loop_test(tr, join_rk_newcomer_killed_while_joining, 0,
+                        (int)(sizeof(join_rk_deaths) / sizeof(join_rk_deaths[0])));
+    suite_add_tcase(s, tr);
     return th_main(s);
 }

@@ -1,0 +1,517 @@
+/*
+ * recover/join_proto.c - what brings a worker started while the job runs from the merged
+ * communicator (join.c) into the ring: the members' side (rec_join_begin, then
+ * rec_join_progress at each rk_step_done), the newcomer's side inside rk_init
+ * (rec_join_arrive), and the switch of every member onto the merged communicator at the
+ * decision that brings the newcomer in (rec_join_switch, from apply_decision).
+ * docs/LAUNCHER.md, "Joining processes started later".
+ *
+ * STATES of a join on a member (the function performing each transition)
+ *
+ *   SPAWNING --(the thread's spawn and merge returned: progress)--> ADDRESSING
+ *            (the lowest member, M0, sends each newcomer its WELCOME on the merged
+ *            communicator: its slot, the members' view, slots, addresses, the job's key)
+ *   ADDRESSING --(every newcomer's ADDR received, det_set_addr: progress)--> READY
+ *            (the newcomers join the list of spares; READY sent to M0 on the old
+ *            communicator, M0 counts its own)
+ *   READY (M0) --(READY from every member of the view that is still alive)--> ASKED
+ *            (det_admit of each newcomer: det_proto.c I12, then recovery.c G1-G4 as for a
+ *            spare held back at launch)
+ *   READY (others) --> ASKED
+ *   ASKED --(a decision with a newcomer in it: rec_join_switch)--> done (the ring and the
+ *            recovery's messages on the merged communicator, slots mapped to its ranks)
+ *   any --(its deadline passed, the thread failed, a member of the join lost)--> abandoned
+ *
+ * INVARIANTS
+ *   J12 Every member starts a join over the same members (the agreed view) with the same
+ *       newcomers' slots (ctx->next_join_slot, moved alike on every member), above every
+ *       slot any process held, so the order of slots is the order of ranks in the merged
+ *       communicator (the members first, in the order of their slots, then the newcomers)
+ *       and the ring's dense ranks keep following the slots.
+ *   J13 Nothing waits: each step is a nonblocking test at rk_step_done; the newcomer's own
+ *       waits in rk_init are bounded by REC_JOIN_WAIT (x RK_TIMEOUT_MS).
+ *   J14 A newcomer is asked in (det_admit) only once every member of the view has the
+ *       merged communicators and the newcomer's address: a decision naming it can then be
+ *       applied by each of them. M0 asks only before its deadline; the others give a join
+ *       up only at twice theirs, so none gives up what M0 may still ask.
+ *   J15 A member switches onto the merged communicator only at a decision that names a
+ *       newcomer, which every member of the decision applies, so the members of one ring
+ *       always talk on one communicator. A join given up on before leaves its thread as
+ *       join.c J8 says, and the newcomer, never asked, ends its rk_init with an error.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../ckpt/ckpt.h"
+#include "../detector/det.h"
+#include "../ring/ring.h"
+#include "rec_internal.h"
+
+#define JOIN_MAGIC 0x4a4f494eu /* "JOIN" */
+#define TAG_WELCOME 0x4a01
+#define TAG_ADDR 0x4a02
+#define TAG_READY 0x4a03
+
+enum { J_SPAWNING, J_ADDRESSING, J_READY, J_ASKED };
+
+struct rec_joining {
+    struct rec_join *j;
+    int state;
+    int64_t deadline;       /* CLOCK_MONOTONIC: M0's; the others give up at twice the span */
+    int slot0, n;           /* the newcomers' slots: slot0 .. slot0 + n - 1 */
+    int *members, nmembers; /* the view at the start (slots) */
+    MPI_Comm comm[REC_JOIN_COMMS]; /* merged: [0] the recovery's messages, [1] the ring */
+    int *slot_rank;         /* nslots: rank of each slot in the merged communicator, -1 none */
+    bool *addr;             /* n: the newcomer's address came */
+    bool *ready;            /* nmembers (M0): the member's READY came */
+};
+
+/* What M0 sends each newcomer, then int32 view[nview], spares[nspares], slot_rank[nslots]
+   and det_addr addrs[nslots]. */
+struct welcome {
+    uint32_t magic;
+    int32_t slot, world0, nslots, world, nview, nspares, next_join_slot;
+    uint64_t agreed_epoch, nonce;
+    uint8_t key[DET_KEY_BYTES], salt[DET_KEY_BYTES];
+    det_view view;
+};
+
+struct ready {
+    uint32_t magic;
+    int32_t slot0;
+};
+
+/* ---- addressing: slots and ranks ---------------------------------------------------------- */
+
+int rec_rank_of(const rk_ctx *ctx, int slot)
+{
+    if (slot < 0 || slot >= ctx->nslots)
+        return -1;
+    return ctx->slot_rank ? ctx->slot_rank[slot] : slot < ctx->world0 ? slot : -1;
+}
+
+int rec_slot_of(const rk_ctx *ctx, int rank)
+{
+    if (!ctx->slot_rank)
+        return rank;
+    for (int s = 0; s < ctx->nslots; s++)
+        if (ctx->slot_rank[s] == rank)
+            return s;
+    return -1;
+}
+
+bool rec_join_route(const rk_ctx *ctx, int slot, MPI_Comm *comm, int *rank)
+{
+    const struct rec_joining *g = ctx->joining;
+    if (!g || g->state < J_ADDRESSING || slot < g->slot0 || slot >= g->slot0 + g->n)
+        return false;
+    *comm = g->comm[0];
+    *rank = g->slot_rank[slot];
+    return true;
+}
+
+/* ---- the members' side -------------------------------------------------------------------- */
+
+static void joining_free(rk_ctx *ctx, const char *why)
+{
+    struct rec_joining *g = ctx->joining;
+    if (!g)
+        return;
+    if (why)
+        RK_LOG_WARN(RK_SUB_REC, "join of %d worker(s) at slot %d given up: %s; the job goes on at %d", g->n, g->slot0,
+                    why, ctx->world);
+    rec_join_end(&g->j);
+    for (int i = 0; i < REC_JOIN_COMMS; i++)
+        if (g->comm[i] != MPI_COMM_NULL)
+            MPI_Comm_free(&g->comm[i]);
+    free(g->members);
+    free(g->slot_rank);
+    free(g->addr);
+    free(g->ready);
+    free(g);
+    ctx->joining = NULL;
+}
+
+int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
+{
+    if (ctx->is_spare || !ctx->det || ctx->rank < 0)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "join: only a member of the ring starts a join");
+    if (ctx->joining)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "join: one is already under way");
+    if (!spec || spec->n < 1 || ctx->next_join_slot + spec->n > ctx->nslots)
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: %d newcomer(s) do not fit the %d slots left",
+                        spec ? spec->n : 0, ctx->nslots - ctx->next_join_slot);
+    struct rec_joining *g = calloc(1, sizeof(*g));
+    int *ranks = calloc((size_t)ctx->nview, sizeof(int));
+    if (!g || !ranks) {
+        free(g);
+        free(ranks);
+        return -ENOMEM;
+    }
+    for (int i = 0; i < REC_JOIN_COMMS; i++)
+        g->comm[i] = MPI_COMM_NULL;
+    g->slot0 = ctx->next_join_slot;
+    g->n = spec->n;
+    ctx->next_join_slot += spec->n; /* J12: alike on every member, given up on or not */
+    g->nmembers = ctx->nview;
+    g->members = malloc((size_t)ctx->nview * sizeof(int));
+    g->slot_rank = malloc((size_t)ctx->nslots * sizeof(int));
+    g->addr = calloc((size_t)spec->n, sizeof(bool));
+    g->ready = calloc((size_t)ctx->nview, sizeof(bool));
+    ctx->joining = g;
+    if (!g->members || !g->slot_rank || !g->addr || !g->ready) {
+        free(ranks);
+        joining_free(ctx, NULL);
+        return -ENOMEM;
+    }
+    memcpy(g->members, ctx->view, (size_t)ctx->nview * sizeof(int));
+    for (int s = 0; s < ctx->nslots; s++)
+        g->slot_rank[s] = -1;
+    for (int i = 0; i < g->nmembers; i++) {
+        ranks[i] = rec_rank_of(ctx, g->members[i]);
+        g->slot_rank[g->members[i]] = i;
+    }
+    for (int k = 0; k < g->n; k++)
+        g->slot_rank[g->slot0 + k] = g->nmembers + k;
+    g->deadline = rk__deadline_ns(REC_JOIN_WAIT * ctx->opt.timeout_ms);
+    int rc = rec_join_spawn(ctx->comm, ranks, g->nmembers, spec, &g->j);
+    free(ranks);
+    if (rc) {
+        joining_free(ctx, NULL);
+        return rc;
+    }
+    RK_LOG_INFO(RK_SUB_REC, "join: spawning %d worker(s) for slot(s) %d.. (%s)", g->n, g->slot0, spec->command);
+    RK_EVENT(ctx->ev, "join_started", RK_EV_I("slot", g->slot0), RK_EV_I("n", g->n), RK_EV_I("world", ctx->world));
+    return 0;
+}
+
+static bool is_m0(const rk_ctx *ctx)
+{
+    return ctx->joining && ctx->joining->members[0] == ctx->rank0;
+}
+
+/* M0's welcome to newcomer k: everything its rk_init needs, over the merged communicator. */
+static int send_welcome(rk_ctx *ctx, int k)
+{
+    struct rec_joining *g = ctx->joining;
+    size_t ints = (size_t)ctx->nview + (size_t)ctx->nspares + (size_t)ctx->nslots;
+    size_t len = sizeof(struct welcome) + ints * sizeof(int32_t) + (size_t)ctx->nslots * sizeof(det_addr);
+    struct welcome *w = calloc(1, len);
+    det_addr *addrs = calloc((size_t)ctx->nslots, sizeof(det_addr));
+    int rc = w && addrs ? det_join_info(ctx->det, w->key, w->salt, addrs, &w->view) : -ENOMEM;
+    if (!rc) {
+        w->magic = JOIN_MAGIC;
+        w->slot = g->slot0 + k;
+        w->world0 = ctx->world0;
+        w->nslots = ctx->nslots;
+        w->world = ctx->world;
+        w->nview = ctx->nview;
+        w->nspares = ctx->nspares;
+        w->next_join_slot = ctx->next_join_slot;
+        w->agreed_epoch = ctx->agreed_epoch;
+        w->nonce = ctx->ckpt_nonce;
+        int32_t *v = (int32_t *)(w + 1);
+        for (int i = 0; i < ctx->nview; i++)
+            *v++ = ctx->view[i];
+        for (int i = 0; i < ctx->nspares; i++)
+            *v++ = ctx->spares[i];
+        for (int s = 0; s < ctx->nslots; s++)
+            *v++ = g->slot_rank[s];
+        memcpy(v, addrs, (size_t)ctx->nslots * sizeof(det_addr));
+        rc = rec_msg_send_on(ctx, g->comm[0], g->nmembers + k, w, len, TAG_WELCOME);
+    }
+    if (w)
+        explicit_bzero(w, sizeof(*w));
+    free(w);
+    free(addrs);
+    return rc;
+}
+
+/* The newcomers' addresses, as they come: each one the detector is given. */
+static void take_addrs(rk_ctx *ctx)
+{
+    struct rec_joining *g = ctx->joining;
+    det_addr a;
+    int src, n;
+    while ((n = rec_msg_recv_on(ctx, g->comm[0], TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) != 0) {
+        int k = src - g->nmembers;
+        if (n != (int)sizeof(a) || k < 0 || k >= g->n || g->addr[k])
+            continue;
+        det_set_addr(ctx->det, g->slot0 + k, &a);
+        g->addr[k] = true;
+    }
+}
+
+static bool all(const bool *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!b[i])
+            return false;
+    return true;
+}
+
+/* The newcomers join the list of spares (they are asked in as spares held back at launch
+   are: recovery.c G1-G4). */
+static int add_newcomers_as_spares(rk_ctx *ctx)
+{
+    struct rec_joining *g = ctx->joining;
+    int *s = realloc(ctx->spares, (size_t)(ctx->nspares + g->n) * sizeof(int));
+    if (!s)
+        return -ENOMEM;
+    ctx->spares = s;
+    for (int k = 0; k < g->n; k++)
+        ctx->spares[ctx->nspares++] = g->slot0 + k;
+    return 0;
+}
+
+/* M0: READY from every member of the join's view still alive, its own counted. */
+static bool everyone_ready(rk_ctx *ctx)
+{
+    struct rec_joining *g = ctx->joining;
+    struct ready r;
+    int src, n;
+    while ((n = rec_msg_recv(ctx, TAG_READY, &r, sizeof(r), &src, rk__mono_ns() + 100000000LL)) != 0)
+        for (int i = 0; n == (int)sizeof(r) && r.magic == JOIN_MAGIC && r.slot0 == g->slot0 && i < g->nmembers; i++)
+            g->ready[i] |= g->members[i] == src;
+    det_view v;
+    det_view_get(ctx->det, &v);
+    for (int i = 0; i < g->nmembers; i++)
+        if (!g->ready[i] && g->members[i] != ctx->rank0 && det_view_has(&v, g->members[i]))
+            return false;
+    return true;
+}
+
+void rec_join_progress(rk_ctx *ctx)
+{
+    struct rec_joining *g = ctx->joining;
+    if (!g)
+        return;
+    int64_t span = REC_JOIN_WAIT * (int64_t)ctx->opt.timeout_ms * 1000000LL;
+    bool late = rk__mono_ns() > g->deadline + (is_m0(ctx) ? 0 : span);
+    int rc;
+    switch (g->state) {
+    case J_SPAWNING:
+        rc = rec_join_poll(g->j, g->comm);
+        if (rc == REC_AGAIN) {
+            if (late)
+                joining_free(ctx, "the spawn and merge did not return in time");
+            return;
+        }
+        rec_join_end(&g->j);
+        if (rc) {
+            joining_free(ctx, rk_strerror(rc));
+            return;
+        }
+        g->state = J_ADDRESSING;
+        RK_LOG_INFO(RK_SUB_REC, "join: %d worker(s) merged in", g->n);
+        for (int k = 0; is_m0(ctx) && k < g->n; k++)
+            if ((rc = send_welcome(ctx, k)) != 0) {
+                joining_free(ctx, "the welcome could not be sent");
+                return;
+            }
+        /* fall through */
+    case J_ADDRESSING:
+        take_addrs(ctx);
+        if (!all(g->addr, g->n)) {
+            if (late)
+                joining_free(ctx, "a newcomer never said where its detector listens");
+            return;
+        }
+        if ((rc = add_newcomers_as_spares(ctx)) != 0) {
+            joining_free(ctx, rk_strerror(rc));
+            return;
+        }
+        g->state = J_READY;
+        if (!is_m0(ctx)) {
+            struct ready r = {JOIN_MAGIC, g->slot0};
+            rec_msg_send(ctx, &r, sizeof(r), g->members[0], TAG_READY);
+            g->state = J_ASKED;
+            return;
+        }
+        /* fall through */
+    case J_READY:
+        if (!everyone_ready(ctx)) {
+            if (late)
+                joining_free(ctx, "not every member got the newcomers in time");
+            return;
+        }
+        for (int k = 0; k < g->n; k++) {
+            int s = g->slot0 + k;
+            if ((rc = det_admit(ctx->det, s)) != 0) {
+                RK_LOG_WARN(RK_SUB_REC, "join: asking slot %d in failed: %s", s, rk_strerror(rc));
+                continue;
+            }
+            ctx->admit[s] = true;
+        }
+        g->state = J_ASKED;
+        RK_LOG_INFO(RK_SUB_REC, "join: %d worker(s) asked in at slot %d", g->n, g->slot0);
+        return;
+    case J_ASKED:
+        if (late)
+            joining_free(ctx, "no decision brought the newcomers in");
+        return;
+    }
+}
+
+int rec_join_switch(rk_ctx *ctx, const int *members, int nmembers, int *ranks, MPI_Comm *ring_comm)
+{
+    struct rec_joining *g = ctx->joining;
+    *ring_comm = MPI_COMM_NULL;
+    bool any = false;
+    for (int i = 0; g && g->state >= J_READY && i < nmembers; i++)
+        any |= members[i] >= g->slot0 && members[i] < g->slot0 + g->n;
+    for (int i = 0; i < nmembers; i++)
+        ranks[i] = any ? g->slot_rank[members[i]] : rec_rank_of(ctx, members[i]);
+    if (!any)
+        return 0;
+    for (int i = 0; i < nmembers; i++)
+        if (ranks[i] < 0)
+            return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "join: slot %d is not in the merged communicator",
+                            members[i]);
+    /* J15: from here on this member's recovery talks on the merged communicator. */
+    MPI_Comm_free(&ctx->comm);
+    ctx->comm = g->comm[0];
+    *ring_comm = g->comm[1];
+    g->comm[0] = g->comm[1] = MPI_COMM_NULL;
+    free(ctx->slot_rank);
+    ctx->slot_rank = g->slot_rank;
+    g->slot_rank = NULL;
+    joining_free(ctx, NULL);
+    return 0;
+}
+
+void rec_join_fini(rk_ctx *ctx)
+{
+    joining_free(ctx, NULL);
+}
+
+/* ---- the newcomer's side (rk_init) ------------------------------------------------------- */
+
+/* The members' welcome (from M0, rank 0 of the merged communicator), polled until the
+   deadline: 0 and *out (malloc'd), or RK_E_TIMEOUT. */
+static int wait_welcome(rk_ctx *ctx, struct welcome **out, size_t *len, int64_t deadline)
+{
+    for (;;) {
+        int flag = 0, count = 0;
+        MPI_Status st;
+        if (RK_MPI(MPI_Iprobe(0, TAG_WELCOME, ctx->comm, &flag, &st)) == MPI_SUCCESS && flag &&
+            MPI_Get_count(&st, MPI_BYTE, &count) == MPI_SUCCESS && count >= (int)sizeof(struct welcome)) {
+            struct welcome *w = malloc((size_t)count);
+            int src;
+            if (!w)
+                return -ENOMEM;
+            int n = rec_msg_recv_on(ctx, ctx->comm, TAG_WELCOME, w, (size_t)count, &src, deadline);
+            if (n == count && w->magic == JOIN_MAGIC) {
+                *out = w;
+                *len = (size_t)count;
+                return 0;
+            }
+            free(w);
+        }
+        if (rk__deadline_passed(deadline))
+            return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT, "rk_init: joining the job: no welcome from its "
+                            "members in time");
+        rk__sleep_ns(REC_POLL_NS);
+    }
+}
+
+int rec_join_arrive(rk_ctx *ctx, MPI_Comm parent, MPI_Comm *ring_comm, struct rec_join_welcome **out)
+{
+    struct rec_join *j = NULL;
+    MPI_Comm c[REC_JOIN_COMMS];
+    int64_t deadline = rk__deadline_ns(REC_JOIN_WAIT * ctx->opt.timeout_ms);
+    *out = NULL;
+    int rc = rec_join_newcomer(parent, &j);
+    while (!rc && (rc = rec_join_poll(j, c)) == REC_AGAIN) {
+        rc = 0;
+        if (rk__deadline_passed(deadline)) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT, "rk_init: joining the job: the merge with its "
+                          "members did not return in time");
+            break;
+        }
+        rk__sleep_ns(REC_POLL_NS);
+    }
+    rec_join_end(&j);
+    if (rc)
+        return rc;
+    ctx->comm = c[0];
+    *ring_comm = c[1];
+    struct welcome *w = NULL;
+    size_t len = 0;
+    if ((rc = wait_welcome(ctx, &w, &len, deadline)) != 0)
+        return rc;
+    size_t ints = (size_t)w->nview + (size_t)w->nspares + (size_t)w->nslots;
+    if (w->nslots < 1 || w->nslots > DET_MAX_SLOTS || w->nview < 1 || w->nspares < 0 || w->slot < w->world0 ||
+        w->slot >= w->nslots || len != sizeof(*w) + ints * sizeof(int32_t) + (size_t)w->nslots * sizeof(det_addr)) {
+        free(w);
+        return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rk_init: joining the job: a malformed welcome");
+    }
+    *out = (struct rec_join_welcome *)w;
+    return 0;
+}
+
+int rec_join_welcome_apply(rk_ctx *ctx, struct rec_join_welcome *wp)
+{
+    struct welcome *w = (struct welcome *)wp;
+    int32_t *v = (int32_t *)(w + 1);
+    ctx->rank0 = w->slot;
+    ctx->world0 = w->world0;
+    ctx->nslots = w->nslots;
+    ctx->world = w->world;
+    ctx->next_join_slot = w->next_join_slot;
+    ctx->agreed_epoch = w->agreed_epoch;
+    ctx->ckpt_nonce = w->nonce;
+    ctx->is_spare = true;
+    ctx->rank = -1;
+    ctx->host_ranks = 1;
+    ctx->nview = w->nview;
+    ctx->view = malloc((size_t)w->nview * sizeof(int));
+    ctx->spares = malloc((size_t)(w->nspares + 1) * sizeof(int));
+    ctx->slot_rank = malloc((size_t)w->nslots * sizeof(int));
+    ctx->admit = calloc((size_t)w->nslots, sizeof(bool));
+    if (!ctx->view || !ctx->spares || !ctx->slot_rank || !ctx->admit)
+        return -ENOMEM;
+    for (int i = 0; i < w->nview; i++)
+        ctx->view[i] = *v++;
+    ctx->nspares = 0;
+    for (int i = 0; i < w->nspares; i++)
+        ctx->spares[ctx->nspares++] = *v++;
+    for (int s = 0; s < w->nslots; s++)
+        ctx->slot_rank[s] = *v++;
+    return 0;
+}
+
+int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *base)
+{
+    struct welcome *w = (struct welcome *)wp;
+    const det_addr *addrs = (const det_addr *)((const int32_t *)(w + 1) + w->nview + w->nspares + w->nslots);
+    det_view v0 = w->view;
+    v0.members[w->slot / 64] |= 1ull << (w->slot % 64);
+    v0.nmembers++;
+    det_cfg cfg = *base;
+    cfg.rank = w->slot;
+    cfg.world = cfg.nslots = w->nslots;
+    cfg.view0 = &v0;
+    int rc = det_open(&ctx->det, &cfg);
+    if (rc)
+        return rc;
+    det_addr mine;
+    det_local_addr(ctx->det, &mine);
+    for (int i = 0; i < ctx->nview && !rc; i++) /* where this one listens, to every member (J14) */
+        rc = rec_msg_send(ctx, &mine, sizeof(mine), ctx->view[i], TAG_ADDR);
+    if (rc >= 0)
+        rc = det_start(ctx->det, addrs, w->key, w->salt);
+    explicit_bzero(w->key, sizeof(w->key));
+    if (rc)
+        det_close(&ctx->det);
+    return rc < 0 ? rc : 0;
+}
+
+void rec_join_welcome_free(struct rec_join_welcome **wp)
+{
+    if (*wp)
+        explicit_bzero(*wp, sizeof(struct welcome));
+    free(*wp);
+    *wp = NULL;
+}
