@@ -24,17 +24,10 @@ if [[ ! -e $lib ]]; then
   echo "dcp_cuda: skipped: $lib is not built"
   exit 0
 fi
-py='' cpu=()
-probe='import torch, sys; sys.exit(not torch.cuda.is_available())'
+cpu=() probe=
 [[ ${RK_BENCH_DCP_CUDA_CPU:-0} == 1 ]] && probe='import torch.distributed.checkpoint' cpu=(--cpu)
-for p in "${RK_TEST_PYTHON:-}" python3 /usr/bin/python3; do
-  if [[ -n $p ]] && timeout 60 "$p" -c "$probe" 2>/dev/null; then
-    py=$p
-    break
-  fi
-done
-if [[ -z $py ]]; then
-  echo "dcp_cuda: skipped: no Python whose torch sees a CUDA device (tried ${RK_TEST_PYTHON:+$RK_TEST_PYTHON, }python3, /usr/bin/python3)"
+if ! py=$("$(dirname "$0")/../scripts/cuda-python" ${probe:+"$probe"}); then
+  echo "dcp_cuda: skipped: no Python whose torch sees a CUDA device (tried ${RK_TEST_PYTHON:+$RK_TEST_PYTHON, }/usr/bin/python3, python3)"
   exit 0
 fi
 REKINDLE_LIB=$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")

@@ -18,14 +18,7 @@ cpu_py=$(command -v python3 || echo /usr/bin/python3)
 import os, time
 x = bytearray($gib << 30)
 os.write(3, b'r'); time.sleep(600)" | sed 's/^/exit_cuda: cpu: /' | grep -v ': run '
-py=''
-for p in "${RK_TEST_PYTHON:-}" python3 /usr/bin/python3; do
-  if [[ -n $p ]] && timeout 60 "$p" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-    py=$p
-    break
-  fi
-done
-if [[ -z $py ]]; then
+if ! py=$("$(dirname "$0")/../scripts/cuda-python"); then
   echo "exit_cuda: cuda: skipped: no Python whose torch sees a CUDA device"
   exit 0
 fi

@@ -17,10 +17,9 @@ fi
 pairs=${RK_BENCH_STEP_CUDA_PAIRS:-2}
 python3 "$here/snapshot.py" "$build" --device cuda --ranks 1 --sizes "${RK_BENCH_STEP_CUDA_SIZES:-512,2048}" \
   --steps 10 --pairs "$pairs" || exit 1
-py=${RK_TEST_PYTHON:-/usr/bin/python3}
-if "$py" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+if py=$("$here/../scripts/cuda-python"); then
   RK_TEST_PYTHON=$py python3 "$here/snapshot.py" "$build" --device cuda --ranks 1 --torch 1024 --steps 20 \
     --pairs "$pairs" || exit 1
 else
-  echo "step_cuda: torch_train.py skipped: $py's torch sees no CUDA device"
+  echo "step_cuda: torch_train.py skipped: no Python whose torch sees a CUDA device"
 fi

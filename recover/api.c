@@ -242,7 +242,7 @@ out_evlog:
 out_comm:
     MPI_Comm_free(&ctx->comm);
 out_mpi:
-    if (ctx->mpi_owned)
+    if (ctx->mpi_owned && !rec_join_thread_left()) /* a newcomer's merge given up on: join.c J9 */
         MPI_Finalize();
 out_free:
     sigpipe_release();

@@ -43,9 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../ckpt/ckpt.h"
 #include "../detector/det.h"
-#include "../ring/ring.h"
 #include "rec_internal.h"
 
 #define JOIN_MAGIC 0x4a4f494eu /* "JOIN" */
@@ -392,26 +390,23 @@ void rec_join_fini(rk_ctx *ctx)
    deadline: 0 and *out (malloc'd), or RK_E_TIMEOUT. */
 static int wait_welcome(rk_ctx *ctx, struct welcome **out, size_t *len, int64_t deadline)
 {
+    /* the longest a welcome can be: every slot in the view, the spares and the map */
+    size_t cap = sizeof(struct welcome) + 3 * DET_MAX_SLOTS * sizeof(int32_t) + DET_MAX_SLOTS * sizeof(det_addr);
+    struct welcome *w = malloc(cap);
+    if (!w)
+        return -ENOMEM;
     for (;;) {
-        int flag = 0, count = 0;
-        MPI_Status st;
-        if (RK_MPI(MPI_Iprobe(0, TAG_WELCOME, ctx->comm, &flag, &st)) == MPI_SUCCESS && flag &&
-            MPI_Get_count(&st, MPI_BYTE, &count) == MPI_SUCCESS && count >= (int)sizeof(struct welcome)) {
-            struct welcome *w = malloc((size_t)count);
-            int src;
-            if (!w)
-                return -ENOMEM;
-            int n = rec_msg_recv_on(ctx, ctx->comm, TAG_WELCOME, w, (size_t)count, &src, deadline);
-            if (n == count && w->magic == JOIN_MAGIC) {
-                *out = w;
-                *len = (size_t)count;
-                return 0;
-            }
-            free(w);
+        int src, n = rec_msg_recv_on(ctx, ctx->comm, TAG_WELCOME, w, cap, &src, deadline);
+        if (n >= (int)sizeof(*w) && w->magic == JOIN_MAGIC) {
+            *out = w;
+            *len = (size_t)n;
+            return 0;
         }
-        if (rk__deadline_passed(deadline))
+        if (rk__deadline_passed(deadline)) {
+            free(w);
             return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT, "rk_init: joining the job: no welcome from its "
                             "members in time");
+        }
         rk__sleep_ns(REC_POLL_NS);
     }
 }
