@@ -21,6 +21,10 @@
 
 #define RK_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
+/* Slots held above a launch's for workers started while the job runs (recover/join_proto.c):
+   the launcher reads their records, the detector and the recovery address them. */
+#define RK_JOIN_SLOTS 64
+
 /* qsort's comparison of two ints, ascending (member lists: ring/, recover/). */
 static inline int rk__cmp_int(const void *a, const void *b)
 {

@@ -58,7 +58,9 @@
  *       (one epoch bump, the member set grown by one) and starts its observation; only
  *       the ADMIT and later declarations are piggybacked to it (it was given the view
  *       before: detp_cfg.view0, with the epoch of the members' view when it was made). A
- *       slot out by a declaration (DEAD) never comes back (I4).
+ *       slot out by a declaration (DEAD) never comes back (I4); a view installed by a
+ *       recovery leaves the slots no process held as they are (NONMEMBER), so a worker
+ *       can join after a loss as before it.
  *   I10 A fenced member's next deadline is always ahead of the last tick: detp_tick moves
  *       it a period on and detp_next_deadline no longer counts the peers' silence (their
  *       clocks stopped at the fencing), so det.c's thread sleeps a period a turn, draining
@@ -688,8 +690,9 @@ int detp_install_view(detp *p, const det_view *v, int64_t now)
             n++;
             if (q->state == DETP_NONMEMBER)
                 q->state = DETP_ALIVE;
-        } else if (q->state != DETP_DEAD) {
-            q->state = DETP_DEAD; /* removed by recovery: final too */
+        } else if (q->state != DETP_DEAD && q->state != DETP_NONMEMBER) {
+            /* removed by recovery: final too; a slot no process held stays one (I12) */
+            q->state = DETP_DEAD;
             q->left = true;
             q->observed = false;
         }

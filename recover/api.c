@@ -206,7 +206,7 @@ int rk_init(rk_ctx **out, const rk_options *o)
         goto out_comm;
     }
     /* The last RK_SPARES ranks are spares: outside the ring until recovery needs them. */
-    ctx->nslots = ctx->world0 + REC_JOIN_SLOTS < DET_MAX_SLOTS ? ctx->world0 + REC_JOIN_SLOTS : DET_MAX_SLOTS;
+    ctx->nslots = ctx->world0 + RK_JOIN_SLOTS < DET_MAX_SLOTS ? ctx->world0 + RK_JOIN_SLOTS : DET_MAX_SLOTS;
     ctx->next_join_slot = ctx->world0;
     ctx->nspares = (int)nspares;
     ctx->world = ctx->world0 - ctx->nspares;

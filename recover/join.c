@@ -52,7 +52,8 @@ struct rec_join {
     /* what the thread runs on (the caller's copies, owned here) */
     MPI_Comm parent;           /* member: the communicator of the members; newcomer: its parent */
     MPI_Group group;           /* member: the members in parent */
-    char *command, **argv, *hosts;
+    char *command, **argv, *hosts, *env; /* command: "" but at the root, where spawn reads it */
+    bool add_host;
     int n;
     /* what it made: written by the thread before DONE, read by the caller after */
     MPI_Comm out[REC_JOIN_COMMS];
@@ -80,6 +81,7 @@ static void free_join(struct rec_join *j)
     free(j->argv);
     free(j->command);
     free(j->hosts);
+    free(j->env);
     free(j);
 }
 
@@ -100,8 +102,12 @@ static void run(struct rec_join *j)
             return;
         MPI_Comm_set_errhandler(members, MPI_ERRORS_RETURN);
         MPI_Info info = MPI_INFO_NULL;
-        if (j->hosts && MPI_Info_create(&info) == MPI_SUCCESS)
-            MPI_Info_set(info, "host", j->hosts);
+        if ((j->hosts || j->env) && MPI_Info_create(&info) == MPI_SUCCESS) {
+            if (j->hosts)
+                MPI_Info_set(info, j->add_host ? "add-host" : "host", j->hosts);
+            if (j->env)
+                MPI_Info_set(info, "env", j->env); /* Open MPI: "K=V" lines, set in the newcomers */
+        }
         int *errs = calloc((size_t)j->n, sizeof(*errs));
         step(j, "MPI_Comm_spawn");
         j->mrc = errs ? MPI_Comm_spawn(j->command, j->argv, j->n, info, 0, members, &inter, errs) : MPI_ERR_NO_MEM;
@@ -198,7 +204,10 @@ static int begin(struct rec_join **j)
 int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec, struct rec_join **out)
 {
     *out = NULL;
-    if (!spec || !spec->command || !*spec->command || spec->n < 1 || !members || nmembers < 1)
+    int me = -1;
+    MPI_Comm_rank(parent, &me);
+    bool root = members && nmembers > 0 && members[0] == me; /* MPI_Comm_spawn reads the rest there alone */
+    if (!spec || (root && (!spec->command || !*spec->command)) || spec->n < 1 || !members || nmembers < 1)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: no command, no newcomer or no member");
     struct rec_join *j = NULL;
     int rc = begin(&j);
@@ -209,10 +218,12 @@ int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_
         na++;
     j->parent = parent;
     j->n = spec->n;
-    j->command = strdup(spec->command);
+    j->command = strdup(root ? spec->command : "");
     j->argv = calloc(na + 1, sizeof(*j->argv));
     j->hosts = spec->hosts ? strdup(spec->hosts) : NULL;
-    bool ok = j->command && j->argv && (!spec->hosts || j->hosts);
+    j->env = spec->env ? strdup(spec->env) : NULL;
+    j->add_host = spec->add_host;
+    bool ok = j->command && j->argv && (!spec->hosts || j->hosts) && (!spec->env || j->env);
     for (size_t i = 0; ok && i < na; i++)
         ok = (j->argv[i] = strdup(spec->argv[i])) != NULL;
     if (!ok) {

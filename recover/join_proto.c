@@ -40,8 +40,12 @@
  *       join.c J8 says, and the newcomer, never asked, ends its rk_init with an error.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../detector/det.h"
 #include "rec_internal.h"
@@ -50,6 +54,8 @@
 #define TAG_WELCOME 0x4a01
 #define TAG_ADDR 0x4a02
 #define TAG_READY 0x4a03
+#define TAG_START 0x4a04
+#define JOIN_HOSTS 64 /* join lines of the grow file read */
 
 enum { J_SPAWNING, J_ADDRESSING, J_READY, J_ASKED };
 
@@ -78,6 +84,14 @@ struct welcome {
 struct ready {
     uint32_t magic;
     int32_t slot0;
+};
+
+/* M0's request to every other member to start a join (J16). */
+struct start {
+    uint32_t magic;
+    int32_t slot0, n;
+    uint32_t pad;
+    uint64_t epoch; /* the agreed view's: a member of another view drops it */
 };
 
 /* ---- addressing: slots and ranks ---------------------------------------------------------- */
@@ -119,6 +133,8 @@ static void joining_free(rk_ctx *ctx, const char *why)
     if (why)
         RK_LOG_WARN(RK_SUB_REC, "join of %d worker(s) at slot %d given up: %s; the job goes on at %d", g->n, g->slot0,
                     why, ctx->world);
+    if (why) /* J17: none started again before every member has given this one up */
+        ctx->join_retry_ns = rk__deadline_ns(2 * REC_JOIN_WAIT * ctx->opt.timeout_ms);
     rec_join_end(&g->j);
     for (int i = 0; i < REC_JOIN_COMMS; i++)
         if (g->comm[i] != MPI_COMM_NULL)
@@ -179,7 +195,8 @@ int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
         joining_free(ctx, NULL);
         return rc;
     }
-    RK_LOG_INFO(RK_SUB_REC, "join: spawning %d worker(s) for slot(s) %d.. (%s)", g->n, g->slot0, spec->command);
+    RK_LOG_INFO(RK_SUB_REC, "join: spawning %d worker(s) for slot(s) %d.. (%s)", g->n, g->slot0,
+                spec->command ? spec->command : "the command is the first member's");
     RK_EVENT(ctx->ev, "join_started", RK_EV_I("slot", g->slot0), RK_EV_I("n", g->n), RK_EV_I("world", ctx->world));
     return 0;
 }
@@ -280,11 +297,162 @@ static bool everyone_ready(rk_ctx *ctx)
     return true;
 }
 
+/* ---- the launcher's request (J16, J17) ---------------------------------------------------- */
+
+/* The command of this worker's wrapper under `rekindle run` (`rekindle run --rk-worker DIR
+   -- PROGRAM ARGS`: the pid RK_RUN_PARENT names, else the parent), read from /proc, so that
+   a newcomer is started as every worker was: its death reported, its end recorded. 0 with
+   exe (the wrapper's binary) and *argv (its arguments after argv[0], NULL-ended, pointing
+   into *blob; both malloc'd); -ENOENT when there is no such wrapper of this user. */
+static int wrapper_command(char *exe, size_t cap, char ***argv, char **blob)
+{
+    const char *chan = getenv("RK_RUN_PARENT"), *colon = chan ? strchr(chan, ':') : NULL;
+    long pid = colon ? strtol(colon + 1, NULL, 10) : (long)getppid();
+    char path[64];
+    struct stat st;
+    *argv = NULL;
+    *blob = NULL;
+    snprintf(path, sizeof(path), "/proc/%ld", pid);
+    if (pid <= 1 || stat(path, &st) != 0 || st.st_uid != geteuid())
+        return -ENOENT;
+    snprintf(path, sizeof(path), "/proc/%ld/exe", pid);
+    ssize_t n = readlink(path, exe, cap - 1);
+    if (n <= 0 || (size_t)n >= cap - 1)
+        return -ENOENT;
+    exe[n] = '\0';
+    snprintf(path, sizeof(path), "/proc/%ld/cmdline", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    size_t len = 0, lim = 1u << 16;
+    char *b = fd >= 0 ? malloc(lim + 1) : NULL;
+    while (b && len < lim && (n = read(fd, b + len, lim - len)) > 0)
+        len += (size_t)n;
+    if (fd >= 0)
+        close(fd);
+    size_t na = 0;
+    for (size_t i = 0; b && i < len; i++)
+        na += b[i] == '\0';
+    char **a = b && na >= 5 && len < lim ? calloc(na + 1, sizeof(char *)) : NULL;
+    if (!a) {
+        free(b);
+        return -ENOENT;
+    }
+    b[len] = '\0';
+    for (size_t i = 0, k = 0; k < na; i += strlen(b + i) + 1)
+        a[k++] = b + i;
+    if (strcmp(a[1], "run") != 0 || strcmp(a[2], "--rk-worker") != 0 || strcmp(a[4], "--") != 0) {
+        free(a);
+        free(b);
+        return -ENOENT;
+    }
+    memmove(a, a + 1, na * sizeof(char *)); /* argv[0] is the command's, MPI_Comm_spawn's to give */
+    *argv = a;
+    *blob = b;
+    return 0;
+}
+
+/* The host of the next newcomer from the grow file's join lines ("join", "join HOST",
+   "join +HOST": a host mpirun has not allocated), the `more`-th from the end; false when
+   the file has none (a growth onto spares alone). */
+static bool join_line(char *text, int more, char *host, size_t cap, bool *add)
+{
+    char *lines[JOIN_HOSTS];
+    int n = 0;
+    for (char *l = strchr(text, '\n'); l && n < JOIN_HOSTS; l = strchr(l, '\n')) {
+        *l++ = '\0';
+        if (strncmp(l, "join", 4) == 0 && (l[4] == '\n' || l[4] == ' ' || l[4] == '\0'))
+            lines[n++] = l + 4;
+    }
+    if (n == 0)
+        return false;
+    char *l = lines[more > n ? 0 : n - more];
+    l += strspn(l, " ");
+    *add = *l == '+';
+    l += *add;
+    size_t len = strcspn(l, " \n");
+    if (len >= cap || strspn(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") < len)
+        len = 0; /* no host, or not a host name: wherever mpirun has a slot */
+    memcpy(host, l, len);
+    host[len] = '\0';
+    return true;
+}
+
+/* M0: the launcher asks for a larger world than the members and the spares waiting make,
+   with join lines: every other member is told to start the same join (START, the agreed
+   epoch), and M0 starts it, the newcomer under the wrapper every worker has. */
+static void request_poll(rk_ctx *ctx)
+{
+    int64_t now = rk__mono_ns();
+    if (ctx->rank != 0 || ctx->is_spare || !ctx->det || !ctx->grow_file || now < ctx->join_poll_ns ||
+        now < ctx->join_retry_ns)
+        return;
+    ctx->join_poll_ns = now + REC_GROW_POLL_NS;
+    char text[4096], host[256], exe[4096], **argv = NULL, *blob = NULL;
+    bool add = false;
+    if (rec_grow_read(ctx, text, sizeof(text)) <= 0)
+        return;
+    det_view v;
+    det_view_get(ctx->det, &v);
+    int want = rec_grow_world(text), more = want - ctx->world;
+    for (int i = 0; i < ctx->nspares; i++)
+        more -= det_view_has(&v, ctx->spares[i]); /* rec_grow_poll asks them (G2) */
+    if (more <= 0 || !join_line(text, more, host, sizeof(host), &add))
+        return;
+    if (wrapper_command(exe, sizeof(exe), &argv, &blob) != 0) {
+        RK_LOG_WARN(RK_SUB_REC, "growth to %d asks for a worker started while the job runs, but this worker was not "
+                    "started by `rekindle run` (no wrapper to start it the same way): not started", want);
+        ctx->join_retry_ns = INT64_MAX;
+        return;
+    }
+    int slot0 = ctx->next_join_slot;
+    struct start m = {JOIN_MAGIC, slot0, 1, 0, ctx->agreed_epoch};
+    for (int i = 0; i < ctx->nview; i++)
+        if (ctx->view[i] != ctx->rank0)
+            rec_msg_send(ctx, &m, sizeof(m), ctx->view[i], TAG_START);
+    char env[64];
+    snprintf(env, sizeof(env), "RK_RUN_SLOT=%d", slot0); /* its wrapper's records are the slot's */
+    rec_join_spec spec = {.command = exe, .argv = argv, .n = 1, .hosts = host[0] ? host : NULL, .add_host = add,
+                          .env = env};
+    int rc = rec_join_begin(ctx, &spec);
+    free(argv);
+    free(blob);
+    if (rc) {
+        ctx->join_retry_ns = rk__deadline_ns(2 * REC_JOIN_WAIT * ctx->opt.timeout_ms);
+        return;
+    }
+    RK_LOG_INFO(RK_SUB_REC, "growth to %d asked (%s): a worker started at slot %d%s%s", want, ctx->grow_file, slot0,
+                host[0] ? " on " : "", host);
+}
+
+/* Every other member: M0's START, taken at rk_step_done; one of another agreed view, or
+   for slots behind this member's, is dropped (M0's join then ends at its bound). */
+static void start_poll(rk_ctx *ctx)
+{
+    struct start m;
+    int src, n;
+    if (ctx->is_spare || ctx->rank < 0 || !ctx->det)
+        return;
+    while ((n = rec_msg_recv(ctx, TAG_START, &m, sizeof(m), &src, rk__mono_ns() + 100000000LL)) != 0) {
+        if (n != (int)sizeof(m) || m.magic != JOIN_MAGIC || m.n != 1 || m.epoch != ctx->agreed_epoch ||
+            ctx->nview < 1 || src != ctx->view[0] || m.slot0 < ctx->next_join_slot || ctx->joining) {
+            RK_LOG_INFO(RK_SUB_REC, "join: a request from slot %d dropped (another view, or a join under way)", src);
+            continue;
+        }
+        ctx->next_join_slot = m.slot0; /* J12: the slots M0 gave up on are skipped alike */
+        rec_join_spec spec = {.n = m.n};
+        int rc = rec_join_begin(ctx, &spec);
+        if (rc)
+            RK_LOG_WARN(RK_SUB_REC, "join: starting the join M0 asked for failed: %s", rk_strerror(rc));
+    }
+}
+
 void rec_join_progress(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
-    if (!g)
+    if (!g) {
+        request_poll(ctx);
+        start_poll(ctx);
         return;
+    }
     int64_t span = REC_JOIN_WAIT * (int64_t)ctx->opt.timeout_ms * 1000000LL;
     bool late = rk__mono_ns() > g->deadline + (is_m0(ctx) ? 0 : span);
     int rc;

@@ -93,9 +93,11 @@ struct rk_ctx {
     struct det *det;          /* NULL: detector not running */
     struct ring *ring;        /* NULL: ring not built */
     struct rec_dev *dev;      /* rk_allreduce's device path (api_ring_nccl.c); NULL: not looked at */
-    int nslots;               /* detector slots: world0 + REC_JOIN_SLOTS (newcomers') */
+    int nslots;               /* detector slots: world0 + RK_JOIN_SLOTS (newcomers') */
     int *slot_rank;           /* slot -> rank in comm (-1: none); NULL: the identity */
     int next_join_slot;       /* the slot of the next newcomer (J12: alike on every member) */
+    int64_t join_poll_ns;     /* M0: CLOCK_MONOTONIC of its next look at the request (J16) */
+    int64_t join_retry_ns;    /* M0: no join started before (one given up on: J17) */
     struct rec_joining *joining; /* a join under way (join_proto.c), NULL: none */
     uint64_t ckpt_nonce;      /* the checkpoints' nonce, agreed at rk_init (a newcomer's too) */
     struct {                  /* the wedge watchdog (api_det.c), on the detector's thread */
@@ -195,6 +197,10 @@ void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
 #define REC_GROW_POLL_NS (50 * 1000000LL)
 #define REC_GROW_FILE "grow-to"
 void rec_grow_poll(rk_ctx *ctx);
+/* The grow file read whole (NUL-terminated; checked as G2 says): its length, 0 with none;
+   rec_grow_world: the world its first line asks for, 0 with none. */
+int rec_grow_read(rk_ctx *ctx, char *buf, size_t cap);
+int rec_grow_world(const char *text);
 bool rec_grow_admit(rk_ctx *ctx, int slot);
 /* Processes started while the job runs (recover/join.c J8-J11). rec_join_spawn, on every
    member of `members` (ranks of parent) alike: spawns spec->n newcomers running
@@ -209,10 +215,12 @@ bool rec_grow_admit(rk_ctx *ctx, int slot);
 #define REC_JOIN_COMMS 2
 #define REC_JOIN_TAG 0x4a4f /* MPI_Comm_create_group's tag ("JO") */
 typedef struct rec_join_spec {
-    const char *command;
+    const char *command;  /* read at the root alone (the first member): may be NULL elsewhere */
     char *const *argv;
     int n;
-    const char *hosts;
+    const char *hosts;    /* Open MPI's "host" (or "add-host", a host not in mpirun's allocation) */
+    bool add_host;
+    const char *env;      /* "K=V" lines set in the newcomers (Open MPI's "env"), or NULL */
 } rec_join_spec;
 struct rec_join;
 int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec,
@@ -232,7 +240,6 @@ bool rec_join_thread_left(void);
    The newcomer: rec_join_arrive (rk_init: the merge and the welcome, bounded),
    rec_join_welcome_apply (its ctx), rec_join_det_start (its detector, its address sent
    to every member), rec_join_welcome_free. */
-#define REC_JOIN_SLOTS 64 /* slots held for workers started later, above the launch's */
 #define REC_JOIN_WAIT 2   /* a join's bound, in RK_TIMEOUT_MS */
 struct rec_join_welcome;
 struct det_cfg;

@@ -189,13 +189,13 @@ int rec_recovery_init(rk_ctx *ctx)
             goto out_fail;
         for (int i = 0; i < ctx->nspares; i++)
             ctx->spares[i] = ctx->world + i;
-        const char *dir = getenv("RK_RUN_RECORDS"); /* G2: under `rekindle run` */
-        if (dir && *dir && !ctx->is_spare) {
-            size_t n = strlen(dir) + sizeof("/" REC_GROW_FILE);
-            if (!(ctx->grow_file = malloc(n)))
-                goto out_fail;
-            snprintf(ctx->grow_file, n, "%s/%s", dir, REC_GROW_FILE);
-        }
+    }
+    const char *dir = getenv("RK_RUN_RECORDS"); /* G2, J16: under `rekindle run` */
+    if (dir && *dir && !ctx->is_spare) {
+        size_t n = strlen(dir) + sizeof("/" REC_GROW_FILE);
+        if (!(ctx->grow_file = malloc(n)))
+            goto out_fail;
+        snprintf(ctx->grow_file, n, "%s/%s", dir, REC_GROW_FILE);
     }
     if (!(ctx->admit = calloc((size_t)(ctx->nslots > 0 ? ctx->nslots : 1), sizeof(bool))))
         goto out_fail;
@@ -816,38 +816,40 @@ bool rec_grow_admit(rk_ctx *ctx, int slot)
     return true;
 }
 
-/* The world asked for in the grow file: > 0, or 0 when there is none (or it says nothing).
-   The file is the launcher's, in a directory of the job's user: one that is not this
-   user's own regular file, or that others may write, is refused (said once), never a link
-   followed. */
-static int grow_target(rk_ctx *ctx, const char *path)
+/* The launcher's grow file, read whole into buf (NUL-terminated): its length, 0 when there
+   is none. The file is the launcher's, in a directory of the job's user: one that is not
+   this user's own regular file, or that others may write, is refused (said once), never a
+   link followed. */
+int rec_grow_read(rk_ctx *ctx, char *buf, size_t cap)
 {
     bool *warned = &ctx->grow_file_refused;
-    char buf[32];
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = ctx->grow_file ? open(ctx->grow_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK) : -1;
     if (fd < 0) {
-        if (errno == ELOOP && !*warned)
-            RK_LOG_WARN(RK_SUB_REC, "%s is a symbolic link: not followed, no growth asked", path);
+        if (ctx->grow_file && errno == ELOOP && !*warned)
+            RK_LOG_WARN(RK_SUB_REC, "%s is a symbolic link: not followed, no growth asked", ctx->grow_file);
         *warned |= errno == ELOOP;
         return 0;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022)) {
         if (!*warned)
             RK_LOG_WARN(RK_SUB_REC, "%s refused: not a regular file of this user (uid %ld) that only it may write: no "
-                        "growth asked", path, (long)geteuid());
+                        "growth asked", ctx->grow_file, (long)geteuid());
         *warned = true;
         close(fd);
         return 0;
     }
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    ssize_t n = read(fd, buf, cap - 1);
     close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
+    buf[n > 0 ? n : 0] = '\0';
+    return n > 0 ? (int)n : 0;
+}
+
+int rec_grow_world(const char *text)
+{
     char *end = NULL;
-    long w = strtol(buf, &end, 10);
-    return end != buf && (*end == '\0' || *end == '\n') && w > 0 && w <= REC_MAX_WORLD ? (int)w : 0;
+    long w = strtol(text, &end, 10);
+    return end != text && (*end == '\0' || *end == '\n') && w > 0 && w <= REC_MAX_WORLD ? (int)w : 0;
 }
 
 void rec_grow_poll(rk_ctx *ctx)
@@ -858,7 +860,8 @@ void rec_grow_poll(rk_ctx *ctx)
     if (now < ctx->grow_poll_ns)
         return;
     ctx->grow_poll_ns = now + REC_GROW_POLL_NS;
-    int want = grow_target(ctx, ctx->grow_file);
+    char buf[32];
+    int want = rec_grow_read(ctx, buf, sizeof(buf)) > 0 ? rec_grow_world(buf) : 0;
     det_view v;
     det_view_get(ctx->det, &v);
     int more = want - ctx->world - asked_waiting(ctx, &v);

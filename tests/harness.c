@@ -488,13 +488,13 @@ void th_train_spare(const char *dir, int steps, const char *args, bool kill_one,
     free(bin);
 }
 
-int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, char **out)
+int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, bool in_place, char **out)
 {
     char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle"), *cmd = NULL;
     const char *src = getenv("RK_TEST_SRC");
     int n = asprintf(
         &cmd,
-        "W=%s; B=%s; R=%s; N=%d; A='%s'; HOW=%d; S=%s; H=$(hostname)\n"
+        "W=%s; B=%s; R=%s; N=%d; A='%s'; HOW=%d; S=%s; H=$(hostname); IP=%d\n"
         "export RK_HOSTS_PREFIX=rke RK_HOSTS_NET=10.82.0\n"
         "case $HOW in 0) echo \"$H:2\" > $W/hosts;; 1) echo \"$H:3\" > $W/hosts;;\n"
         "  2) $S/scripts/hosts up 3 $W/hostfile 1 > $W/hosts.log 2>&1 || { cat $W/hosts.log; exit 1; }\n"
@@ -503,8 +503,9 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
         "[ $HOW = 2 ] && eval \"$($S/scripts/hosts env)\"\n"
         "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run "
         "RK_TIMEOUT_MS=8000\n"
+        "G='--grow relaunch'; [ $IP = 1 ] && G='--grow inplace'\n"
         "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 0.5 --max-np 3 "
-        "-- $B --steps $N $A > $W/out 2> $W/err & job=$!\n"
+        "$G -- $B --steps $N $A > $W/out 2> $W/err & job=$!\n"
         "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
         "case $HOW in 0) echo \"$H:3\" > $W/hosts; touch $W/run/grow;;\n"
         "  1) for p in $(pgrep -x rk-train); do\n"
@@ -516,7 +517,9 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
         "[ $HOW = 2 ] && $S/scripts/hosts down > /dev/null 2>&1\n"
         "grep '^final' $W/out; grep 'rekindle: run' $W/err\n"
         "st() { grep -h '\"resumed\"' $W/ev.* | grep \"\\\"$1\\\"\" | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/' | sort -n; }\n"
-        "a=$(st memory | head -n 1); b=$(st disk | tail -n 1); echo \"memory=$a disk=$b\"\n"
+        /* grown in place, the growth's resume is from memory as well: the last one */
+        "a=$(st memory | head -n 1); b=$(st disk | tail -n 1); [ $IP = 1 ] && b=$(st memory | tail -n 1)\n"
+        "echo \"memory=$a disk=$b\"\n"
         "[ -n \"$b\" ] || exit 1; mkdir -p $W/r; export RK_CKPT_DIR=$W/r RK_EVENT_LOG=\n"
         /* The replay, on this host: the world of the job at each step, from the recorded steps. */
         "if [ $HOW != 0 ]; then [ -n \"$a\" ] || exit 1\n"
@@ -524,7 +527,7 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
         "  RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1\n"
         "else RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1; fi\n"
         "echo replay; $R run -n 3 -- $B --steps $N $A 2>/dev/null | grep '^final'\n",
-        dir, bin, rekindle, steps, args, (int)how, src ? src : ".");
+        dir, bin, rekindle, steps, args, (int)how, src ? src : ".", in_place);
     int rc = n < 0 ? -1 : th_sh(cmd, 240, out);
     free(cmd);
     free(bin);
@@ -532,11 +535,13 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
     return rc;
 }
 
-void th_elastic_grows_back(enum th_elastic how, const char *args, const char *lost_line)
+void th_elastic_grows_back(enum th_elastic how, bool in_place, const char *args, const char *lost_line)
 {
     char *w = th_tmpdir("elastic-back"), *out = NULL;
-    int rc = th_train_elastic(w, 6000, args, how, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, lost_line) && strstr(out, "launching again to grow"),
+    int rc = th_train_elastic(w, 6000, args, how, in_place, &out);
+    const char *grown = in_place ? "grown in place to 3 workers" : "launching again to grow";
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, lost_line) && strstr(out, grown) &&
+                      (!in_place || !strstr(out, "launching again")),
                   "rc %d:\n%s", rc, out);
     th_job_equals_replay(out, 3, 6000);
     th_rmrf(w);

@@ -100,7 +100,7 @@ END_TEST
 START_TEST(host_lost_and_back)
 {
     need_hosts();
-    th_elastic_grows_back(TH_LOSE_HOST, "--seed 8 --hidden 32", "host rke2 lost worker 1: no growth onto it");
+    th_elastic_grows_back(TH_LOSE_HOST, true, "--seed 8 --hidden 32", "host rke2 lost worker 1: no growth onto it");
 }
 END_TEST
 

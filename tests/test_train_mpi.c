@@ -213,9 +213,27 @@ START_TEST(discovery_grows_job)
 {
     char *w = th_tmpdir("train-grow"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, &out);
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, false, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
                       strstr(out, "launching again to grow"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 3, 3000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
+/* The same growth in place (the default): a worker started on the slot that appeared
+   joins the two while they train (recover/join_proto.c J16), from their memory, none
+   restarted, no relaunch; the bits of a replay on 2 workers up to the step it was brought
+   in at, then 3. */
+START_TEST(discovery_grows_in_place)
+{
+    char *w = th_tmpdir("train-grow-ip"), *out = NULL;
+    clear_rk_env();
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, true, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3, 1 worker(s) started on") &&
+                      strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);
     th_job_equals_replay(out, 3, 3000);
     th_rmrf(w);
@@ -232,7 +250,7 @@ END_TEST
 START_TEST(lost_worker_grown_back)
 {
     clear_rk_env();
-    th_elastic_grows_back(TH_LOSE_WORKER, "--seed 6 --hidden 32", "lost worker 1: no growth onto it");
+    th_elastic_grows_back(TH_LOSE_WORKER, true, "--seed 6 --hidden 32", "lost worker 1: no growth onto it");
 }
 END_TEST
 
@@ -499,6 +517,7 @@ int main(void)
         TCase *te = tcase_create("elastic");
         tcase_set_timeout(te, 300);
         tcase_add_test(te, discovery_grows_job);
+        tcase_add_test(te, discovery_grows_in_place);
         tcase_add_test(te, lost_worker_grown_back);
         suite_add_tcase(s, te);
     }

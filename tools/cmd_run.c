@@ -53,9 +53,10 @@ static void run_usage(FILE *f)
             "                    and take the places of lost workers, or join as more workers\n"
             "                    when RK_RUN_DIR/grow asks (its content: how many, default 1)\n"
             "                    (needs RK_CKPT_DIR; default 0)\n"
-            "  --grow MODE       how a run with spares grows: inplace (default: the spares join\n"
-            "                    the running workers, none restarted) or relaunch (at the next\n"
-            "                    checkpoint, every worker relaunched on the larger world)\n"
+            "  --grow MODE       how a job grows: inplace (default: the spares, or workers\n"
+            "                    started on the free slots, join the running workers, none\n"
+            "                    restarted) or relaunch (at the next checkpoint, every worker\n"
+            "                    relaunched on the larger world)\n"
             "  --hostfile F      Open MPI hostfile, passed to mpirun (multi-host: set RK_RUN_DIR\n"
             "                    to a directory every host shares)\n"
             "  --max-restarts R  relaunch a job that died up to R times (default 0)\n"
@@ -75,9 +76,11 @@ static void run_usage(FILE *f)
             "                    this long (default 30)\n"
             "  --elastic-timeout SEC     (default 600)\n"
             "When more slots than workers are free (a host back after its cool-down, or a new\n"
-            "one), the job grows: at its next committed checkpoint (needs RK_CKPT_DIR) it is\n"
-            "stopped and launched again on every free slot, resuming from that checkpoint.\n"
-            "Growth relaunches count no restart. Not with --hostfile or --spares.\n\n"
+            "one), the job grows in place: workers started on the free slots join the running\n"
+            "ones, none restarted. With --grow relaunch, or when that does not complete in its\n"
+            "bound, it grows at its next committed checkpoint (needs RK_CKPT_DIR): stopped and\n"
+            "launched again on every free slot, resuming from that checkpoint. Growth\n"
+            "relaunches count no restart. Not with --hostfile or --spares.\n\n"
             "The workers get every RK_* variable of this environment, a job secret\n"
             "RK_JOB_SECRET (generated unless set: 64 hex digits), RK_RUN_DIR and\n"
             "RK_RUN_ATTEMPT. RK_RUN_DIR, the run's records (default: a new directory under\n"
@@ -121,7 +124,7 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
 {
     *a = (struct run_args){.n = -1, .min_np = 1, .max_np = MAX_WORKERS, .interval_s = 3, .cooldown_s = 30,
                            .elastic_timeout_s = 600, .start_timeout_s = 120};
-    bool min_given = false, max_given = false, grow_inplace = false;
+    bool min_given = false, max_given = false;
     int i = 1;
     for (; i < argc; i++) {
         const char *o = argv[i];
@@ -145,7 +148,6 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
             if (!v || (strcmp(v, "inplace") != 0 && strcmp(v, "relaunch") != 0))
                 return tool_error(TOOL_USAGE, "run: --grow '%s': want inplace or relaunch", v ? v : "");
             a->grow_relaunch = strcmp(v, "relaunch") == 0;
-            grow_inplace = !a->grow_relaunch;
             rc = 0;
         } else if (strcmp(o, "--max-restarts") == 0)
             rc = parse_count(o, v, 0, 1000000, &a->max_restarts);
@@ -186,9 +188,6 @@ static int parse_run_args(int argc, char **argv, struct run_args *a)
     if (a->discovery && (a->hostfile || a->spares))
         return tool_error(TOOL_USAGE, "run: --host-discovery-script makes the hostfile itself: not with %s",
                           a->hostfile ? "--hostfile" : "--spares");
-    if (a->discovery && grow_inplace)
-        return tool_error(TOOL_USAGE, "run: --grow inplace: an elastic run grows by a relaunch (growth in place is "
-                                      "onto spares held back at launch: -n N --spares S)");
     if (a->discovery && a->min_np > a->max_np)
         return tool_error(TOOL_USAGE, "run: --min-np %d is more than --max-np %d", a->min_np, a->max_np);
     if (a->discovery && a->n > a->max_np)

@@ -116,7 +116,8 @@ struct grow {
     struct records *run;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
     struct records *rec;  /* the attempt's */
     int workers, alive;   /* launched; launched minus those lost since */
-    bool *seen;           /* workers whose record was taken into account */
+    unsigned char *seen;  /* by slot: a worker's record taken into account (1); a worker started
+                             since: joined (1), its record taken (2) */
     int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
     int target;
     bool regrow;          /* the job was stopped to grow */
@@ -126,6 +127,11 @@ struct grow {
        ip_from members with ip_joined spares joined before, asked at ip_since. */
     int ip_target, ip_from, ip_joined;
     int64_t ip_since;
+    /* An elastic run's growth in place by workers started while it trains (run_grow.c):
+       asked once (joins: their slots' records are read from then on), given up on once
+       (ip_failed: the growth goes by a relaunch), where they run (ip_hosts). */
+    bool joins, ip_failed;
+    char ip_hosts[256];
 };
 
 /* One look, every tick of the launcher while the job runs: true when the job must be

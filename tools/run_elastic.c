@@ -258,12 +258,14 @@ int elastic_hostfile(struct elastic *e, FILE *f, const char *path, int n, int64_
         return -1;
     }
     int left = n;
-    for (int i = 0; i < e->nhosts && left > 0; i++) {
-        const struct elastic_host *h = &e->hosts[i];
-        if (!h->listed || h->cool_until_ns > now_ns)
+    for (int i = 0; i < e->nhosts; i++) {
+        struct elastic_host *h = &e->hosts[i];
+        h->launched = false;
+        if (!h->listed || h->cool_until_ns > now_ns || left == 0)
             continue;
         int k = h->slots < left ? h->slots : left;
         fprintf(f, "%s slots=%d\n", h->name, k);
+        h->launched = true;
         left -= k;
     }
     if (fclose(f) != 0) {
@@ -314,23 +316,29 @@ static bool resolves_to(const char *name, const char *addrs, int flags)
     return hit;
 }
 
-int elastic_cool(struct elastic *e, const char *host, const char *addrs, int64_t now_ns, char *as, size_t cap)
+int elastic_match(const struct elastic *e, const char *host, const char *addrs, int *idx, int max)
 {
     int n = 0;
-    as[0] = '\0';
     /* By name, or by a listed address; a listed name is resolved only when neither
        matched (the resolver's own bound applies). */
     for (int pass = 0; pass < 2 && n == 0; pass++) {
-        for (int i = 0; i < e->nhosts; i++) {
-            struct elastic_host *h = &e->hosts[i];
-            bool hit = pass == 0 ? same_name(h->name, host) || resolves_to(h->name, addrs, AI_NUMERICHOST)
-                                 : resolves_to(h->name, addrs, 0);
-            if (!hit)
-                continue;
-            h->cool_until_ns = now_ns + (int64_t)e->cooldown_ms * 1000000;
-            if (n++ == 0)
-                snprintf(as, cap, "%s", h->name);
+        for (int i = 0; i < e->nhosts && n < max; i++) {
+            const struct elastic_host *h = &e->hosts[i];
+            if (pass == 0 ? same_name(h->name, host) || resolves_to(h->name, addrs, AI_NUMERICHOST)
+                          : resolves_to(h->name, addrs, 0))
+                idx[n++] = i;
         }
     }
+    return n;
+}
+
+int elastic_cool(struct elastic *e, const char *host, const char *addrs, int64_t now_ns, char *as, size_t cap)
+{
+    int idx[ELASTIC_MAX_HOSTS], n = elastic_match(e, host, addrs, idx, ELASTIC_MAX_HOSTS);
+    as[0] = '\0';
+    for (int k = 0; k < n; k++)
+        e->hosts[idx[k]].cool_until_ns = now_ns + (int64_t)e->cooldown_ms * 1000000;
+    if (n > 0)
+        snprintf(as, cap, "%s", e->hosts[idx[0]].name);
     return n;
 }

@@ -18,6 +18,7 @@ struct elastic_host {
     int slots;
     int64_t cool_until_ns; /* CLOCK_MONOTONIC; 0: not cooling down */
     bool listed;           /* in the script's last answer */
+    bool launched;         /* in the hostfile of the launch that runs (mpirun allocated it) */
 };
 
 struct elastic {
@@ -50,6 +51,9 @@ int elastic_hostfile(struct elastic *e, FILE *f, const char *path, int n, int64_
    the names are equal but for case, or one is the other's short name (node1 and
    node1.cluster), or the known name is one of addrs or resolves to one of them. Returns
    how many known hosts it is; `as` gets the first one's name. */
+/* The known hosts a worker on `host` (addrs) is (the rule elastic_cool names), their indices
+   into e->hosts in idx (at most max): how many. */
+int elastic_match(const struct elastic *e, const char *host, const char *addrs, int *idx, int max);
 int elastic_cool(struct elastic *e, const char *host, const char *addrs, int64_t now_ns, char *as, size_t cap);
 
 #endif

@@ -22,6 +22,9 @@
 #include "tools.h"
 
 static bool relaunch_tick(struct grow *g, int want, const char *why);
+static bool join_start(struct grow *g, int64_t now, int free, int want);
+static bool join_tick(struct grow *g, int64_t now);
+static bool joined(const struct grow *g, int r);
 
 /* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
    interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
@@ -31,10 +34,16 @@ bool grow_tick(struct grow *g)
 {
     struct elastic *el = g->el;
     int64_t now = rk__mono_ns();
-    for (int r = 0; r < g->workers; r++) {
+    for (int r = 0; r < g->workers + (g->joins ? RK_JOIN_SLOTS : 0); r++) {
         char kind[16], host[64], beat_host[64], addrs[512], as[ELASTIC_HOST_LEN];
         int code = 0;
-        if (g->seen[r])
+        if (r >= g->workers && !g->seen[r]) { /* a worker started since: counted once it joined */
+            if (!joined(g, r))
+                continue;
+            g->seen[r] = true;
+            g->alive++;
+        }
+        if (g->seen[r] == (r >= g->workers) + 1)
             continue;
         if (!rec_read_end(g->rec, r, kind, &code, host)) {
             /* No record, and its wrapper's beat stopped (by this launcher's clock: records.c,
@@ -43,10 +52,10 @@ bool grow_tick(struct grow *g)
             if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
                 continue;
         } else if (strcmp(kind, "exit") == 0 && code == 0) {
-            g->seen[r] = true;
+            g->seen[r] = (r >= g->workers) + 1;
             continue;
         }
-        g->seen[r] = true;
+        g->seen[r] = (r >= g->workers) + 1;
         g->alive--;
         /* The host as the beat names it, with its addresses, matched to the script's names. */
         if (rec_beat_host(g->rec, r, beat_host, addrs, sizeof(addrs)) && !host[0])
@@ -68,7 +77,11 @@ bool grow_tick(struct grow *g)
         }
     }
     int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
+    if (g->ip_target > 0)
+        return join_tick(g, now);
     if (g->base == -2 && (want <= g->alive || g->alive <= 0))
+        return false;
+    if (g->base == -2 && !g->a->grow_relaunch && !g->ip_failed && join_start(g, now, free, want))
         return false;
     if (g->base == -2 && !g->ckpt_dir) {
         if (!g->warned_no_ckpt)
@@ -169,27 +182,35 @@ static int grow_request(const struct grow *g)
 
 /* The world the workers grow to, in the attempt's grow-to (recover/recovery.c G2): written
    whole under another name, then renamed over the last. */
-static int write_target(const struct grow *g, int world)
+static int write_target_text(const struct grow *g, const char *text)
 {
     unlinkat(g->rec->fd, ".grow-to", 0);
     FILE *f = rec_create_file(g->rec, ".grow-to");
     if (!f)
         return -errno;
-    bool ok = fprintf(f, "%d\n", world) > 0;
+    bool ok = fputs(text, f) >= 0;
     ok &= fclose(f) == 0;
     if (!ok || renameat(g->rec->fd, ".grow-to", g->rec->fd, "grow-to") != 0)
         return -(errno ? errno : EIO);
     return 0;
 }
 
+static int write_target(const struct grow *g, int world)
+{
+    char text[32];
+    snprintf(text, sizeof(text), "%d\n", world);
+    return write_target_text(g, text);
+}
+
 /* The bound on a growth in place: the survivors' recovery rounds (3 of RK_TIMEOUT_MS, as
-   the workers read it: the options' table, its default where unset or refused) and a few
-   seconds for the spares' notes. */
-static int64_t in_place_bound_ns(void)
+   the workers read it: the options' table, its default where unset or refused), for a
+   worker started meanwhile its join before them (the members give one up at 2 x 2 of
+   RK_TIMEOUT_MS: recover/join_proto.c J14), and a few seconds for the notes. */
+static int64_t in_place_bound_ns(bool join)
 {
     rk_options o;
     rk_options_init(&o);
-    return ((int64_t)o.timeout_ms * 3 + 5000) * 1000000LL;
+    return ((int64_t)o.timeout_ms * (join ? 3 + 4 : 3) + 5000) * 1000000LL;
 }
 
 bool grow_spares_tick(struct grow *g)
@@ -204,7 +225,7 @@ bool grow_spares_tick(struct grow *g)
             fprintf(stderr, "rekindle: run: grown in place to %d workers in %.0f ms: %d spare(s) joined, no worker "
                             "restarted\n", g->ip_target, (double)(now - g->ip_since) / 1e6, in - g->ip_joined);
             g->ip_target = 0;
-        } else if (waiting == 0 || now - g->ip_since > in_place_bound_ns()) {
+        } else if (waiting == 0 || now - g->ip_since > in_place_bound_ns(false)) {
             fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete (%s): the job goes on at "
                             "%d workers\n", g->ip_target,
                     waiting == 0 ? "no spare left waiting: the ones asked ended" : "not within its bound", alive);
@@ -241,6 +262,84 @@ bool grow_spares_tick(struct grow *g)
         return false;
     }
     return relaunch_tick(g, want, why);
+}
+
+/* ---- growth in place by workers started while the job trains (elastic) ------------------ */
+
+/* Where the newcomers go: the free slots of the listed hosts not cooling down, in the
+   script's order, once the slots of the workers alive (their beats' hosts) are taken
+   away; a host outside the launch's hostfile is marked "+" (mpirun must add it). Writes
+   the grow file's join lines into text (cap) and the hosts into g->ip_hosts; how many. */
+static int join_hosts(struct grow *g, int64_t now, int k, char *text, size_t cap)
+{
+    struct elastic *el = g->el;
+    int used[ELASTIC_MAX_HOSTS] = {0}, n = 0;
+    for (int r = 0; r < g->workers + (g->joins ? RK_JOIN_SLOTS : 0); r++) {
+        char host[64] = "", addrs[512] = "";
+        int idx;
+        bool alive = r < g->workers ? !g->seen[r] : g->seen[r] == 1;
+        if (alive && rec_beat_host(g->rec, r, host, addrs, sizeof(addrs)) && elastic_match(el, host, addrs, &idx, 1))
+            used[idx]++;
+    }
+    size_t len = strlen(text), hl = 0;
+    g->ip_hosts[0] = '\0';
+    for (int i = 0; i < el->nhosts && n < k; i++) {
+        const struct elastic_host *h = &el->hosts[i];
+        for (int s = used[i]; h->listed && h->cool_until_ns <= now && s < h->slots && n < k; s++, n++) {
+            len += (size_t)snprintf(text + len, len < cap ? cap - len : 0, "join %s%s\n", h->launched ? "" : "+",
+                                    h->name);
+            hl += (size_t)snprintf(g->ip_hosts + hl, hl < sizeof(g->ip_hosts) ? sizeof(g->ip_hosts) - hl : 0,
+                                   "%s%s", n ? ", " : "", h->name);
+        }
+    }
+    return len < cap ? n : 0;
+}
+
+/* An elastic run with more free slots than workers alive grows in place first: the grow
+   file asks the workers for the world wanted, with a join line per worker to start
+   (recover/join_proto.c J16), and the launcher follows the newcomers' joined notes.
+   False when it cannot ask (the growth then goes by a relaunch). */
+static bool join_start(struct grow *g, int64_t now, int free, int want)
+{
+    char text[8192];
+    snprintf(text, sizeof(text), "%d\n", want);
+    int k = join_hosts(g, now, want - g->alive, text, sizeof(text)), rc = k > 0 ? write_target_text(g, text) : -ENOSPC;
+    if (rc != 0) {
+        fprintf(stderr, "rekindle: run: growth in place: cannot ask the workers (%s): growing by a relaunch\n",
+                k > 0 ? strerror(-rc) : "no free slot found on the listed hosts");
+        g->ip_failed = true;
+        return false;
+    }
+    fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing in place to %d, %d worker(s) started on %s "
+                    "while the job trains\n", free, g->alive, g->alive + k, k, g->ip_hosts);
+    g->joins = true;
+    g->ip_target = g->alive + k;
+    g->ip_from = g->alive;
+    g->ip_since = now;
+    return true;
+}
+
+/* A growth in place under way: done once as many workers are alive as asked; not done
+   within its bound, the workers are asked for the world there is and the growth goes by a
+   relaunch. */
+static bool join_tick(struct grow *g, int64_t now)
+{
+    if (g->alive >= g->ip_target) {
+        fprintf(stderr, "rekindle: run: grown in place to %d workers in %.0f ms: %d started on %s joined, no worker "
+                        "restarted\n", g->alive, (double)(now - g->ip_since) / 1e6, g->alive - g->ip_from, g->ip_hosts);
+        g->ip_target = 0;
+        return false;
+    }
+    int64_t bound = in_place_bound_ns(true) * (g->ip_target - g->ip_from);
+    if (g->alive > 0 && now - g->ip_since <= bound)
+        return false;
+    fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete within %.0f s (%d of %d joined): "
+                    "growing by a relaunch\n", g->ip_target, (double)bound / 1e9, g->alive - g->ip_from,
+            g->ip_target - g->ip_from);
+    write_target(g, g->alive); /* asks nothing more of the workers */
+    g->ip_target = 0;
+    g->ip_failed = true;
+    return false;
 }
 
 /* Before each launch of an elastic run: the hosts from the script, waiting (at most

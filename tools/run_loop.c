@@ -179,6 +179,7 @@ struct verdict {
     int ok;        /* workers whose PROGRAM exited 0 (a spare only if it joined the job) */
     int unused;    /* spares that exited 0 without having joined: they say nothing of the job */
     int64_t last_beat_ns; /* the newest sign of life of a worker with no record (0: none) */
+    int nproc;     /* the processes judged: the launch's and the workers started since */
     int job_status; /* the lowest failing rank's exit code or 128+signal; 0 if none */
     char lost[512]; /* "rank 1 (node3): killed by signal 9; rank 2: no record" */
 };
@@ -186,16 +187,22 @@ struct verdict {
 /* with_host: name each lost worker's host (a job started with --hostfile). Ranks from
    `members` on are the spares: one that exited 0 without having joined (no joined-<R>
    note, written by the library when recovery brings it in) is unused, and an unused
-   spare's 0 is not the job's completion (its members may all have failed). */
-static void judge(struct records *rec, int nproc, int members, bool with_host, struct verdict *v)
+   spare's 0 is not the job's completion (its members may all have failed). With `joins`,
+   the slots above the launch's (workers started while the job runs: recover/join_proto.c)
+   are judged as spares, those that left a record or a beat. */
+static void judge(struct records *rec, int nproc, int members, bool joins, bool with_host, struct verdict *v)
 {
     memset(v, 0, sizeof(*v));
     size_t len = 0;
     int listed = 0;
-    for (int r = 0; r < nproc; r++) {
+    v->nproc = nproc;
+    for (int r = 0; r < nproc + (joins ? RK_JOIN_SLOTS : 0); r++) {
         char what[64] = "", on[80] = "", kind[16], host[64];
         int code = -1, status;
         rec_read_end(rec, r, kind, &code, host);
+        if (r >= nproc && !kind[0] && !rec_beat_seen(rec, r))
+            continue; /* no worker was started at that slot */
+        v->nproc += r >= nproc;
         v->recorded += kind[0] != '\0';
         if (!kind[0]) {
             int64_t beat = rec_beat_seen(rec, r);
@@ -248,6 +255,7 @@ struct watch {
     int64_t start_by;   /* no beat of any worker by then: mpirun could not start them (L2) */
     struct records *rec;
     int nproc, members;
+    struct grow *g;     /* the run's growth, NULL: none */
 };
 
 /* -> STOPPING (from RUNNING or STOPPING): sig to mpirun, the session SIGKILLed RUN_GRACE_MS
@@ -276,13 +284,13 @@ static void watch_signal(struct watch *w, int sig)
 static void watch_records(struct watch *w)
 {
     struct verdict v;
-    judge(w->rec, w->nproc, w->members, false, &v);
+    judge(w->rec, w->nproc, w->members, w->g && w->g->joins, false, &v);
     int64_t now = rk__mono_ns();
     if (v.recorded != w->recorded) {
         w->recorded = v.recorded;
         w->record_at = now;
     }
-    if (v.recorded == w->nproc && !w->all_since)
+    if (v.recorded == v.nproc && !w->all_since)
         w->all_since = now;
     int64_t life = v.last_beat_ns > w->record_at ? v.last_beat_ns : w->record_at; /* of the rest */
     int64_t end_at = w->all_since ? w->all_since + DONE_GRACE_MS * 1000000LL
@@ -300,13 +308,13 @@ static void watch_records(struct watch *w)
         fprintf(stderr, "rekindle: run: no worker has recorded its end and none has shown a sign of life for %d ms "
                         "(lost with their hosts), but mpirun is still running: stopping it\n",
                 LATE_GRACE_MS);
-    else if (v.recorded == w->nproc)
+    else if (v.recorded == v.nproc)
         fprintf(stderr, "rekindle: run: every worker has ended, but mpirun is still running: stopping it\n");
     else
         fprintf(stderr,
                 "rekindle: run: %s: %d of %d workers ended (%d completed), the other %d show no sign "
                 "of life for %d ms (lost with their hosts), but mpirun is still running: stopping it\n",
-                v.ok > 0 ? "the job completed" : "the job failed", v.recorded, w->nproc, v.ok, w->nproc - v.recorded,
+                v.ok > 0 ? "the job completed" : "the job failed", v.recorded, v.nproc, v.ok, v.nproc - v.recorded,
                 LATE_GRACE_MS);
     watch_stop(w, SIGTERM);
 }
@@ -338,7 +346,7 @@ static int run_mpirun(char **argv, const sigset_t *watch, const sigset_t *old_ma
                       struct records *rec, int nproc, int members, double start_timeout_s, struct grow *g)
 {
     int64_t launched = rk__mono_ns();
-    struct watch w = {.state = RUNNING, .kill_at = INT64_MAX, .rec = rec, .nproc = nproc, .members = members,
+    struct watch w = {.state = RUNNING, .kill_at = INT64_MAX, .rec = rec, .nproc = nproc, .members = members, .g = g,
                       .launched = launched, .start_by = launched + (int64_t)(start_timeout_s * 1e9)};
     w.mpirun = fork();
     if (w.mpirun < 0)
@@ -398,7 +406,7 @@ static int attempt(const struct run_ctx *c, int k, int *stop_sig, struct verdict
         rec_close(&rec);
         return tool_error(TOOL_USAGE, "run: cannot start mpirun: %s", strerror(-status));
     }
-    judge(&rec, a->n + a->spares, a->n, a->hostfile != NULL, v);
+    judge(&rec, a->n + a->spares, a->n, g && g->joins, a->hostfile != NULL, v);
     rec_close(&rec);
     if (*stop_sig)
         return 128 + *stop_sig;
@@ -426,7 +434,7 @@ int run_loop(const struct run_ctx *c)
             g.workers = g.alive = a->n;
             if (g.ckpt_dir && !*g.ckpt_dir)
                 g.ckpt_dir = NULL;
-            if (!(g.seen = calloc((size_t)a->n, sizeof(bool)))) {
+            if (!(g.seen = calloc((size_t)a->n + RK_JOIN_SLOTS, 1))) {
                 status = tool_error(TOOL_USAGE, "run: out of memory");
                 break;
             }
@@ -450,7 +458,7 @@ int run_loop(const struct run_ctx *c)
         if (v.ok > 0) {
             if (v.lost[0])
                 fprintf(stderr, "rekindle: run: job completed by %d of %d workers; lost: %s\n", v.ok,
-                        a->n + a->spares - v.unused, v.lost);
+                        v.nproc - v.unused, v.lost);
             status = 0;
             break;
         }

@@ -73,7 +73,11 @@ static det_parent *report_channel(const char *rank, int pfd[2])
 
 int run_worker(const char *dir, char **prog)
 {
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    /* A worker started while the job runs (recover/join_proto.c J16) is told its slot:
+       its own MPI_COMM_WORLD is the spawn's, where it is rank 0. */
+    const char *rank = getenv("RK_RUN_SLOT");
+    if (!rank)
+        rank = getenv("OMPI_COMM_WORLD_RANK");
     if (!rank)
         rank = getenv("PMIX_RANK");
     if (!rank || !*rank || strspn(rank, "0123456789") != strlen(rank) || strlen(rank) > 9)
