@@ -53,7 +53,6 @@ struct rec_join {
     MPI_Comm parent;           /* member: the communicator of the members; newcomer: its parent */
     MPI_Group group;           /* member: the members in parent */
     char *command, **argv, *hosts, *env; /* command: "" but at the root, where spawn reads it */
-    bool add_host;
     int n;
     /* what it made: written by the thread before DONE, read by the caller after */
     MPI_Comm out[REC_JOIN_COMMS];
@@ -104,7 +103,7 @@ static void run(struct rec_join *j)
         MPI_Info info = MPI_INFO_NULL;
         if ((j->hosts || j->env) && MPI_Info_create(&info) == MPI_SUCCESS) {
             if (j->hosts)
-                MPI_Info_set(info, j->add_host ? "add-host" : "host", j->hosts);
+                MPI_Info_set(info, "host", j->hosts);
             if (j->env)
                 MPI_Info_set(info, "env", j->env); /* Open MPI: "K=V" lines, set in the newcomers */
         }
@@ -222,7 +221,6 @@ int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_
     j->argv = calloc(na + 1, sizeof(*j->argv));
     j->hosts = spec->hosts ? strdup(spec->hosts) : NULL;
     j->env = spec->env ? strdup(spec->env) : NULL;
-    j->add_host = spec->add_host;
     bool ok = j->command && j->argv && (!spec->hosts || j->hosts) && (!spec->env || j->env);
     for (size_t i = 0; ok && i < na; i++)
         ok = (j->argv[i] = strdup(spec->argv[i])) != NULL;

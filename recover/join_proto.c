@@ -38,6 +38,21 @@
  *       newcomer, which every member of the decision applies, so the members of one ring
  *       always talk on one communicator. A join given up on before leaves its thread as
  *       join.c J8 says, and the newcomer, never asked, ends its rk_init with an error.
+ *   J16 Under `rekindle run` the launcher asks (docs/LAUNCHER.md): the grow file (recovery.c
+ *       G2, the same checks) names the world wanted and, per worker to start, a join line
+ *       ("join HOST", a host of mpirun's allocation). Only M0 reads it (request_poll, every
+ *       REC_GROW_POLL_NS at rk_step_done), and only when the members and the live spares
+ *       make less than asked; it sends every other member of the agreed view START (the
+ *       agreed epoch, the slot) and starts the join itself: the newcomer is this worker's
+ *       own wrapper command (`rekindle run --rk-worker ...`, from /proc), told its slot in
+ *       RK_RUN_SLOT, so its death is reported and its end recorded as any worker's. A
+ *       member takes a START at rk_step_done only from the lowest of its view, of its
+ *       agreed epoch, for slots not behind its own (it skips the slots M0 gave up on), with
+ *       no join under way; any other is dropped, and M0's join then ends at its bound. The
+ *       file names a size: once the newcomer is a member, reading it again asks nothing.
+ *   J17 A join given up on is not started again by M0 before 2 x REC_JOIN_WAIT x
+ *       RK_TIMEOUT_MS, by when every member has given it up (J14), so a new START never
+ *       meets a member still inside the old join.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -350,10 +365,9 @@ static int wrapper_command(char *exe, size_t cap, char ***argv, char **blob)
     return 0;
 }
 
-/* The host of the next newcomer from the grow file's join lines ("join", "join HOST",
-   "join +HOST": a host mpirun has not allocated), the `more`-th from the end; false when
-   the file has none (a growth onto spares alone). */
-static bool join_line(char *text, int more, char *host, size_t cap, bool *add)
+/* The host of the next newcomer from the grow file's join lines ("join" or "join HOST"),
+   the `more`-th from the end; false when the file has none (a growth onto spares alone). */
+static bool join_line(char *text, int more, char *host, size_t cap)
 {
     char *lines[JOIN_HOSTS];
     int n = 0;
@@ -366,8 +380,6 @@ static bool join_line(char *text, int more, char *host, size_t cap, bool *add)
         return false;
     char *l = lines[more > n ? 0 : n - more];
     l += strspn(l, " ");
-    *add = *l == '+';
-    l += *add;
     size_t len = strcspn(l, " \n");
     if (len >= cap || strspn(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") < len)
         len = 0; /* no host, or not a host name: wherever mpirun has a slot */
@@ -387,7 +399,6 @@ static void request_poll(rk_ctx *ctx)
         return;
     ctx->join_poll_ns = now + REC_GROW_POLL_NS;
     char text[4096], host[256], exe[4096], **argv = NULL, *blob = NULL;
-    bool add = false;
     if (rec_grow_read(ctx, text, sizeof(text)) <= 0)
         return;
     det_view v;
@@ -395,7 +406,7 @@ static void request_poll(rk_ctx *ctx)
     int want = rec_grow_world(text), more = want - ctx->world;
     for (int i = 0; i < ctx->nspares; i++)
         more -= det_view_has(&v, ctx->spares[i]); /* rec_grow_poll asks them (G2) */
-    if (more <= 0 || !join_line(text, more, host, sizeof(host), &add))
+    if (more <= 0 || !join_line(text, more, host, sizeof(host)))
         return;
     if (wrapper_command(exe, sizeof(exe), &argv, &blob) != 0) {
         RK_LOG_WARN(RK_SUB_REC, "growth to %d asks for a worker started while the job runs, but this worker was not "
@@ -410,8 +421,7 @@ static void request_poll(rk_ctx *ctx)
             rec_msg_send(ctx, &m, sizeof(m), ctx->view[i], TAG_START);
     char env[64];
     snprintf(env, sizeof(env), "RK_RUN_SLOT=%d", slot0); /* its wrapper's records are the slot's */
-    rec_join_spec spec = {.command = exe, .argv = argv, .n = 1, .hosts = host[0] ? host : NULL, .add_host = add,
-                          .env = env};
+    rec_join_spec spec = {.command = exe, .argv = argv, .n = 1, .hosts = host[0] ? host : NULL, .env = env};
     int rc = rec_join_begin(ctx, &spec);
     free(argv);
     free(blob);

@@ -218,8 +218,7 @@ typedef struct rec_join_spec {
     const char *command;  /* read at the root alone (the first member): may be NULL elsewhere */
     char *const *argv;
     int n;
-    const char *hosts;    /* Open MPI's "host" (or "add-host", a host not in mpirun's allocation) */
-    bool add_host;
+    const char *hosts;    /* Open MPI's "host": one of mpirun's allocation (docs/LAUNCHER.md) */
     const char *env;      /* "K=V" lines set in the newcomers (Open MPI's "env"), or NULL */
 } rec_join_spec;
 struct rec_join;

@@ -116,13 +116,14 @@ void th_train_spare(const char *dir, int steps, const char *args, bool kill_one,
    lists 3 (and RK_RUN_DIR/grow is touched); TH_LOSE_WORKER: of 3 workers on this host,
    worker 1 is SIGKILLed (the job shrinks in place, grows back after the cool-down);
    TH_LOSE_HOST: on 3 hosts of scripts/hosts (one slot each), every process of the second
-   is SIGKILLed, likewise. in_place: the launcher's --grow inplace (workers started on the
-   free slots join the job), else --grow relaunch. Then the replay on this host: the same
+   is SIGKILLed, likewise. in_place: 0 --grow relaunch; 1 --grow inplace (workers started on
+   the free slots join the job); 2 --grow inplace where the growth goes by a relaunch all
+   the same (a host lost whole). Then the replay on this host: the same
    worlds at the same steps, from the steps the job resumed at. *out: "exit=N", the job's
    final lines, the launcher's lines, "memory=A disk=B" (B: the growth's resume, from memory
    when in place), "replay", the replay's final lines. Returns th_sh's status. */
 enum th_elastic { TH_GROW, TH_LOSE_WORKER, TH_LOSE_HOST };
-int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, bool in_place, char **out);
+int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, int in_place, char **out);
 /* th_train_elastic of 6000 steps with TH_LOSE_WORKER or TH_LOSE_HOST (long enough for the
    growth back, ~1 ms steps on an idle machine, to come well before the end), asserting exit
    0, the launcher's lost_line, the growth (in place: and no relaunch), and the final bits

@@ -213,7 +213,7 @@ START_TEST(discovery_grows_job)
 {
     char *w = th_tmpdir("train-grow"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, false, &out);
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, 0, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
                       strstr(out, "launching again to grow"),
                   "rc %d:\n%s", rc, out);
@@ -231,7 +231,7 @@ START_TEST(discovery_grows_in_place)
 {
     char *w = th_tmpdir("train-grow-ip"), *out = NULL;
     clear_rk_env();
-    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, true, &out);
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW, 1, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3, 1 worker(s) started on") &&
                       strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);

@@ -131,6 +131,8 @@ struct grow {
        asked once (joins: their slots' records are read from then on), given up on once
        (ip_failed: the growth goes by a relaunch), where they run (ip_hosts). */
     bool joins, ip_failed;
+    int ip_unjoined;      /* workers started since that had ended without joining, at the ask */
+    int ip_tries;         /* workers started for this growth that ended before joining */
     char ip_hosts[256];
 };
 

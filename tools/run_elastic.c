@@ -260,7 +260,7 @@ int elastic_hostfile(struct elastic *e, FILE *f, const char *path, int n, int64_
     int left = n;
     for (int i = 0; i < e->nhosts; i++) {
         struct elastic_host *h = &e->hosts[i];
-        h->launched = false;
+        h->launched = h->unreachable = false;
         if (!h->listed || h->cool_until_ns > now_ns || left == 0)
             continue;
         int k = h->slots < left ? h->slots : left;

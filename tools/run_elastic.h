@@ -19,6 +19,7 @@ struct elastic_host {
     int64_t cool_until_ns; /* CLOCK_MONOTONIC; 0: not cooling down */
     bool listed;           /* in the script's last answer */
     bool launched;         /* in the hostfile of the launch that runs (mpirun allocated it) */
+    bool unreachable;      /* lost whole since that launch (its mpirun daemon with it) */
 };
 
 struct elastic {

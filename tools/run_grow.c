@@ -25,6 +25,7 @@ static bool relaunch_tick(struct grow *g, int want, const char *why);
 static bool join_start(struct grow *g, int64_t now, int free, int want);
 static bool join_tick(struct grow *g, int64_t now);
 static bool joined(const struct grow *g, int r);
+static bool ended(const struct grow *g, int r);
 
 /* One look, every tick of run_mpirun: losses cool their hosts; the script runs every
    interval (or at once when RK_RUN_DIR/grow appears); when more slots are free than
@@ -45,12 +46,14 @@ bool grow_tick(struct grow *g)
         }
         if (g->seen[r] == (r >= g->workers) + 1)
             continue;
+        bool whole = false;
         if (!rec_read_end(g->rec, r, kind, &code, host)) {
             /* No record, and its wrapper's beat stopped (by this launcher's clock: records.c,
                R3): gone with its host (or the wrapper killed with it). */
             int64_t beat = rec_beat_seen(g->rec, r);
             if (!beat || now - beat < (int64_t)LOST_BEATS * BEAT_MS * 1000000)
                 continue;
+            whole = true;
         } else if (strcmp(kind, "exit") == 0 && code == 0) {
             g->seen[r] = (r >= g->workers) + 1;
             continue;
@@ -60,6 +63,9 @@ bool grow_tick(struct grow *g)
         /* The host as the beat names it, with its addresses, matched to the script's names. */
         if (rec_beat_host(g->rec, r, beat_host, addrs, sizeof(addrs)) && !host[0])
             snprintf(host, sizeof(host), "%s", beat_host);
+        int idx;
+        if (whole && host[0] && elastic_match(el, host, addrs, &idx, 1)) /* mpirun's daemon there went too */
+            el->hosts[idx].unreachable = true;
         if (host[0] && elastic_cool(el, host, addrs, now, as, sizeof(as)) > 0)
             fprintf(stderr, "rekindle: run: host %s%s%s%s lost worker %d: no growth onto it for %g s\n", host,
                     strcmp(as, host) ? " (listed as " : "", strcmp(as, host) ? as : "", strcmp(as, host) ? ")" : "",
@@ -268,8 +274,12 @@ bool grow_spares_tick(struct grow *g)
 
 /* Where the newcomers go: the free slots of the listed hosts not cooling down, in the
    script's order, once the slots of the workers alive (their beats' hosts) are taken
-   away; a host outside the launch's hostfile is marked "+" (mpirun must add it). Writes
-   the grow file's join lines into text (cap) and the hosts into g->ip_hosts; how many. */
+   away, on the hosts mpirun was launched with (its allocation) and not lost whole since.
+   Open MPI 4.1.4 spawns onto those alone: onto a host lost whole (its daemon went with it)
+   mpirun ended the job's workers, and onto a host it must add ("add-host") it aborted the
+   job (measured 2026-11-28, namespace hosts); a growth onto such a host goes by a
+   relaunch. Writes the grow file's join lines into text (cap) and the hosts into
+   g->ip_hosts; how many. */
 static int join_hosts(struct grow *g, int64_t now, int k, char *text, size_t cap)
 {
     struct elastic *el = g->el;
@@ -285,14 +295,25 @@ static int join_hosts(struct grow *g, int64_t now, int k, char *text, size_t cap
     g->ip_hosts[0] = '\0';
     for (int i = 0; i < el->nhosts && n < k; i++) {
         const struct elastic_host *h = &el->hosts[i];
-        for (int s = used[i]; h->listed && h->cool_until_ns <= now && s < h->slots && n < k; s++, n++) {
-            len += (size_t)snprintf(text + len, len < cap ? cap - len : 0, "join %s%s\n", h->launched ? "" : "+",
-                                    h->name);
+        bool reach = h->listed && h->launched && !h->unreachable && h->cool_until_ns <= now;
+        for (int s = used[i]; reach && s < h->slots && n < k; s++, n++) {
+            len += (size_t)snprintf(text + len, len < cap ? cap - len : 0, "join %s\n", h->name);
             hl += (size_t)snprintf(g->ip_hosts + hl, hl < sizeof(g->ip_hosts) ? sizeof(g->ip_hosts) - hl : 0,
                                    "%s%s", n ? ", " : "", h->name);
         }
     }
     return len < cap ? n : 0;
+}
+
+enum { JOIN_TRIES = 3 }; /* workers started for one growth in place, then a relaunch */
+
+/* Workers started since the launch that ended without having joined. */
+static int ended_unjoined(const struct grow *g)
+{
+    int n = 0;
+    for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS; r++)
+        n += !g->seen[r] && ended(g, r);
+    return n;
 }
 
 /* An elastic run with more free slots than workers alive grows in place first: the grow
@@ -306,13 +327,14 @@ static bool join_start(struct grow *g, int64_t now, int free, int want)
     int k = join_hosts(g, now, want - g->alive, text, sizeof(text)), rc = k > 0 ? write_target_text(g, text) : -ENOSPC;
     if (rc != 0) {
         fprintf(stderr, "rekindle: run: growth in place: cannot ask the workers (%s): growing by a relaunch\n",
-                k > 0 ? strerror(-rc) : "no free slot found on the listed hosts");
+                k > 0 ? strerror(-rc) : "no free slot on a listed host that mpirun still reaches");
         g->ip_failed = true;
         return false;
     }
     fprintf(stderr, "rekindle: run: %d slots free for %d workers: growing in place to %d, %d worker(s) started on %s "
                     "while the job trains\n", free, g->alive, g->alive + k, k, g->ip_hosts);
     g->joins = true;
+    g->ip_unjoined = ended_unjoined(g);
     g->ip_target = g->alive + k;
     g->ip_from = g->alive;
     g->ip_since = now;
@@ -331,11 +353,24 @@ static bool join_tick(struct grow *g, int64_t now)
         return false;
     }
     int64_t bound = in_place_bound_ns(true) * (g->ip_target - g->ip_from);
-    if (g->alive > 0 && now - g->ip_since <= bound)
+    int unjoined = ended_unjoined(g);
+    bool lost = unjoined > g->ip_unjoined; /* a newcomer ended before it joined */
+    if (lost && ++g->ip_tries < JOIN_TRIES) {
+        /* The workers went on without it; the request stands, and they start another once
+           the join given up on is over (recover/join_proto.c J17). */
+        fprintf(stderr, "rekindle: run: a worker started to grow in place ended before it joined: the workers start "
+                        "another (try %d of %d)\n", g->ip_tries + 1, JOIN_TRIES);
+        g->ip_unjoined = unjoined;
+        g->ip_since = now;
         return false;
-    fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete within %.0f s (%d of %d joined): "
-                    "growing by a relaunch\n", g->ip_target, (double)bound / 1e9, g->alive - g->ip_from,
-            g->ip_target - g->ip_from);
+    }
+    if (g->alive > 0 && now - g->ip_since <= bound && !lost)
+        return false;
+    char why[64];
+    snprintf(why, sizeof(why), lost ? "a worker started for it ended before it joined" : "not within %.0f s",
+             (double)bound / 1e9);
+    fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete (%s; %d of %d joined): growing by a "
+                    "relaunch\n", g->ip_target, why, g->alive - g->ip_from, g->ip_target - g->ip_from);
     write_target(g, g->alive); /* asks nothing more of the workers */
     g->ip_target = 0;
     g->ip_failed = true;
