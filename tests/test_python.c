@@ -124,9 +124,10 @@ END_TEST
 
 /* examples/horovod_style.py (Elastic Horovod's API, rekindle.elastic) on 3 workers under
    `rekindle run --host-discovery-script`, one SIGKILLed and its slot taken off the list,
-   then listed again: the 2 survivors go on in place, the job grows back to 3 at a
-   checkpoint, and ends with the hash of a replay of its history world by world (the
-   model, SGD's momentum and the state's epoch, batch and step). */
+   then listed again: the 2 survivors go on in place, the job grows back to 3 in place (a
+   Python worker started on the slot joins them from their memory), and ends with the hash
+   of a replay of its history world by world (the model, SGD's momentum and the state's
+   epoch, batch and step). */
 START_TEST(horovod_style_killed_then_grown_back)
 {
     job("horovod", NULL, "job_check horovod: ok");

@@ -32,11 +32,12 @@ judged as the C trainer is: run by tests/test_python.c.
         this host with 3 slots. One worker is SIGKILLed once a checkpoint is committed and
         its slot taken off the list (the scheduler lost it), then listed again 0.5 s later
         (it came back): the 2 survivors go on in place from memory, and the launcher grows
-        the job back to 3 at a later checkpoint (a relaunch, not a restart). The 3 final
+        the job back to 3 in place (a worker started on the slot joins them, from their
+        memory; by a relaunch at a later checkpoint where the launcher says so). The 3 final
         hashes (the model, SGD's momentum and the state's epoch, batch and step) must equal
         a replay of the job's history world by world: 3 workers to the step the survivors
-        resumed at, 2 from there to the checkpoint the growth resumed from (which must equal
-        the job's own bitwise), 3 from there to the end.
+        resumed at, 2 from there to the step the growth resumed at (a relaunch's checkpoint
+        must equal the job's own bitwise), 3 from there to the end.
     job_check.py BUILD WORK elastic
         tests/py/elastic_check.py (rekindle.elastic's TorchState and run(): rollback of
         the scalars, reset callbacks, sync) on 3 workers, one of which SIGKILLs itself:
@@ -143,6 +144,7 @@ def job_env():
     return {"RK_FAULT": "allreduce@%d=crash" % KILL_AT, "CHAOS_FAULT_RANK": "1", "CHAOS_FAULT_ATTEMPT": "0"}
 NAME = " ".join([MODE] + FLAGS)
 GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
+GROW_IN_PLACE_LINE = "rekindle: run: grown in place to"
 SCALE = int(os.environ.get("RK_TEST_TIME_SCALE", "1") or 1)  # tests/run: every bound of the tests scales
 
 
@@ -323,27 +325,33 @@ def kill():
 
 
 def grown_back(out, got, resumed, n, steps, ckpt):
-    """The judgement of a job that lost a worker, went on in place, then grew back."""
-    if GROW_LINE not in out or "relaunching, restart" in out:
-        fail("the job did not grow back by a relaunch at a checkpoint (or was restarted)", out)
+    """The judgement of a job that lost a worker, went on in place, then grew back: in place
+    (the default: a worker started on the slot joins, from the others' memory), or by a
+    relaunch at a checkpoint where the launcher says it went that way."""
+    in_place = GROW_IN_PLACE_LINE in out
+    if (not in_place and GROW_LINE not in out) or "relaunching, restart" in out:
+        fail("the job did not grow back, in place or by a relaunch at a checkpoint (or was restarted)", out)
     memory = [e for e in resumed if e["from"] == "memory"]
-    disk = [e for e in resumed if e["from"] == "disk" and memory and e["t_ns"] > memory[0]["t_ns"]]
-    if not memory or not disk:
-        fail("want a resume from memory (the loss), then one from disk (the growth): %s" % resumed, out)
-    a, b = memory[0]["step"], disk[-1]["step"]
+    later = [e for e in resumed if memory and e["t_ns"] > memory[0]["t_ns"] and
+             (e["from"] == "memory" and e.get("world") == n if in_place else e["from"] == "disk")]
+    if not memory or not later:
+        fail("want a resume from memory (the loss), then one %s (the growth): %s" % (
+            "from memory on %d" % n if in_place else "from disk", resumed), out)
+    a, b = memory[0]["step"], later[-1]["step"]
     replay = os.path.join(WORK, "replay")
     os.makedirs(replay)
     if a > 0:
         run(n, a, replay, "replay to step %d on %d workers" % (a, n), every=a)
     run(n - 1, b, replay, "replay from step %d to %d on %d workers" % (a, b, n - 1), every=b)
-    if not equal_state(rekindle.load(ckpt, b), rekindle.load(replay, b)):
+    if not in_place and not equal_state(rekindle.load(ckpt, b), rekindle.load(replay, b)):
         fail("the job's checkpoint %d, which the growth resumed from, differs from the replay's" % b)
     want, _ = run(n, steps, replay, "replay from step %d on %d workers" % (b, n))
     if got != want:
         fail("final hash %s; the replay (%d workers to %d, %d to %d, %d to the end) gives %s" % (
             got, n, a, n - 1, b, n, want), out)
-    print("job_check %s: ok: %d survivors resumed at step %d from memory, grew back to %d at checkpoint %d, "
-          "hash %s equals the replay's" % (NAME, n - 1, a, n, b, got))
+    print("job_check %s: ok: %d survivors resumed at step %d from memory, grew back to %d %s %d, "
+          "hash %s equals the replay's" % (NAME, n - 1, a, n, "in place at step" if in_place else "at checkpoint",
+                                           b, got))
 
 
 def relaunch():
