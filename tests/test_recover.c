@@ -616,10 +616,11 @@ START_TEST(before_update_program_resumes_one_step_back)
 END_TEST
 
 /* The same program, written from rekindle.h alone, in an elastic job (docs/LAUNCHER.md,
-   "Growing"): `rekindle run --host-discovery-script` lists 2 slots, then 3 once checkpoint
-   100 is committed; the job is stopped and launched again on 3 workers, which resume from
-   the newest checkpoint (its `resumed` events say world 3) and end with the exact state:
-   nothing in the program is about growth but rk_resume at its start. */
+   "Growing in place"): `rekindle run --host-discovery-script` lists 2 slots, then 3 once
+   checkpoint 100 is committed; a worker started on the new slot joins the two while they
+   train (the program's own rk_init and rk_resume, started by the members), all three
+   resume from the two's memory in a world of 3 (no relaunch, none restarted) and end with
+   the exact state: nothing in the program is about growth but rk_resume at its start. */
 START_TEST(docs_program_grows_with_the_job)
 {
     char *w = th_tmpdir("update-grow"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
@@ -634,12 +635,12 @@ START_TEST(docs_program_grows_with_the_job)
              "grep -h '\"resumed\"' $W/ev.*\n",
              w, rekindle, getenv("RK_TEST_BUILD"));
     int rc = th_sh(cmd, 180, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing to 3 at the next checkpoint") &&
-                      strstr(out, "launching again to grow"),
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3") &&
+                      strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);
     ck_assert_msg(count_lines(out, " ok\n") == 3 && !strstr(out, "WRONG"), "want 3 workers ok at the end:\n%s", out);
-    ck_assert_msg(count_lines(out, "\"world\": 3") == 3 && count_lines(out, "\"from\": \"disk\"") == 3,
-                  "the grown launch's 3 workers should resume from disk in a world of 3:\n%s", out);
+    ck_assert_msg(count_lines(out, "\"world\": 3") == 3 && count_lines(out, "\"from\": \"memory\"") == 3,
+                  "the 3 workers should resume from the two's memory in a world of 3:\n%s", out);
     th_rmrf(w);
     free(w);
     free(rekindle);
