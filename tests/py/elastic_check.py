@@ -110,8 +110,11 @@ def train(state):
         state.optimizer.step()  # the gradients averaged first (DistributedOptimizer)
         state.epoch += 1
         state.dirty = 0
+        # Noted before the call: a loss declared while commit() runs may be seen after its
+        # snapshot was taken, and commit() then raises with the job rolled back to this
+        # very commit (rk_step_done: the snapshot kept, the recovery after it).
+        committed[ctx.next_step + 1] = (state.epoch, params_now())
         state.commit()
-        committed[ctx.next_step] = (state.epoch, params_now())
         if LAUNCH == KILLER and state.epoch == KILL_AFTER:
             os.kill(os.getpid(), signal.SIGKILL)
         state.dirty = 1  # uncommitted: a rollback must undo it
