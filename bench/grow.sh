@@ -26,19 +26,8 @@ args=(--steps 3000 --hidden 64)
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
 
-# The newest t_ns of the `resumed` events after $2 (ns) in the logs $1.*, and their step.
-resumed_after() {
-  "$py" - "$1" "$2" <<'EOF'
-import glob, json, sys
-t0 = int(sys.argv[2]); got = []
-for f in glob.glob(sys.argv[1] + ".*"):
-    for line in open(f):
-        e = json.loads(line)
-        if e.get("event") == "resumed" and e["t_ns"] > t0:
-            got.append((e["t_ns"], e["step"], e["rank"]))
-print("%d %d %d" % (max(got)[0], max(got)[1], len(got)) if got else "0 -1 0")
-EOF
-}
+# "newest_t_ns step count" of the `resumed` events after $2 (ns) in the logs $1.* [of world $3].
+resumed_after() { "$py" "$here/bench/resumed.py" "$@"; }
 wait_ckpt() { for _ in $(seq 1200); do [[ -d $1/step-000000000200 ]] && return 0; sleep 0.02; done; return 1; }
 now_ns() { date +%s%N; }
 

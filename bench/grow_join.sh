@@ -26,19 +26,8 @@ args=(--steps 8000 --hidden 64)
 py=/usr/bin/python3
 [[ -x $py ]] || py=python3
 
-# The `resumed` events after $2 (ns) in the logs $1.* of world $3: "newest_t_ns step count".
-resumed_after() {
-  "$py" - "$1" "$2" "$3" <<'EOF'
-import glob, json, sys
-t0, world = int(sys.argv[2]), int(sys.argv[3]); got = []
-for f in glob.glob(sys.argv[1] + ".*"):
-    for line in open(f):
-        e = json.loads(line)
-        if e.get("event") == "resumed" and e["t_ns"] > t0 and e.get("world") == world:
-            got.append((e["t_ns"], e["step"], e.get("steps_lost", 0)))
-print("%d %d %d" % (max(got)[0], max(got)[1], len(got)) if got else "0 -1 0")
-EOF
-}
+# "newest_t_ns step count" of the `resumed` events after $2 (ns) in the logs $1.* [of world $3].
+resumed_after() { "$py" "$here/bench/resumed.py" "$@"; }
 wait_for() { for _ in $(seq 1500); do eval "$1" && return 0; sleep 0.02; done; return 1; }
 now_ns() { date +%s%N; }
 # The pids of rk-train in host $1's namespace.

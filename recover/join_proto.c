@@ -145,11 +145,12 @@ static void joining_free(rk_ctx *ctx, const char *why)
     struct rec_joining *g = ctx->joining;
     if (!g)
         return;
-    if (why)
+    if (why) {
         RK_LOG_WARN(RK_SUB_REC, "join of %d worker(s) at slot %d given up: %s; the job goes on at %d", g->n, g->slot0,
                     why, ctx->world);
-    if (why) /* J17: none started again before every member has given this one up */
+        /* J17: none started again before every member has given this one up */
         ctx->join_retry_ns = rk__deadline_ns(2 * REC_JOIN_WAIT * ctx->opt.timeout_ms);
+    }
     rec_join_end(&g->j);
     for (int i = 0; i < REC_JOIN_COMMS; i++)
         if (g->comm[i] != MPI_COMM_NULL)
@@ -222,11 +223,17 @@ static bool is_m0(const rk_ctx *ctx)
 }
 
 /* M0's welcome to newcomer k: everything its rk_init needs, over the merged communicator. */
+/* A welcome's length: the header, then view, spares and slot_rank (int32), then addrs. */
+static size_t welcome_bytes(int nview, int nspares, int nslots)
+{
+    return sizeof(struct welcome) + ((size_t)nview + (size_t)nspares + (size_t)nslots) * sizeof(int32_t) +
+           (size_t)nslots * sizeof(det_addr);
+}
+
 static int send_welcome(rk_ctx *ctx, int k)
 {
     struct rec_joining *g = ctx->joining;
-    size_t ints = (size_t)ctx->nview + (size_t)ctx->nspares + (size_t)ctx->nslots;
-    size_t len = sizeof(struct welcome) + ints * sizeof(int32_t) + (size_t)ctx->nslots * sizeof(det_addr);
+    size_t len = welcome_bytes(ctx->nview, ctx->nspares, ctx->nslots);
     struct welcome *w = calloc(1, len);
     det_addr *addrs = calloc((size_t)ctx->nslots, sizeof(det_addr));
     int rc = w && addrs ? det_join_info(ctx->det, w->key, w->salt, addrs, &w->view) : -ENOMEM;
@@ -569,7 +576,7 @@ void rec_join_fini(rk_ctx *ctx)
 static int wait_welcome(rk_ctx *ctx, struct welcome **out, size_t *len, int64_t deadline)
 {
     /* the longest a welcome can be: every slot in the view, the spares and the map */
-    size_t cap = sizeof(struct welcome) + 3 * DET_MAX_SLOTS * sizeof(int32_t) + DET_MAX_SLOTS * sizeof(det_addr);
+    size_t cap = welcome_bytes(DET_MAX_SLOTS, DET_MAX_SLOTS, DET_MAX_SLOTS);
     struct welcome *w = malloc(cap);
     if (!w)
         return -ENOMEM;
@@ -614,9 +621,8 @@ int rec_join_arrive(rk_ctx *ctx, MPI_Comm parent, MPI_Comm *ring_comm, struct re
     size_t len = 0;
     if ((rc = wait_welcome(ctx, &w, &len, deadline)) != 0)
         return rc;
-    size_t ints = (size_t)w->nview + (size_t)w->nspares + (size_t)w->nslots;
     if (w->nslots < 1 || w->nslots > DET_MAX_SLOTS || w->nview < 1 || w->nspares < 0 || w->slot < w->world0 ||
-        w->slot >= w->nslots || len != sizeof(*w) + ints * sizeof(int32_t) + (size_t)w->nslots * sizeof(det_addr)) {
+        w->slot >= w->nslots || len != welcome_bytes(w->nview, w->nspares, w->nslots)) {
         free(w);
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_INTERNAL, "rk_init: joining the job: a malformed welcome");
     }

@@ -109,6 +109,11 @@ int run_worker(const char *dir, char **prog);
 int run_procs_signal(pid_t id, bool by_session, int sig);
 
 /* What an attempt of an elastic run, or of a run with spares, watches while its job runs. */
+/* A slot of a run that grows, as the launcher counts it (struct grow's seen): a worker of the
+   launch is UNSEEN until its end is taken (ENDED); a worker started since is UNSEEN until it
+   joined (JOINED), then ENDED. */
+enum { SLOT_UNSEEN, SLOT_JOINED, SLOT_ENDED };
+
 struct grow {
     struct elastic *el;
     const struct run_args *a;
@@ -116,8 +121,7 @@ struct grow {
     struct records *run;  /* RK_RUN_DIR: a file "grow" there asks for a discovery now */
     struct records *rec;  /* the attempt's */
     int workers, alive;   /* launched; launched minus those lost since */
-    unsigned char *seen;  /* by slot: a worker's record taken into account (1); a worker started
-                             since: joined (1), its record taken (2) */
+    unsigned char *seen;  /* by slot, SLOT_*: what the launcher took into account */
     int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
     int target;
     bool regrow;          /* the job was stopped to grow */

@@ -21,6 +21,13 @@
 #include "run.h"
 #include "tools.h"
 
+/* A slot alive by the launcher's count: a worker of the launch until its end was taken, a
+   worker started since from its join to its end. */
+static bool slot_alive(const struct grow *g, int r)
+{
+    return r < g->workers ? g->seen[r] != SLOT_ENDED : g->seen[r] == SLOT_JOINED;
+}
+
 static bool relaunch_tick(struct grow *g, int want, const char *why);
 static bool join_start(struct grow *g, int64_t now, int free, int want);
 static bool join_tick(struct grow *g, int64_t now);
@@ -38,13 +45,13 @@ bool grow_tick(struct grow *g)
     for (int r = 0; r < g->workers + (g->joins ? RK_JOIN_SLOTS : 0); r++) {
         char kind[16], host[64], beat_host[64], addrs[512], as[ELASTIC_HOST_LEN];
         int code = 0;
-        if (r >= g->workers && !g->seen[r]) { /* a worker started since: counted once it joined */
+        if (r >= g->workers && g->seen[r] == SLOT_UNSEEN) { /* a worker started since: counted once it joined */
             if (!joined(g, r))
                 continue;
-            g->seen[r] = true;
+            g->seen[r] = SLOT_JOINED;
             g->alive++;
         }
-        if (g->seen[r] == (r >= g->workers) + 1)
+        if (g->seen[r] == SLOT_ENDED)
             continue;
         bool whole = false;
         if (!rec_read_end(g->rec, r, kind, &code, host)) {
@@ -55,10 +62,10 @@ bool grow_tick(struct grow *g)
                 continue;
             whole = true;
         } else if (strcmp(kind, "exit") == 0 && code == 0) {
-            g->seen[r] = (r >= g->workers) + 1;
+            g->seen[r] = SLOT_ENDED;
             continue;
         }
-        g->seen[r] = (r >= g->workers) + 1;
+        g->seen[r] = SLOT_ENDED;
         g->alive--;
         /* The host as the beat names it, with its addresses, matched to the script's names. */
         if (rec_beat_host(g->rec, r, beat_host, addrs, sizeof(addrs)) && !host[0])
@@ -287,8 +294,7 @@ static int join_hosts(struct grow *g, int64_t now, int k, char *text, size_t cap
     for (int r = 0; r < g->workers + (g->joins ? RK_JOIN_SLOTS : 0); r++) {
         char host[64] = "", addrs[512] = "";
         int idx;
-        bool alive = r < g->workers ? !g->seen[r] : g->seen[r] == 1;
-        if (alive && rec_beat_host(g->rec, r, host, addrs, sizeof(addrs)) && elastic_match(el, host, addrs, &idx, 1))
+        if (slot_alive(g, r) && rec_beat_host(g->rec, r, host, addrs, sizeof(addrs)) && elastic_match(el, host, addrs, &idx, 1))
             used[idx]++;
     }
     size_t len = strlen(text), hl = 0;
@@ -312,7 +318,7 @@ static int ended_unjoined(const struct grow *g)
 {
     int n = 0;
     for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS; r++)
-        n += !g->seen[r] && ended(g, r);
+        n += g->seen[r] == SLOT_UNSEEN && ended(g, r);
     return n;
 }
 
