@@ -207,8 +207,8 @@ bool rec_grow_admit(rk_ctx *ctx, int slot);
    spec->command with spec->argv (NULL-terminated; spec->hosts: Open MPI's "host" info, NULL:
    wherever mpirun has slots) and merges with them, on a thread; rec_join_newcomer, in such a
    newcomer: the merge from its side (parent: MPI_Comm_get_parent's). Both return at once.
-   rec_join_poll: REC_AGAIN while the thread runs; then once 0 with out[] the
-   REC_JOIN_COMMS duplicates of the merged communicator (the members first, in their order,
+   rec_join_poll: REC_AGAIN while the thread runs; then once 0 with out[] the merged
+   communicator and its REC_JOIN_COMMS - 1 duplicates (the members first, in their order,
    then the newcomers), or the failed call's error. rec_join_end: always, last; a join
    still running is left where it is (J8), and rec_join_thread_left() is true from then on
    while its thread has not returned: MPI_Finalize must not be called (J9). */

@@ -5,7 +5,8 @@
  *
  * Every mode first appends "start <rank> <RK_RUN_ATTEMPT>" to DIR/launches (one line per
  * process and launch, O_APPEND), rank from OMPI_COMM_WORLD_RANK. Then:
- *   env       writes every RK_* variable it sees to DIR/env-<rank>; exits 0
+ *   env       writes every RK_* variable it sees (and OMPI_MCA_pml, OMPI_MCA_mtl) to
+ *             DIR/env-<rank>; exits 0
  *   kill1     MPI job: rank 1 SIGKILLs itself after MPI_Init; the others wait a little,
  *             write DIR/done-<rank>, MPI_Finalize and exit 0
  *   fail      exits 3
@@ -73,7 +74,8 @@ int main(int argc, char **argv)
         size_t n = 0;
         buf[0] = '\0';
         for (char **e = environ; *e; e++)
-            if (strncmp(*e, "RK_", 3) == 0 && n < sizeof(buf))
+            if ((strncmp(*e, "RK_", 3) == 0 || strncmp(*e, "OMPI_MCA_pml=", 13) == 0 ||
+                 strncmp(*e, "OMPI_MCA_mtl=", 13) == 0) && n < sizeof(buf))
                 n += (size_t)snprintf(buf + n, sizeof(buf) - n, "%s\n", *e);
         return put(dir, "env-", rank, buf, O_TRUNC) == 0 ? 0 : 2;
     }

@@ -5,11 +5,15 @@
  * success (no relaunch); a job that always fails is relaunched --max-restarts times and
  * exits with its status; SIGINT stops every worker (none left behind); usage errors
  * exit 2 (the launcher's loop: tools/run_loop.c, invariants L1-L6). An elastic run's
- * discovery script is bounded, its lost host matched by FQDN or address. The records
+ * discovery script is bounded, its lost host matched by FQDN or address. Open MPI's
+ * transport is left to TCP and shared memory only on a host without a fabric where
+ * nobody chose one. The records
  * directory's cases (tools/records.c, R1-R3) are tests/test_run_records.c's.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +121,74 @@ START_TEST(rk_variables_reach_workers)
     const char *want[] = {"RK_CKPT_EVERY=7", "RK_TEST_MARKER=hello world", "RK_SPARES=0", "RK_RUN_ATTEMPT=0", NULL};
     char secret[80];
     env_job(env, (const char *const[]){"-n", "3", NULL}, 3, want, secret);
+}
+END_TEST
+
+/* docs/LAUNCHER.md, "What it runs": a host with no fabric (this test's own look: an entry
+   of /sys/class/infiniband or /sys/class/cxi, /dev/hfi1*, /dev/ipath*). */
+static bool host_has_fabric(void)
+{
+    const char *dirs[] = {"/sys/class/infiniband", "/sys/class/cxi"};
+    for (int i = 0; i < 2; i++) {
+        DIR *d = opendir(dirs[i]);
+        for (struct dirent *e; d && (e = readdir(d));)
+            if (e->d_name[0] != '.') {
+                closedir(d);
+                return true;
+            }
+        if (d)
+            closedir(d);
+    }
+    glob_t g;
+    bool dev = glob("/dev/hfi1*", 0, NULL, &g) == 0;
+    globfree(&g);
+    dev = dev || glob("/dev/ipath*", 0, NULL, &g) == 0;
+    globfree(&g);
+    return dev;
+}
+
+/* The pml and mtl worker 0 of a 2-worker job saw ("" when unset), the launcher run with env. */
+static void transport_seen(const char *const env[], char pml[64], char mtl[64])
+{
+    char *dir = th_tmpdir("run-pml"), *out = NULL;
+    th_assert_rc(LAUNCH(env, &out, "env", dir, "-n", "2"), 0);
+    char *e = read_in(dir, "env-0");
+    ck_assert_msg(e != NULL, "worker 0 left no env file; launcher said:\n%s", out);
+    if (!env_value(e, "OMPI_MCA_pml", pml, 64))
+        pml[0] = '\0';
+    if (!env_value(e, "OMPI_MCA_mtl", mtl, 64))
+        mtl[0] = '\0';
+    free(e);
+    free(out);
+    th_rmrf(dir);
+    free(dir);
+}
+
+START_TEST(transport_chosen_only_where_nobody_did)
+{
+    char pml[64], mtl[64];
+    bool fabric = host_has_fabric();
+    /* Nobody chose: TCP and shared memory (ob1) on a host without a fabric, else MPI's own. */
+    transport_seen(NULL, pml, mtl);
+    ck_assert_str_eq(pml, fabric ? "" : "ob1");
+    /* The user chose an mtl: the launcher adds nothing. */
+    transport_seen((const char *const[]){"OMPI_MCA_mtl=^psm", NULL}, pml, mtl);
+    ck_assert_str_eq(pml, "");
+    ck_assert_str_eq(mtl, "^psm");
+    /* A selection in the user's MCA parameter file counts as a choice; an exclusion does not. */
+    char *home = th_tmpdir("run-pml-home"), path[4096], envhome[4200];
+    snprintf(path, sizeof(path), "%s/.openmpi", home);
+    ck_assert_int_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof(path), "%s/.openmpi/mca-params.conf", home);
+    snprintf(envhome, sizeof(envhome), "HOME=%s", home);
+    ck_assert_int_eq(th_write_file(path, "# mine\n  pml = ob1 \n", 20), 0);
+    transport_seen((const char *const[]){envhome, NULL}, pml, mtl);
+    ck_assert_str_eq(pml, "");
+    ck_assert_int_eq(th_write_file(path, "pml = ^ucx\nmtl=^ofi\n", 20), 0);
+    transport_seen((const char *const[]){envhome, NULL}, pml, mtl);
+    ck_assert_str_eq(pml, fabric ? "" : "ob1");
+    th_rmrf(home);
+    free(home);
 }
 END_TEST
 
@@ -542,6 +614,7 @@ static Suite *run_suite(void)
     tcase_set_timeout(jobs, 90);
     tcase_add_test(jobs, three_workers_complete);
     tcase_add_test(jobs, rk_variables_reach_workers);
+    tcase_add_test(jobs, transport_chosen_only_where_nobody_did);
     tcase_add_test(jobs, secret_fresh_per_run_or_kept);
     tcase_add_test(jobs, malformed_secret_refused);
     tcase_add_test(jobs, spares_started_and_told);

@@ -125,6 +125,7 @@ struct grow {
     int64_t base;         /* -2: no growth pending; else the newest commit when it was decided */
     int target;
     bool regrow;          /* the job was stopped to grow */
+    bool completing;      /* a worker completed (exit 0): the job is ending, it grows no more */
     bool warned_no_ckpt;
     char last_error[256];
     /* A growth in place onto spares under way (ip_target > 0): the world asked, from

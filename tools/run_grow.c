@@ -63,6 +63,7 @@ bool grow_tick(struct grow *g)
             whole = true;
         } else if (strcmp(kind, "exit") == 0 && code == 0) {
             g->seen[r] = SLOT_ENDED;
+            g->completing = true;
             continue;
         }
         g->seen[r] = SLOT_ENDED;
@@ -92,7 +93,9 @@ bool grow_tick(struct grow *g)
     int free = elastic_slots(el, now), want = free < g->a->max_np ? free : g->a->max_np;
     if (g->ip_target > 0)
         return join_tick(g, now);
-    if (g->base == -2 && (want <= g->alive || g->alive <= 0))
+    /* A completed worker's slot is free, but the job is ending: growing onto it would start
+       a worker (or a relaunch) for nothing. */
+    if (g->base == -2 && (want <= g->alive || g->alive <= 0 || g->completing))
         return false;
     if (g->base == -2 && !g->a->grow_relaunch && !g->ip_failed && join_start(g, now, free, want))
         return false;
