@@ -49,6 +49,20 @@ listing the hosts the harness says are up (each host's slots summing to the work
   host_add          the job starts on the hosts but one; that host is listed at a random
                     step (and, half the time, RK_RUN_DIR/grow touched to push the news):
                     the job grows to W at its next checkpoint
+Elastic kinds that grow in place (`rekindle run --host-discovery-script`, growth in place
+by default): the host stays reachable by mpirun (its daemon lives), so the launcher must
+grow back by starting workers there while the job trains, never by a relaunch:
+  host_relist       the trainers of one host SIGKILLed (its daemon and the wrappers live) and
+                    the host taken off the list (its scheduler found it unhealthy); listed
+                    again 1-3 s later: the others go on in place, and the job grows back to
+                    W in place (workers started on the host join from the others' memory)
+  kill_newcomer     host_relist, and the first worker started to grow in place killed at a
+                    random point of its join: by a fault point of its own (RK_FAULT join@0,
+                    rebuild@0, join@1 or allreduce@0 =crash, on its slot W) or SIGKILLed
+                    from outside 0-800 ms after the launcher said it grows in place (before
+                    contact, inside MPI_Init or the merge, in the state transfer, in its
+                    first allreduce). The others go on with one bounded wait; the launcher
+                    starts another, and the job still ends at W, grown in place
 Growth in place onto a spare held back at launch (`rekindle run --spares 1`, this host):
   grow_spare        RK_RUN_DIR/grow written at a random checkpoint's commit: the job must grow to W+1 in
                     place (no relaunch, the workers keep their processes), the newcomer
@@ -73,11 +87,14 @@ from job import marked_processes, now_ns
 
 KINDS = ["kill_worker", "kill_coord", "kill_two", "kill_in_recovery", "kill_in_rebuild", "stop_cont",
          "job_kill", "relaunch", "io_fault", "disk_hang", "corrupt", "hb_jitter", "min_world",
-         "host_loss", "partition", "link_loss", "host_return", "host_add", "grow_spare", "kill_joining"]
+         "host_loss", "partition", "link_loss", "host_return", "host_add", "host_relist", "kill_newcomer",
+         "grow_spare", "kill_joining"]
 # Kinds that need the job on several hosts (chaos/run --hosts K).
-NEED_HOSTS = {"host_loss", "partition", "link_loss", "host_return", "host_add"}
+NEED_HOSTS = {"host_loss", "partition", "link_loss", "host_return", "host_add", "host_relist", "kill_newcomer"}
 # Kinds whose job runs elastic (host discovery) and must grow to its full size.
-GROWS = {"host_return", "host_add"}
+GROWS = {"host_return", "host_add", "host_relist", "kill_newcomer"}
+# Of those, the kinds whose growth must be made in place (workers started while it trains).
+JOINS = {"host_relist", "kill_newcomer"}
 # Kinds whose job is launched with a spare held back (--spares 1) and asked to grow onto it.
 SPARES = {"grow_spare", "kill_joining"}
 # The spare's own fault points while it joins (recover/recovery.c G4; tests/test_grow.c).
@@ -94,8 +111,10 @@ IO_KINDS = ["eio", "enospc", "short", "crash"]
 HANG_OPS = ["write", "sync", "rename", "open"]
 
 
-# What the launcher says when it asks the job to grow onto its spares (tools/run_grow.c).
+# What the launcher says when it asks the job to grow onto its spares, and when it starts
+# workers to grow in place (tools/run_grow.c).
 GROWING_TEXT = "growing in place from"
+JOINING_TEXT = "started on"
 
 
 def majority_left(world, killed, lowest):
@@ -202,6 +221,17 @@ def draw(rng, kinds, workers, steps, every, hosts=0, grow_steps=0):
     elif kind == "host_add":
         plan["unlisted"] = rng.randrange(hosts)
         fault("host_add", pick="host", n=0, host=plan["unlisted"], push=rng.random() < 0.5, **early)
+    elif kind in JOINS:
+        hold = rng.randint(1000, 3000)
+        fault("kill", pick="host", n=0, host=rng.randrange(hosts), returns="relist", hold_ms=hold, **early)
+        if kind == "kill_newcomer":
+            if rng.random() < 0.5:  # the first worker started to grow, slot W (tools/run_worker.c RK_RUN_SLOT)
+                spec = rng.choice(JOIN_FAULTS)
+                plan["env"] = {"RK_FAULT": spec, "CHAOS_FAULT_RANK": str(workers), "CHAOS_FAULT_ATTEMPT": "0"}
+                plan["faults"].append({"kind": "io", "spec": spec, "rank": workers, "moment": "start", "step": -1,
+                                       "delay_ms": 0, "fired": False})
+            else:
+                fault("kill", pick="newcomer", n=1, moment="joining", step=-1, delay_ms=rng.randint(0, 800))
     elif kind in SPARES:
         plan["spares"] = 1
         # early: room after it for the join, a loss and its recovery, and a checkpoint or two
@@ -227,7 +257,7 @@ def draw(rng, kinds, workers, steps, every, hosts=0, grow_steps=0):
 def due(f, job, t_now_ns):
     """Whether fault f should fire now (it arms when its moment is seen, then waits
     delay_ms)."""
-    if f["fired"] or f.get("failed"):
+    if f["fired"] or f.get("failed") or t_now_ns < f.get("retry_ns", 0):
         return False
     if "armed_ns" not in f:
         m = f["moment"]
@@ -235,7 +265,8 @@ def due(f, job, t_now_ns):
               or (m in ("step", "snapshot", "persist") and job.last_step >= f["step"])
               or (m == "commit" and any(e.get("step", -1) >= f["step"] for e in job.events_named("ckpt_committed")))
               or (m == "dead" and job.events_named("peer_dead"))
-              or (m == "growing" and GROWING_TEXT in job.stderr_text()))
+              or (m == "growing" and GROWING_TEXT in job.stderr_text())
+              or (m == "joining" and JOINING_TEXT in job.stderr_text()))
         if not ok:
             return False
         f["armed_ns"] = t_now_ns
@@ -252,6 +283,8 @@ def pick_victims(f, rng, live):
         return ranks
     if f["pick"] == "given":
         return [r for r in f["ranks"] if r in live]
+    if f["pick"] == "newcomer":  # the first worker started while the job trains
+        return [r for r in ranks if r >= f["workers"]][:1]
     pool = ranks[1:] if f["pick"] == "random_not_lowest" and len(ranks) > 1 else ranks
     return rng.sample(pool, min(f["n"], len(pool)))
 
@@ -321,6 +354,28 @@ def inject(f, job, rng, world_start):
     # need none of it.
     live = job.live_workers()
     f["t_ns"] = now_ns()  # a kill's time is when it is sent (the latencies count from it)
+    if k == "kill" and f["pick"] == "host":  # its trainers alone: its daemon and the wrappers live
+        host = job.hosts.names[f["host"]] if isinstance(f["host"], int) else f["host"]
+        f["host"] = host
+        victims = sorted(r for r, pid in live.items() if job.host_of(pid) == host)
+        if not victims:
+            f["fired"] = False
+            return "no live worker on " + host
+        f["victims"] = victims
+        if f.get("returns") == "relist":  # the scheduler takes it off the list, then lists it again
+            job.list_host(host, False)
+            f["return_ns"] = f["t_ns"] + f["hold_ms"] * 1_000_000
+        _signal([live[r] for r in victims], signal.SIGKILL)
+        return None
+    if k == "kill" and f["pick"] == "newcomer":
+        f["workers"] = world_start
+        victims = pick_victims(f, rng, live)
+        if not victims:  # not started yet (or gone): looked for again every 20 ms, for 5 s
+            f["fired"], f["retry_ns"] = False, now_ns() + 20_000_000
+            return None if now_ns() < f["armed_ns"] + 5_000_000_000 else "no worker started to grow in place"
+        f["victims"] = victims
+        _signal([live[r] for r in victims], signal.SIGKILL)
+        return None
     if k in ("kill", "stop", "relaunch", "corrupt"):
         victims = pick_victims(f, rng, live)
         if not victims:

@@ -79,7 +79,14 @@ class Hosts:
         self.env = {"OMPI_MCA_plm_rsh_agent": self.script + " agent", "OMPI_MCA_plm_rsh_no_tree_spawn": "1",
                     "OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": subnet,
                     "OMPI_MCA_oob_tcp_if_include": subnet, "RK_DET_IFACE": subnet,
-                    "RK_HOSTS_PREFIX": prefix, "RK_HOSTS_NET": net}
+                    "RK_HOSTS_PREFIX": prefix, "RK_HOSTS_NET": net,
+                    # The hosts share this machine's cores, but each sees them all as its own:
+                    # Open MPI, which yields in its waits only on a host it knows to be
+                    # oversubscribed, would spin in every one (a join's thread left inside
+                    # MPI_Comm_spawn spun beside the trainers for the rest of the job and
+                    # slowed their steps 5-20x: docs/CHAOS.md). Separate machines would not
+                    # share those cores.
+                    "OMPI_MCA_mpi_yield_when_idle": "1"}
         self._ino = {}
 
     def check(self):
@@ -315,14 +322,17 @@ class Job:
         return [e for e in self.events if e["event"] == name and e["t_ns"] >= after_ns]
 
     def live_workers(self):
-        """{rank at start: pid} of the trainers of the newest launch attempt still alive."""
+        """{rank at start (a worker started later: its slot): pid} of the trainers of the
+        newest launch attempt still alive."""
         procs = marked_processes(self.mark)
         by_attempt = {}
         for pid, (comm, env) in procs.items():
             if comm != "rk-train" or "OMPI_COMM_WORLD_RANK" not in env:
                 continue
             key = (env.get("RK_RUN_DIR", ""), int(env.get("RK_RUN_ATTEMPT", "0")))
-            by_attempt.setdefault(key, {})[int(env["OMPI_COMM_WORLD_RANK"])] = pid
+            # a worker started while the job runs (a growth in place) is rank 0 of its own
+            # MPI_COMM_WORLD: its slot in the job is RK_RUN_SLOT (tools/run_worker.c)
+            by_attempt.setdefault(key, {})[int(env.get("RK_RUN_SLOT", env["OMPI_COMM_WORLD_RANK"]))] = pid
         if not by_attempt:
             return {}
         return by_attempt[max(by_attempt)]

@@ -21,7 +21,10 @@ after a run that had to stop; the reason is in the detail and in the report).
                checkpoint after the host was back to grow at (skipped, said); a growth
                onto a spare (grow_spare, kill_joining) was made in place (the launcher said
                it grows in place, no relaunch) and ended at W+1, or at W when the spare was
-               killed while it joined
+               killed while it joined; a host whose trainers were lost and that is listed
+               again (host_relist, kill_newcomer) was grown back in place to W with no
+               relaunch at all, or, its first newcomer killed while joining, ended with no
+               relaunch between the survivors' world and W
   verify       `rekindle verify` passes every committed checkpoint (--all), and fails
                each one the harness damaged
   h5           every committed checkpoint opens with h5py: root attributes step (equal
@@ -285,7 +288,70 @@ def check_grown_in_place(job, plan, cfg):
         "the spare lost while joining or after: final world %d" % want, len(mem)))
 
 
+def check_grown_joined(job, plan, cfg):
+    """A host whose trainers were lost, then listed again (faults.JOINS): the loss survived
+    in place, the growth back made in place (workers started on the host joined the
+    others while they trained; the launcher says so) with no relaunch at all, the final
+    world W; with kill_newcomer (the first newcomer killed at a point of its join), no
+    relaunch and a final world between the survivors' and W."""
+    workers, err = cfg["workers"], job.stderr_text()
+    loss = plan["faults"][0]
+    if not loss.get("fired"):
+        return _skip("in_place", "the host's trainers were never killed")
+    if (job.phase != 0 or job.relaunches()) and nothing_to_roll_back(job, plan, workers):
+        return _skip("in_place", "a slice lost in memory before any commit: rightly relaunched")
+    if job.phase != 0 or job.relaunches():
+        fallback = re.search(r"growth in place to \d+ workers did not complete \(([^)]*)\)", err)
+        return _bad("in_place", "the job was relaunched %d time(s)%s: a host mpirun still reaches must be grown "
+                    "back in place" % (job.relaunches(), " (%s)" % fallback.group(1) if fallback else ""))
+    finals = last_finals(job)
+    mem = [e["step"] for e in job.events_named("resumed") if e.get("from") == "memory"]
+    grown = re.findall(r"grown in place to (\d+) workers in (\d+) ms", err)
+    retried = len(re.findall(r"ended before it joined: the workers start another", err))
+    newcomer_hit = any(f.get("fired") and (f["kind"] == "kill" and f["pick"] == "newcomer" or f["kind"] == "io")
+                       for f in plan["faults"][1:])
+    if finals and finals[0][2] < workers and newcomer_hit and finals[0][2] >= workers - len(loss["victims"]):
+        # A newcomer killed while it joined: the others go on at the world they had (its join
+        # given up), or with the ones that joined; a later try is the launcher's, not owed.
+        return _ok("in_place", "the loss survived in place (%d resume(s) from memory); a newcomer killed while "
+                   "joining: final world %d of %d, no relaunch%s" % (
+                       len(mem), finals[0][2], workers, "; grown in place %d time(s)" % len(grown) if grown else ""))
+    if finals and finals[0][2] == workers:
+        if not grown:
+            return _bad("in_place", "final world %d but the launcher never said it grew in place" % workers)
+        return _ok("in_place", "the loss survived in place (%d resume(s) from memory); grown back in place to %d "
+                   "(%s ms)%s" % (len(mem), workers, ", ".join(ms for _, ms in grown),
+                                  "; %d newcomer(s) lost while joining, another started" % retried if retried else ""))
+    back, end = loss.get("returned_ns"), completed_ns(job)
+    if back is None:
+        return _skip("in_place", "the host was never listed again (final world %s)" % (finals[0][2] if finals else "?"))
+    if end is not None and end - back < JOIN_ROOM_NS:
+        return _skip("in_place", "the host was listed again %.1f s before the first worker completed: too close to "
+                     "the end to grow (final world %s)" % ((end - back) / 1e9, finals[0][2] if finals else "?"))
+    return _bad("in_place", "final world %s, want %d: the host was listed again %s before the job's end and it "
+                "did not grow back in place" % (finals[0][2] if finals else "?", workers,
+                                                "%.1f s" % ((end - back) / 1e9) if end else "long"))
+
+
+# Room a growth in place may need after the host is listed again: the launcher's look, one
+# join per slot (about a second each), and a newcomer killed while joining (its join's
+# bound, then another: recover/join_proto.c J17).
+JOIN_ROOM_NS = 15_000_000_000
+
+
+def completed_ns(job):
+    """When the first worker of the first launch completed (its end record 'exit 0'), or None."""
+    d = os.path.join(job.launch_dir, "phase-0", "attempt-0")
+    times = []
+    for name in os.listdir(d) if os.path.isdir(d) else []:
+        if name.startswith("rank-") and name[5:].isdigit() and worker_record(job, int(name[5:])) == "exit 0":
+            times.append(os.stat(os.path.join(d, name)).st_mtime_ns)
+    return min(times, default=None)
+
+
 def check_in_place(job, plan, cfg):
+    if plan["kind"] in faults.JOINS:
+        return check_grown_joined(job, plan, cfg)
     if plan["kind"] in faults.GROWS:
         return check_grown(job, plan, cfg)
     if plan["kind"] in faults.SPARES:

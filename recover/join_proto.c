@@ -53,6 +53,12 @@
  *   J17 A join given up on is not started again by M0 before 2 x REC_JOIN_WAIT x
  *       RK_TIMEOUT_MS, by when every member has given it up (J14), so a new START never
  *       meets a member still inside the old join.
+ *   J18 Under `rekindle run` a member still spawning gives the join up as soon as the
+ *       newcomer's wrapper has recorded its end (RK_RUN_RECORDS/rank-<slot>, looked for
+ *       every REC_GROW_POLL_NS): a newcomer that died before its merge returned never lets
+ *       the spawn or the merge return, and waiting out the deadline only lengthens the time
+ *       the members' threads spin inside them. Only while spawning: once merged, the
+ *       newcomer's death is a peer's loss on the merged communicator, bounded as any.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -78,6 +84,7 @@ struct rec_joining {
     struct rec_join *j;
     int state;
     int64_t deadline;       /* CLOCK_MONOTONIC: M0's; the others give up at twice the span */
+    int64_t look_ns;        /* the next look for the newcomers' end records (J18) */
     int slot0, n;           /* the newcomers' slots: slot0 .. slot0 + n - 1 */
     int *members, nmembers; /* the view at the start (slots) */
     MPI_Comm comm[REC_JOIN_COMMS]; /* merged: [0] the recovery's messages, [1] the ring */
@@ -462,6 +469,19 @@ static void start_poll(rk_ctx *ctx)
     }
 }
 
+/* J18: under `rekindle run`, whether the wrapper of the newcomer at `slot` recorded its end
+   (RK_RUN_RECORDS/rank-<slot>, a regular file of this user, never followed through a
+   link): it ended before its spawn and merge returned, which then never return. */
+static bool newcomer_ended(int slot)
+{
+    const char *dir = getenv("RK_RUN_RECORDS");
+    char path[4096];
+    struct stat st;
+    if (!dir || !*dir || snprintf(path, sizeof(path), "%s/rank-%d", dir, slot) >= (int)sizeof(path))
+        return false;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
+}
+
 void rec_join_progress(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
@@ -477,6 +497,14 @@ void rec_join_progress(rk_ctx *ctx)
     case J_SPAWNING:
         rc = rec_join_poll(g->j, g->comm);
         if (rc == REC_AGAIN) {
+            bool look = rk__mono_ns() >= g->look_ns;
+            if (look)
+                g->look_ns = rk__mono_ns() + REC_GROW_POLL_NS;
+            for (int k = 0; look && !late && k < g->n; k++)
+                if (newcomer_ended(g->slot0 + k)) {
+                    joining_free(ctx, "the newcomer ended before its spawn and merge returned (its wrapper's record)");
+                    return;
+                }
             if (late)
                 joining_free(ctx, "the spawn and merge did not return in time");
             return;

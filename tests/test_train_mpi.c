@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -236,6 +237,50 @@ START_TEST(discovery_grows_in_place)
                       strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);
     th_job_equals_replay(out, 3, 3000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
+/* The first worker started to grow in place ends before its MPI_Init (its program exits
+   at once): the members' spawn would never return. They give the join up as soon as its
+   wrapper recorded the end (recover/join_proto.c J18), long before the join's own bound
+   (2 x RK_TIMEOUT_MS, 60 s here), say why, and go on at 2; the launcher says the newcomer
+   ended before it joined. The job ends at 2 with the bits of a replay on 2. */
+START_TEST(newcomer_ended_before_merge_given_up)
+{
+    char *w = th_tmpdir("train-grow-dead"), *out = NULL, *cmd = NULL;
+    char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle");
+    clear_rk_env();
+    /* the program: rk-train, but the first newcomer (slot 2) exits before anything */
+    char prog[4096], text[8192];
+    snprintf(prog, sizeof(prog), "%s/prog", w);
+    int len = snprintf(text, sizeof(text), "#!/bin/sh\n[ \"${RK_RUN_SLOT:-}\" = 2 ] && exit 7\nexec %s \"$@\"\n", bin);
+    ck_assert_int_eq(th_write_file(prog, text, (size_t)len), 0);
+    ck_assert_int_eq(chmod(prog, 0700), 0);
+    ck_assert_int_ge(asprintf(&cmd,
+        "W=%s; B=%s; R=%s; A='--seed 8 --hidden 32'; H=$(hostname)\n"
+        "echo \"$H:2\" > $W/hosts\n"
+        "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_TIMEOUT_MS=30000 RK_RUN_DIR=$W/run\n"
+        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 3 -- $W/prog --steps 6000 $A "
+        "> $W/out 2> $W/err & job=$!\n"
+        "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
+        "echo \"$H:3\" > $W/hosts; touch $W/run/grow 2>/dev/null\n"
+        "wait $job; echo \"exit=$?\"\n"
+        "grep '^final' $W/out; grep 'rekindle: run\\|given up' $W/err\n"
+        "echo replay; mkdir -p $W/r; RK_CKPT_DIR=$W/r RK_RUN_DIR= $R run -n 2 -- $B --steps 6000 $A 2>/dev/null | "
+        "grep '^final'\n",
+        w, bin, rekindle), 0);
+    int rc = th_sh(cmd, 50, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3") &&
+                      strstr(out, "ended before it joined") &&
+                      strstr(out, "the newcomer ended before its spawn and merge returned") &&
+                      !strstr(out, "launching again"),
+                  "rc %d:\n%s", rc, out);
+    th_job_equals_replay(out, 2, 6000);
+    free(cmd);
+    free(bin);
+    free(rekindle);
     th_rmrf(w);
     free(w);
 }
@@ -518,6 +563,7 @@ int main(void)
         tcase_set_timeout(te, 300);
         tcase_add_test(te, discovery_grows_job);
         tcase_add_test(te, discovery_grows_in_place);
+        tcase_add_test(te, newcomer_ended_before_merge_given_up);
         tcase_add_test(te, lost_worker_grown_back);
         suite_add_tcase(s, te);
     }
