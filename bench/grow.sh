@@ -13,23 +13,11 @@ set -u
 build=${1:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export RK_HOSTS_PREFIX=rkg RK_HOSTS_NET=10.81.0
-why=$("$here/scripts/hosts" check) || { echo "grow: not measured: $why"; exit 0; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow.XXXXXX") || exit 2
-trap '"$here/scripts/hosts" down; rm -rf "$work"' EXIT
-"$here/scripts/hosts" up 3 "$work/hostfile" 1 > /dev/null
+name=grow
+source "$here/bench/grow_hosts.sh"
 head -n 2 "$work/hostfile" > "$work/hostfile2"
-eval "$("$here/scripts/hosts" env)"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-bin=$(cd "$build" && pwd)/bin
-runs=${RK_BENCH_GROW_RUNS:-3} every=${RK_BENCH_GROW_CKPT:-100}
 args=(--steps 3000 --hidden 64)
-py=/usr/bin/python3
-[[ -x $py ]] || py=python3
-
-# "newest_t_ns step count" of the `resumed` events after $2 (ns) in the logs $1.* [of world $3].
-resumed_after() { "$py" "$here/bench/resumed.py" "$@"; }
 wait_ckpt() { for _ in $(seq 1200); do [[ -d $1/step-000000000200 ]] && return 0; sleep 0.02; done; return 1; }
-now_ns() { date +%s%N; }
 
 grow=() relaunch=() status=0
 for i in $(seq "$runs"); do

@@ -14,22 +14,10 @@ set -u
 build=${1:-build}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export RK_HOSTS_PREFIX=rkj RK_HOSTS_NET=10.84.0
-why=$("$here/scripts/hosts" check) || { echo "grow_join: not measured: $why"; exit 0; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow-join.XXXXXX") || exit 2
-trap '"$here/scripts/hosts" down; rm -rf "$work"' EXIT
-"$here/scripts/hosts" up 3 "$work/hostfile" 1 > /dev/null
-eval "$("$here/scripts/hosts" env)"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-bin=$(cd "$build" && pwd)/bin
-runs=${RK_BENCH_GROW_RUNS:-3} every=${RK_BENCH_GROW_CKPT:-100}
+name=grow_join
+source "$here/bench/grow_hosts.sh"
 args=(--steps 8000 --hidden 64)
-py=/usr/bin/python3
-[[ -x $py ]] || py=python3
-
-# "newest_t_ns step count" of the `resumed` events after $2 (ns) in the logs $1.* [of world $3].
-resumed_after() { "$py" "$here/bench/resumed.py" "$@"; }
 wait_for() { for _ in $(seq 1500); do eval "$1" && return 0; sleep 0.02; done; return 1; }
-now_ns() { date +%s%N; }
 # The pids of rk-train in host $1's namespace.
 trainers() { for p in $(ip netns pids "$1" 2>/dev/null); do [[ $(cat /proc/$p/comm 2>/dev/null) == rk-train ]] && echo "$p"; done; }
 

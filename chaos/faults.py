@@ -355,8 +355,7 @@ def inject(f, job, rng, world_start):
     live = job.live_workers()
     f["t_ns"] = now_ns()  # a kill's time is when it is sent (the latencies count from it)
     if k == "kill" and f["pick"] == "host":  # its trainers alone: its daemon and the wrappers live
-        host = job.hosts.names[f["host"]] if isinstance(f["host"], int) else f["host"]
-        f["host"] = host
+        host = f["host"] = job.hosts.names[f["host"]]
         victims = sorted(r for r, pid in live.items() if job.host_of(pid) == host)
         if not victims:
             f["fired"] = False

@@ -474,12 +474,10 @@ static void start_poll(rk_ctx *ctx)
    link): it ended before its spawn and merge returned, which then never return. */
 static bool newcomer_ended(int slot)
 {
-    const char *dir = getenv("RK_RUN_RECORDS");
     char path[4096];
     struct stat st;
-    if (!dir || !*dir || snprintf(path, sizeof(path), "%s/rank-%d", dir, slot) >= (int)sizeof(path))
-        return false;
-    return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
+    return rec_records_path(path, sizeof(path), "rank", slot) && lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+           st.st_uid == geteuid();
 }
 
 void rec_join_progress(rk_ctx *ctx)
@@ -497,10 +495,11 @@ void rec_join_progress(rk_ctx *ctx)
     case J_SPAWNING:
         rc = rec_join_poll(g->j, g->comm);
         if (rc == REC_AGAIN) {
-            bool look = rk__mono_ns() >= g->look_ns;
+            int64_t now = rk__mono_ns();
+            bool look = !late && now >= g->look_ns;
             if (look)
-                g->look_ns = rk__mono_ns() + REC_GROW_POLL_NS;
-            for (int k = 0; look && !late && k < g->n; k++)
+                g->look_ns = now + REC_GROW_POLL_NS;
+            for (int k = 0; look && k < g->n; k++)
                 if (newcomer_ended(g->slot0 + k)) {
                     joining_free(ctx, "the newcomer ended before its spawn and merge returned (its wrapper's record)");
                     return;

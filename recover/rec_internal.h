@@ -202,6 +202,9 @@ void rec_grow_poll(rk_ctx *ctx);
 int rec_grow_read(rk_ctx *ctx, char *buf, size_t cap);
 int rec_grow_world(const char *text);
 bool rec_grow_admit(rk_ctx *ctx, int slot);
+/* Under `rekindle run`: RK_RUN_RECORDS/<name>-<slot> into path; false when not under it
+   (or the path does not fit). */
+bool rec_records_path(char *path, size_t cap, const char *name, int slot);
 /* Processes started while the job runs (recover/join.c J8-J11). rec_join_spawn, on every
    member of `members` (ranks of parent) alike: spawns spec->n newcomers running
    spec->command with spec->argv (NULL-terminated; spec->hosts: Open MPI's "host" info, NULL:

@@ -711,11 +711,16 @@ static int recover_rounds(rk_ctx *ctx)
 /* Under `rekindle run`, a spare brought in leaves RK_RUN_RECORDS/joined-<rank at start>: the
    launcher then counts its exit 0 as the job's completion, and an unused spare's not
    (docs/LAUNCHER.md). Best effort: without it the launcher only waits on the members. */
-static void note_joined(const rk_ctx *ctx)
+bool rec_records_path(char *path, size_t cap, const char *name, int slot)
 {
     const char *dir = getenv("RK_RUN_RECORDS");
+    return dir && *dir && snprintf(path, cap, "%s/%s-%d", dir, name, slot) < (int)cap;
+}
+
+static void note_joined(const rk_ctx *ctx)
+{
     char path[4096];
-    if (!dir || !*dir || snprintf(path, sizeof(path), "%s/joined-%d", dir, ctx->rank0) >= (int)sizeof(path))
+    if (!rec_records_path(path, sizeof(path), "joined", ctx->rank0))
         return;
     int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a planted link */
     if (fd >= 0)

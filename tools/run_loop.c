@@ -56,6 +56,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -81,25 +82,27 @@ enum {
     TICK_MS = 100,
 };
 
+/* Whether the directory exists and has an entry (. and .. aside). */
+static bool dir_has_entry(const char *path)
+{
+    DIR *d = opendir(path);
+    bool found = false;
+    for (struct dirent *e; d && !found && (e = readdir(d));)
+        found = e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return found;
+}
+
 /* A high-speed fabric on this host: an RDMA device (InfiniBand, RoCE, EFA, Omni-Path, any
    device of the kernel's infiniband class), a Slingshot NIC (cxi), or the character devices
    of Omni-Path (hfi1) and TrueScale (ipath). */
 static bool has_fabric(void)
 {
-    static const char *const classes[] = {"/sys/class/infiniband", "/sys/class/cxi", "/dev"};
-    for (size_t i = 0; i < sizeof(classes) / sizeof(classes[0]); i++) {
-        DIR *d = opendir(classes[i]);
-        if (!d)
-            continue;
-        bool dev = i == 2, found = false;
-        for (struct dirent *e; !found && (e = readdir(d));)
-            found = dev ? strncmp(e->d_name, "hfi1", 4) == 0 || strncmp(e->d_name, "ipath", 5) == 0
-                        : e->d_name[0] != '.';
-        closedir(d);
-        if (found)
-            return true;
-    }
-    return false;
+    glob_t g = {0};
+    bool dev = glob("/dev/hfi1*", 0, NULL, &g) == 0 || glob("/dev/ipath*", GLOB_APPEND, NULL, &g) == 0;
+    globfree(&g);
+    return dev || dir_has_entry("/sys/class/infiniband") || dir_has_entry("/sys/class/cxi");
 }
 
 /* Whether an MCA parameter file selects a pml or an mtl ("pml = ucx"; an exclusion such as
