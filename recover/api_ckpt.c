@@ -388,6 +388,7 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
         if (r->nbytes)
             memcpy(ptr, held, r->nbytes);
         r->pending = false;
+        r->bound_rows = r->ndim > 0 ? r->shape[0] : 0;
     }
     r->ptr = ptr;
     return 0;

@@ -16,6 +16,11 @@
  *      the newest step of which every member holds its own pieces counts too (own_step),
  *      its partner copy sent or not (the request landed before it was).
  *   I6 new ranks are the survivors' ranks at start, ascending.
+ *   I7 A member lost that held no piece of a step costs that step nothing: where every
+ *      reporter holds its own pieces of one step, taken in a world of exactly the
+ *      reporters (own_world = their number, own_rank each rank of it once), the lost are
+ *      newcomers that joined after it (their join's rollback never completed), and that
+ *      step is offered as I5 offers it where nobody was lost: no partner copy needed.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -35,6 +40,23 @@ static const rec_report *report_of(const rec_report *rep, int nrep, int rank0)
 static bool holds(const rec_report *r, int64_t step)
 {
     return step >= 0 && (r->held_step == step || r->older_step == step);
+}
+
+/* I7: every reporter holds its own pieces of one step, taken in a world of exactly the
+   reporters, each of its ranks once. */
+static bool own_complete(const rec_report *rep, int nrep)
+{
+    if (nrep <= 0 || nrep > REC_MAX_WORLD)
+        return false;
+    bool seen[REC_MAX_WORLD] = {false};
+    for (int i = 0; i < nrep; i++) {
+        const rec_report *r = &rep[i];
+        if (r->own_step < 0 || r->own_step != rep[0].own_step || r->own_world != nrep || r->own_rank < 0 ||
+            r->own_rank >= nrep || seen[r->own_rank])
+            return false;
+        seen[r->own_rank] = true;
+    }
+    return true;
 }
 
 /* I5 with partner copies: every reporter holds `step`, and each member of prev that did
@@ -104,7 +126,7 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
 
     /* I3, I4, I5: with partner copies, the newest step every survivor holds, of either
        generation (a loss while a snapshot was copied or sent leaves the one before). */
-    if (newest_held >= 0 && partnered) {
+    if (partnered) {
         int64_t best = -1;
         for (int i = 0; i < nrep; i++)
             for (int k = 0; k < 2; k++) {
@@ -112,7 +134,7 @@ int rec_decide(const int *prev, int nprev, const rec_report *rep, int nrep, int 
                 if (s > best && partners_cover(prev, nprev, rep, nrep, s))
                     best = s;
             }
-        if (nrep == nprev) { /* nobody lost: the newest step whose own pieces all hold */
+        if (nrep == nprev || own_complete(rep, nrep)) { /* nobody lost (I5), or nobody that held a piece (I7) */
             int64_t own = INT64_MAX;
             for (int i = 0; i < nrep; i++)
                 own = rep[i].own_step < own ? rep[i].own_step : own;

@@ -27,7 +27,11 @@ typedef struct rec_report {
                                members (growth in place: recovery.c G1), still waiting and alive */
     int64_t own_step;       /* partnered: the newest step of which it holds its own pieces,
                                whether their partner copy was sent or not; offered only where
-                               no member was lost (a growth: coord.c I5), -1: none */
+                               no member was lost (a growth: coord.c I5), or where the
+                               reporters alone held that step's pieces (own_rank, own_world:
+                               I7), -1: none */
+    int own_rank, own_world; /* own_step's snapshot: this member's rank in the world of
+                               own_world members it was taken in (0 0: none) */
 } rec_report;
 
 enum rec_source { REC_FROM_MEMORY = 1, REC_FROM_DISK = 2, REC_FROM_NOTHING = 3 };

@@ -38,8 +38,10 @@ struct rec_tensor {
        rk_register, re-split evenly at a membership change: resplit in rollback.c; a
        spare's rows_global is -1 until a recovery brings it in and it learns it). */
     int64_t row0, rows_global;
-    bool pending;         /* the slice changed size in a recovery: the restored rows wait in
-                             the held snapshot for rk_rebind; ptr is the old buffer */
+    int64_t bound_rows;   /* RK_SHARDED: the rows ptr holds (rk_register, rk_rebind) */
+    bool pending;         /* the slice differs in size from ptr's (bound_rows) after a
+                             recovery: the restored rows wait in the held snapshot for
+                             rk_rebind; ptr is the old buffer */
 };
 
 struct ckpt_engine;

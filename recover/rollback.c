@@ -50,6 +50,15 @@
  *      learns so in the failed share, and the plan then uses no partner copy (struct
  *      rec_plan.no_left): no old piece is missing, and each member receives from its new
  *      left whatever of its new partner copy it does not hold itself.
+ *   B9 A member whose own rollback failed (its snapshot the one held before, B3) puts its
+ *      split back as it was before resplit: the next round's decision finds that snapshot
+ *      matching the registry and offers it (ckpt_snapshot_matches), instead of a split of
+ *      a world that never formed (a newcomer lost in the rebuild: the others went to disk,
+ *      49 steps back). And a slice waits for rk_rebind only where it differs from the
+ *      buffer the program holds (rec_tensor.bound_rows), never against the split of a
+ *      round that failed: a program comparing rk_shard_rows with its buffer then rebinds
+ *      exactly when the library waits for it (snapshots were refused for good before,
+ *      and a rollback from disk left the buffers of the newer step: the job diverged).
  *
  * STATES of one member (the function performing each transition)
  *
@@ -124,9 +133,17 @@ void rec_ckpt_offer(rk_ctx *ctx, bool memory, struct rec_report *r)
     r->held_step = o.held;
     r->older_step = o.older;
     r->own_step = -1;
-    if (ctx->ckpt && memory && r->partnered) { /* a growth needs no partner copy (coord.c I5) */
+    r->own_rank = r->own_world = 0;
+    if (ctx->ckpt && memory && r->partnered) { /* a growth needs no partner copy (coord.c I5, I7) */
         ckpt_offer own = offer(ctx, false);
         r->own_step = own.held > own.older ? own.held : own.older;
+        const ckpt_snapshot *s = ckpt_snapshot_held(ctx->ckpt);
+        if (s->step != r->own_step)
+            s = ckpt_snapshot_older(ctx->ckpt);
+        if (r->own_step >= 0 && s->step == r->own_step) {
+            r->own_rank = s->rank;
+            r->own_world = s->world;
+        }
     }
     /* Before rk_resume: the directory's newest. */
     r->committed_step = o.committed > ctx->disk_newest ? o.committed : ctx->disk_newest;
@@ -241,8 +258,12 @@ static int from_disk(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t,
 /* ---- memory ------------------------------------------------------------------------ */
 
 /* Every sharded tensor split evenly over the current members (after a membership
-   change). A slice whose size changed waits for rk_rebind (its restored rows stay in the
-   held snapshot); one of the same size is restored into its buffer. */
+   change). A slice whose size differs from its buffer's waits for rk_rebind (its
+   restored rows stay in the held snapshot); one of the same size is restored into its
+   buffer. Against the buffer, not the slice before: a recovery interrupted after its
+   split (a member lost in its rollback) and decided again at the old size leaves the
+   program's buffer right, and the program, comparing rk_shard_rows with the buffer it
+   holds, rebinds nothing (snapshots refused for good before). */
 static void resplit(rk_ctx *ctx)
 {
     for (size_t i = 0; i < ctx->ntensors; i++) {
@@ -250,11 +271,41 @@ static void resplit(rk_ctx *ctx)
         if (!(r->flags & RK_SHARDED))
             continue;
         int64_t row0, rows = rec_even_split(r->rows_global, ctx->world, ctx->rank, &row0);
-        if (rows != r->shape[0])
-            r->pending = true;
+        r->pending = rows != r->bound_rows;
         r->shape[0] = rows;
         r->row0 = row0;
         r->nbytes = rec_row_bytes(r) * (size_t)rows;
+    }
+}
+
+/* Each sharded tensor's split before a rollback's resplit, put back where that rollback
+   failed here (B9). */
+struct split_was {
+    int64_t rows, row0;
+    size_t nbytes;
+    bool pending;
+};
+
+static struct split_was *split_save(const rk_ctx *ctx)
+{
+    struct split_was *w = calloc(ctx->ntensors ? ctx->ntensors : 1, sizeof(*w));
+    for (size_t i = 0; w && i < ctx->ntensors; i++) {
+        const struct rec_tensor *r = &ctx->tensors[i];
+        w[i] = (struct split_was){r->ndim > 0 ? r->shape[0] : 0, r->row0, r->nbytes, r->pending};
+    }
+    return w;
+}
+
+static void split_restore(rk_ctx *ctx, const struct split_was *w)
+{
+    for (size_t i = 0; w && i < ctx->ntensors; i++) {
+        struct rec_tensor *r = &ctx->tensors[i];
+        if (!(r->flags & RK_SHARDED))
+            continue;
+        r->shape[0] = w[i].rows;
+        r->row0 = w[i].row0;
+        r->nbytes = w[i].nbytes;
+        r->pending = w[i].pending;
     }
 }
 
@@ -671,6 +722,7 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
        (rank 0's writer removes what dead attempts left before it writes again: never the
        training thread, recovery does not wait on the disk). */
     ckpt_set_membership(ctx->ckpt, ctx->rank, ctx->world, dec->epoch);
+    struct split_was *was = split_save(ctx);
     resplit(ctx);
     /* rec_ckpt_tensors' failure goes into the first collective of each path (a failed share). */
     ckpt_tensor *t = NULL;
@@ -717,6 +769,9 @@ int rec_ckpt_rollback(rk_ctx *ctx, const rec_decision *dec, int *from)
         arc = agree(ctx, &worst, RK_I32, RK_MAX); /* round 2 */
     }
     free(t);
+    if (rc) /* B9 */
+        split_restore(ctx, was);
+    free(was);
     if (rc)
         return rc;
     if (arc)

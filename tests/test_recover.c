@@ -271,6 +271,41 @@ START_TEST(decide_I5_growth_own_pieces)
 }
 END_TEST
 
+/* I7: a newcomer lost before its join's rollback completed held no piece of the step the
+   others took before it came: where the reporters' own pieces of one step were taken in a
+   world of exactly them (each rank once), that step counts as in a growth, no partner copy
+   needed. A step taken with the lost member in the world (own_world 4), or a rank missing
+   among the reporters, does not. */
+START_TEST(decide_I7_lost_newcomer_held_nothing)
+{
+    int prev[] = {0, 1, 2, 3}; /* 3: the newcomer, lost in its join */
+    rec_report rep[3];
+    for (int i = 0; i < 3; i++) {
+        rep[i] = R(i, 12, -1, 6); /* no partnered snapshot (11's partner copy never sent) */
+        rep[i].partnered = 1;
+        rep[i].own_step = 11;
+        rep[i].own_rank = i;
+        rep[i].own_world = 3;
+    }
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_MEMORY);
+    ck_assert_int_eq(dec.step, 11);
+    ck_assert_int_eq(dec.steps_lost, 1);
+    rep[2].own_world = 4; /* taken with the lost member in it: its pieces are gone */
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+    ck_assert_int_eq(dec.step, 6);
+    rep[2].own_world = 3;
+    rep[2].own_rank = 1; /* rank 2's pieces held by nobody */
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+    rep[2].own_rank = 2;
+    rep[2].own_step = 10; /* not one step */
+    th_assert_rc(rec_decide(prev, 4, rep, 3, 1, 2, &dec), 0);
+    ck_assert_int_eq(dec.source, REC_FROM_DISK);
+}
+END_TEST
+
 /* Two generations (ckpt/snapshot.h S6): a survivor whose newest snapshot was not partnered (the
    member lost while it was being sent) offers the one before; with partner copies the
    decision is the newest step every survivor holds, of either generation; with replicated
@@ -764,6 +799,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, decide_I5_partners);
     tcase_add_test(tc, decide_I5_older_generation);
     tcase_add_test(tc, decide_I5_growth_own_pieces);
+    tcase_add_test(tc, decide_I7_lost_newcomer_held_nothing);
     tcase_add_test(tc, decide_rejects_malformed);
     suite_add_tcase(s, tc);
 

@@ -128,8 +128,9 @@ struct grow {
     bool completing;      /* a worker completed (exit 0): the job is ending, it grows no more */
     bool warned_no_ckpt;
     char last_error[256];
-    /* A growth in place onto spares under way (ip_target > 0): the world asked, from
-       ip_from members with ip_joined spares joined before, asked at ip_since. */
+    /* A growth in place under way (ip_target > 0): the world asked, from ip_from members
+       with ip_joined spares (or workers started since the launch) joined before, asked at
+       ip_since. */
     int ip_target, ip_from, ip_joined;
     int64_t ip_since;
     /* An elastic run's growth in place by workers started while it trains (run_grow.c):

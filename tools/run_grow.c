@@ -325,6 +325,17 @@ static int ended_unjoined(const struct grow *g)
     return n;
 }
 
+/* Workers started since the launch that joined (whether or not they ended since): the
+   launcher's count of a growth's newcomers, not the members alive (a member lost
+   meanwhile is no newcomer less). */
+static int joined_since_launch(const struct grow *g)
+{
+    int n = 0;
+    for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS; r++)
+        n += g->seen[r] == SLOT_JOINED || (g->seen[r] == SLOT_ENDED && joined(g, r));
+    return n;
+}
+
 /* An elastic run with more free slots than workers alive grows in place first: the grow
    file asks the workers for the world wanted, with a join line per worker to start
    (recover/join_proto.c J16), and the launcher follows the newcomers' joined notes.
@@ -344,6 +355,7 @@ static bool join_start(struct grow *g, int64_t now, int free, int want)
                     "while the job trains\n", free, g->alive, g->alive + k, k, g->ip_hosts);
     g->joins = true;
     g->ip_unjoined = ended_unjoined(g);
+    g->ip_joined = joined_since_launch(g);
     g->ip_target = g->alive + k;
     g->ip_from = g->alive;
     g->ip_since = now;
@@ -357,7 +369,8 @@ static bool join_tick(struct grow *g, int64_t now)
 {
     if (g->alive >= g->ip_target) {
         fprintf(stderr, "rekindle: run: grown in place to %d workers in %.0f ms: %d started on %s joined, no worker "
-                        "restarted\n", g->alive, (double)(now - g->ip_since) / 1e6, g->alive - g->ip_from, g->ip_hosts);
+                        "restarted\n", g->alive, (double)(now - g->ip_since) / 1e6, joined_since_launch(g) - g->ip_joined,
+                g->ip_hosts);
         g->ip_target = 0;
         return false;
     }
@@ -379,7 +392,7 @@ static bool join_tick(struct grow *g, int64_t now)
     snprintf(why, sizeof(why), lost ? "a worker started for it ended before it joined" : "not within %.0f s",
              (double)bound / 1e9);
     fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete (%s; %d of %d joined): growing by a "
-                    "relaunch\n", g->ip_target, why, g->alive - g->ip_from, g->ip_target - g->ip_from);
+                    "relaunch\n", g->ip_target, why, joined_since_launch(g) - g->ip_joined, g->ip_target - g->ip_from);
     write_target(g, g->alive); /* asks nothing more of the workers */
     g->ip_target = 0;
     g->ip_failed = true;
