@@ -283,5 +283,13 @@ bool rec_membership_lost(const rk_ctx *ctx)
 
 bool rec_ring_changed(void *arg)
 {
-    return rec_membership_changed(arg);
+    rk_ctx *ctx = arg;
+    if (!rec_membership_changed(ctx))
+        return false;
+    /* Growth alone (recovery.c G1): the ring call in flight is given up only once the
+       request is REC_GROW_GRACE_NS old. A call its peers are still making finishes
+       (abandoned at its last chunk on one member while the others completed it, that
+       member lacked the step: the growth rolled it back); one that a peer left for the
+       recovery is given up after the grace. */
+    return ctx->change_lost || !ctx->loss_ns || rk__mono_ns() - ctx->loss_ns >= REC_GROW_GRACE_NS;
 }

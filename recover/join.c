@@ -34,9 +34,17 @@
  *       the training thread's calls, and a join given up on is not a wedge.
  *   J11 A join starts only where MPI gives MPI_THREAD_MULTIPLE (RK_E_STATE otherwise):
  *       below it, a second thread inside MPI is not allowed at all.
+ *   J12 A thread given up on is put at SCHED_IDLE first: left inside the spawn or the
+ *       merge, Open MPI polls for a peer that is gone without end (opal_progress), a core
+ *       per member where nothing yields; at SCHED_IDLE it gets only CPU time that no other
+ *       thread wants. It can hold a lock of Open MPI's when it is preempted: a thread
+ *       that blocks on that lock sleeps, which leaves the core to it, and even on a core
+ *       that is never idle a SCHED_IDLE thread gets a small share, so the cost is a delay,
+ *       never a stall (docs/LAUNCHER.md has the figures).
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,11 +287,15 @@ void rec_join_end(struct rec_join **pj)
     if (!j)
         return;
     int expect = JOIN_RUNNING;
+    /* J12: before LEFT, while the thread is still ours to name (not detached). */
+    int idle = atomic_load(&j->state) == JOIN_RUNNING ? pthread_setschedparam(j->thread, SCHED_IDLE,
+                                                                               &(struct sched_param){0}) : -1;
     atomic_fetch_add(&threads_left, 1); /* before the thread can see LEFT and count itself out */
     if (atomic_compare_exchange_strong(&j->state, &expect, JOIN_LEFT)) {
         pthread_detach(j->thread); /* J8: it frees the join if it ever returns */
-        RK_LOG_WARN(RK_SUB_REC, "join given up on inside %s: its thread stays there; this process will not call "
-                    "MPI_Finalize", atomic_load(&j->what) ? atomic_load(&j->what) : "its first MPI call");
+        RK_LOG_WARN(RK_SUB_REC, "join given up on inside %s: its thread stays there (%s); this process will not "
+                    "call MPI_Finalize", atomic_load(&j->what) ? atomic_load(&j->what) : "its first MPI call",
+                    idle == 0 ? "at SCHED_IDLE: it runs only on a core nothing else wants" : "at its priority");
         return;
     }
     atomic_fetch_sub(&threads_left, 1);

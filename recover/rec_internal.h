@@ -197,6 +197,9 @@ void rec_msgs_settle(rk_ctx *ctx, int64_t deadline);
    as many waiting spares (det_admit). rec_grow_admit: a DET_EV_ADMIT of spare `slot` was
    read: true if it still waits (a membership change to agree on, as a loss is). */
 #define REC_GROW_POLL_NS (50 * 1000000LL)
+/* How long a growth request lets a ring call in flight run on before it is given up (api_det.c
+   rec_ring_changed); a loss gives it up at once. */
+#define REC_GROW_GRACE_NS (50 * 1000000LL)
 #define REC_GROW_FILE "grow-to"
 void rec_grow_poll(rk_ctx *ctx);
 /* The grow file read whole (NUL-terminated; checked as G2 says): its length, 0 with none;

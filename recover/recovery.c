@@ -56,7 +56,10 @@
  *   G1 A request to grow is a membership change like a loss, learned the same way by every
  *      member: a detector declaration (det_admit, detector/det_proto.c I11) that bumps every
  *      member's epoch and emits DET_EV_ADMIT, so the ring call in flight on each member is
- *      abandoned (rec_ring_changed) and all of them enter these rounds from the same step,
+ *      abandoned (rec_ring_changed, once the request is REC_GROW_GRACE_NS old: a call the
+ *      others are still making finishes first, else one member that gave up its last
+ *      chunk lacks a step the others completed, and the growth loses it) and all of them
+ *      enter these rounds from the same step,
  *      on the schedule of R5 from the time the request was learned. Nothing else differs:
  *      the same reports, decision rule (I1..I6), epochs, fencing and rollback, but one
  *      thing: learned on entry to rk_step_done, the step just finished is kept (its
