@@ -221,6 +221,11 @@ int rec_det_status(rk_ctx *ctx)
 
 static bool in_view(const rk_ctx *ctx, int rank0)
 {
+    /* Before rec_recovery_init the view is not set, but the detector runs: a death read
+       then is one of the initial view, ranks 0 .. world-1 (dropped as no member's, it left
+       the others waiting on the dead rank until their collective's deadline). */
+    if (!ctx->view)
+        return rank0 >= 0 && rank0 < ctx->world;
     for (int i = 0; i < ctx->nview; i++)
         if (ctx->view[i] == rank0)
             return true;
