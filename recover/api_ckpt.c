@@ -110,10 +110,10 @@ int rec_ckpt_tensors(rk_ctx *ctx, ckpt_tensor **out)
         return -ENOMEM;
     for (size_t i = 0; i < ctx->ntensors; i++) {
         const struct rec_tensor *r = &ctx->tensors[i];
-        t[i] = (ckpt_tensor){.name = r->name, .ptr = r->pending ? NULL : r->ptr, .dtype = r->dtype, .ndim = r->ndim,
+        t[i] = (ckpt_tensor){.name = r->name, .ptr = rec_tensor_pending(r) ? NULL : r->ptr, .dtype = r->dtype, .ndim = r->ndim,
                              .shape = r->shape, .nbytes = r->nbytes, .flags = r->flags & ~(RK_DEVICE | RK_FROZEN),
                              .frozen = r->flags & RK_FROZEN,
-                             .row0 = r->row0, .rows = r->rows_global, .defer = r->pending,
+                             .row0 = r->row0, .rows = r->rows_global, .defer = rec_tensor_pending(r),
                              .device = r->flags & RK_DEVICE};
     }
     *out = t;
@@ -163,7 +163,7 @@ int rec_ckpt_mirror(rk_ctx *ctx)
 static int start(rk_ctx *ctx, int64_t step, bool disk)
 {
     for (size_t i = 0; i < ctx->ntensors; i++)
-        if (ctx->tensors[i].pending)
+        if (rec_tensor_pending(&ctx->tensors[i]))
             return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, RK_E_STATE,
                             "%s of step %" PRId64 " not taken: sharded tensor '%s' changed its slice in the "
                             "recovery and waits for rk_rebind", disk ? "checkpoint" : "snapshot", step,
@@ -378,7 +378,7 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
                         name ? name : "(null)");
     if (!ptr && r->nbytes)
         return rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, -EINVAL, "rk_rebind '%s': NULL buffer for %zu bytes", name, r->nbytes);
-    if (r->pending) {
+    if (rec_tensor_pending(r)) {
         size_t i = (size_t)(r - ctx->tensors);
         const ckpt_snapshot *s = ctx->ckpt ? ckpt_snapshot_held(ctx->ckpt) : NULL;
         const void *held = s && i < s->n ? s->own[i].data : NULL;
@@ -387,8 +387,7 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr)
                             name);
         if (r->nbytes)
             memcpy(ptr, held, r->nbytes);
-        r->pending = false;
-        r->bound_rows = r->ndim > 0 ? r->shape[0] : 0;
+        r->bound_rows = r->shape[0];
     }
     r->ptr = ptr;
     return 0;

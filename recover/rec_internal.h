@@ -39,10 +39,14 @@ struct rec_tensor {
        spare's rows_global is -1 until a recovery brings it in and it learns it). */
     int64_t row0, rows_global;
     int64_t bound_rows;   /* RK_SHARDED: the rows ptr holds (rk_register, rk_rebind) */
-    bool pending;         /* the slice differs in size from ptr's (bound_rows) after a
-                             recovery: the restored rows wait in the held snapshot for
-                             rk_rebind; ptr is the old buffer */
 };
+
+/* A sharded slice that differs in size from its buffer (bound_rows) after a recovery: its
+   restored rows wait in the held snapshot for rk_rebind; ptr is the old buffer. */
+static inline bool rec_tensor_pending(const struct rec_tensor *r)
+{
+    return (r->flags & RK_SHARDED) && r->shape[0] != r->bound_rows;
+}
 
 struct ckpt_engine;
 struct det;

@@ -139,7 +139,7 @@ int rec_registry_add(rk_ctx *ctx, const char *name, void *ptr, rk_dtype dtype, i
     t->nbytes = nbytes;
     t->flags = flags;
     t->rows_global = ndim > 0 ? shape[0] : 0; /* sharded: set by the agreement (api_ckpt.c) */
-    t->bound_rows = ndim > 0 ? shape[0] : 0;
+    t->bound_rows = ndim > 0 ? shape[0] : 0; /* sharded: ndim >= 1 */
     ctx->ntensors++;
     return 0;
 }

@@ -271,8 +271,7 @@ static void resplit(rk_ctx *ctx)
         if (!(r->flags & RK_SHARDED))
             continue;
         int64_t row0, rows = rec_even_split(r->rows_global, ctx->world, ctx->rank, &row0);
-        r->pending = rows != r->bound_rows;
-        r->shape[0] = rows;
+        r->shape[0] = rows; /* waits for rk_rebind where it differs from bound_rows */
         r->row0 = row0;
         r->nbytes = rec_row_bytes(r) * (size_t)rows;
     }
@@ -283,7 +282,6 @@ static void resplit(rk_ctx *ctx)
 struct split_was {
     int64_t rows, row0;
     size_t nbytes;
-    bool pending;
 };
 
 static struct split_was *split_save(const rk_ctx *ctx)
@@ -291,7 +289,7 @@ static struct split_was *split_save(const rk_ctx *ctx)
     struct split_was *w = calloc(ctx->ntensors ? ctx->ntensors : 1, sizeof(*w));
     for (size_t i = 0; w && i < ctx->ntensors; i++) {
         const struct rec_tensor *r = &ctx->tensors[i];
-        w[i] = (struct split_was){r->ndim > 0 ? r->shape[0] : 0, r->row0, r->nbytes, r->pending};
+        w[i] = (struct split_was){r->ndim > 0 ? r->shape[0] : 0, r->row0, r->nbytes};
     }
     return w;
 }
@@ -305,7 +303,6 @@ static void split_restore(rk_ctx *ctx, const struct split_was *w)
         r->shape[0] = w[i].rows;
         r->row0 = w[i].row0;
         r->nbytes = w[i].nbytes;
-        r->pending = w[i].pending;
     }
 }
 
