@@ -57,14 +57,21 @@ int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what);
    bracketed by rk__mpi_enter/rk__mpi_leave (one thread, the training thread, calls MPI
    through them; a join's thread calls MPI beside it without them: recover/join.c J10),
    so that a watchdog on another thread sees one that never returns: rk__mpi_inside gives
-   when the call in progress began (CLOCK_MONOTONIC ns) and a number that changes with each
-   call, or 0 when none is in progress. */
-void rk__mpi_enter(void);
+   when the call in progress began (CLOCK_MONOTONIC ns), a number that changes with each
+   call and the call's text (`what`, a string literal: the watchdog names the call it
+   ends), or 0 when none is in progress. */
+void rk__mpi_enter(const char *what);
 void rk__mpi_leave(void);
-int64_t rk__mpi_inside(uint64_t *call);
+int64_t rk__mpi_inside(uint64_t *call, const char **what);
 int rk__mpi_left(int mpi_rc); /* rk__mpi_leave, then mpi_rc */
+/* Open MPI's wait for a PMIx data exchange inside a spawn (600 s unbounded otherwise),
+   bounded for the process about to call MPI_Init (and what it starts): the environment's
+   OMPI_MCA_pmix_base_exchange_timeout, unless set already, so that the wait ends after
+   rk__mpi_exchange_wait_s(timeout_ms) seconds (common/mpi.c says why and how). */
+int rk__mpi_exchange_wait_s(int timeout_ms);
+void rk__mpi_bound_exchanges(int timeout_ms);
 /* One MPI call of a polling loop, bracketed: RK_MPI(MPI_Test(&rq, &done, &st)). */
-#define RK_MPI(call) (rk__mpi_enter(), rk__mpi_left(call))
+#define RK_MPI(call) (rk__mpi_enter(#call), rk__mpi_left(call))
 
 /* ---- logging (common/log.c) ------------------------------------------------------------
  * RK_LOG=error|warn|info|debug (default warn) and RK_LOG_SUBSYS=det,ring,... (default all)

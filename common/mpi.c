@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "common.h"
 
@@ -20,9 +21,11 @@ int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what)
 
 static _Atomic int64_t mpi_since; /* start of the call in progress; 0: none */
 static atomic_uint_fast64_t mpi_calls;
+static _Atomic(const char *) mpi_what;
 
-void rk__mpi_enter(void)
+void rk__mpi_enter(const char *what)
 {
+    atomic_store(&mpi_what, what);
     atomic_fetch_add(&mpi_calls, 1);
     atomic_store(&mpi_since, rk__mono_ns());
 }
@@ -32,9 +35,10 @@ void rk__mpi_leave(void)
     atomic_store(&mpi_since, 0);
 }
 
-int64_t rk__mpi_inside(uint64_t *call)
+int64_t rk__mpi_inside(uint64_t *call, const char **what)
 {
     *call = atomic_load(&mpi_calls);
+    *what = atomic_load(&mpi_what);
     return atomic_load(&mpi_since);
 }
 
@@ -42,4 +46,29 @@ int rk__mpi_left(int mpi_rc)
 {
     rk__mpi_leave();
     return mpi_rc;
+}
+
+/* Open MPI 4.1 agrees on a new communicator's context id inside MPI_Comm_spawn (and
+   connect/accept) by a nonblocking request whose last step, run from opal_progress by
+   whichever thread of the process polls first, is a PMIx lookup of the other side's half,
+   waited for up to 600 s (ompi/communicator/comm_cid.c). A newcomer dead at that moment
+   held that thread there: at the spawn's root it can be the training thread, inside a ring
+   call, which the wedge watchdog then ended (docs/CHAOS.md, seed 4203). The MCA parameter
+   pmix_base_exchange_timeout (seconds) bounds it. ORTE's server (4.1.4) applies it in
+   rounds of 2 s, taking 2 s off twice a round, so a multiple of 4 ends the wait at half
+   its value (measured: 8 -> 3.7-4 s) and some other values never end it (5 did not in
+   15 s). The wait asked for: a third of RK_TIMEOUT_MS, at least 6 s (a newcomer's start up
+   to its MPI_Init runs inside it), rounded up to an even second: below the watchdog's
+   RK_TIMEOUT_MS / 2 wherever RK_TIMEOUT_MS is 12 s or more (30 s by default). */
+int rk__mpi_exchange_wait_s(int timeout_ms)
+{
+    int wait_s = timeout_ms / 3000;
+    return wait_s < 6 ? 6 : wait_s;
+}
+
+void rk__mpi_bound_exchanges(int timeout_ms)
+{
+    char v[16];
+    snprintf(v, sizeof(v), "%d", 4 * ((rk__mpi_exchange_wait_s(timeout_ms) + 1) / 2));
+    setenv("OMPI_MCA_pmix_base_exchange_timeout", v, 0); /* the user's own setting is kept */
 }

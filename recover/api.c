@@ -171,6 +171,8 @@ int rk_init(rk_ctx **out, const rk_options *o)
            none (nothing here spawns or connects). Only the singleton component reads it (a
            launched process ignores it); the user's own setting is kept. */
         setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+        /* A spawn's waits on PMIx bounded below the wedge watchdog's (join.c J13). */
+        rk__mpi_bound_exchanges(ctx->opt.timeout_ms);
         /* MPI_THREAD_MULTIPLE: a join of processes started later runs its spawn and merge
            on a thread of its own, which may never return (join.c J11); the training
            thread's calls are unchanged, and the ring's cost was within the noise

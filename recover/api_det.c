@@ -71,7 +71,8 @@ static void wedge_watch(void *arg)
 {
     rk_ctx *ctx = arg;
     uint64_t call = 0;
-    int64_t since = rk__mpi_inside(&call);
+    const char *what = NULL;
+    int64_t since = rk__mpi_inside(&call, &what);
     if (!since || call != ctx->wedge.call) {
         ctx->wedge.call = call;
         ctx->wedge.turns = 0;
@@ -81,12 +82,13 @@ static void wedge_watch(void *arg)
     if (++ctx->wedge.turns < bound_ms / ctx->opt.heartbeat_ms / 2 || stuck_ms < bound_ms)
         return;
     RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR,
-              "the training thread has been inside one MPI call for %lld ms: it will not return (a peer that "
-              "died in the middle of a send over Open MPI's shared-memory transport, or TCP to a host lost "
+              "the training thread has been inside one MPI call (%.60s) for %lld ms: it will not return (a peer "
+              "that died in the middle of a send over Open MPI's shared-memory transport, or TCP to a host lost "
               "whole: docs/RING.md, \"Transport\"); leaving the job with exit status %d so that the others go on "
               "without this worker",
-              (long long)stuck_ms, RK_EXIT_WEDGED);
-    RK_EVENT(ctx->ev, "wedged", RK_EV_D("ms", (double)stuck_ms), RK_EV_I("exit", RK_EXIT_WEDGED));
+              what ? what : "?", (long long)stuck_ms, RK_EXIT_WEDGED);
+    RK_EVENT(ctx->ev, "wedged", RK_EV_D("ms", (double)stuck_ms), RK_EV_I("exit", RK_EXIT_WEDGED),
+             RK_EV_S("call", what ? what : "?"));
     _exit(RK_EXIT_WEDGED);
 }
 

@@ -41,6 +41,18 @@
  *       that blocks on that lock sleeps, which leaves the core to it, and even on a core
  *       that is never idle a SCHED_IDLE thread gets a small share, so the cost is a delay,
  *       never a stall (docs/LAUNCHER.md has the figures).
+ *   J13 Not every wait of the spawn stays on this thread. Inside MPI_Comm_spawn, Open MPI
+ *       4.1 agrees on the new communicator's context id by a nonblocking request whose last
+ *       step, a PMIx lookup of the newcomers' half, is run from opal_progress by whichever
+ *       thread of the process polls first: at the root it can be the training thread, in
+ *       a ring call's MPI_Iprobe, and a newcomer dead at that moment held it there (600 s
+ *       as shipped) until the wedge watchdog ended the worker (docs/CHAOS.md, seed 4203).
+ *       rk_init and `rekindle run` bound that lookup (common/mpi.c,
+ *       rk__mpi_bound_exchanges: RK_TIMEOUT_MS / 3, at least 6 s, below the watchdog's
+ *       RK_TIMEOUT_MS / 2 from 12 s up): the training thread waits at most that once, and the spawn then
+ *       fails, so the thread comes back. Keeping the training thread out of MPI during the
+ *       spawn was tried and does not close it: once the join is given up, training must
+ *       poll MPI again while the thread may still be short of that step.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -153,6 +165,8 @@ static void *join_main(void *arg)
     run(j);
     int expect = JOIN_RUNNING;
     if (!atomic_compare_exchange_strong(&j->state, &expect, JOIN_DONE)) { /* LEFT: ours to free (J8) */
+        RK_LOG_INFO(RK_SUB_REC, "a join given up on came back from %s (%s)", atomic_load(&j->what),
+                    j->mrc == MPI_SUCCESS ? "it succeeded" : "it failed");
         free_join(j);
         atomic_fetch_sub(&threads_left, 1);
     }

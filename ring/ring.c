@@ -122,7 +122,7 @@ static unsigned char *chunk_at(const struct xfer *x, size_t t, bool send, size_t
 
 static int test_req(MPI_Request *req, int *done, MPI_Status *st, int code_on_error)
 {
-    rk__mpi_enter();
+    rk__mpi_enter("MPI_Test (the ring)");
     rk__fault_point("progress"); /* tests: RK_FAULT=progress@N=hang, a call that never returns */
     int rc = rk__mpi_left(MPI_Test(req, done, st ? st : MPI_STATUS_IGNORE));
     if (rc == MPI_SUCCESS)

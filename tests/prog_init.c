@@ -6,8 +6,15 @@
  *                           "rewrite faults N of P pages children C" (the minor faults of
  *                           the second write: P after a fork inside MPI_Init, about 0
  *                           without; C the processes whose parent this one is, then)
+ *   prog_init connect-nobody
+ *                           after rk_init, MPI_Comm_connect to a port of its own that
+ *                           nothing accepts on (Open MPI waits inside for the other side's
+ *                           PMIx exchange, as a spawn's root does for a dead newcomer's);
+ *                           prints "connect to nobody: failed|returned after S s"
  */
 #include <dirent.h>
+#include <mpi.h>
+#include <time.h>
 #include <unistd.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -66,6 +73,21 @@ int main(int argc, char **argv)
     }
     printf("rank %d world %d\n", rk_rank(ctx), rk_world(ctx));
     fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "connect-nobody") == 0) {
+        char port[MPI_MAX_PORT_NAME];
+        MPI_Comm inter = MPI_COMM_NULL;
+        struct timespec t0, t1;
+        MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        if (MPI_Open_port(MPI_INFO_NULL, port) != MPI_SUCCESS)
+            return 5;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rc = MPI_Comm_connect(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &inter);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("connect to nobody: %s after %.1f s\n", rc == MPI_SUCCESS ? "returned" : "failed",
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+        fflush(stdout);
+    }
     rc = rk_finalize(&ctx);
     if (rc != 0 || ctx != NULL) {
         fprintf(stderr, "rk_finalize: %s\n", rk_strerror(rc));

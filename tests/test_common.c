@@ -585,6 +585,34 @@ START_TEST(singleton_init_leaves_memory_writable)
 }
 END_TEST
 
+/* Open MPI's wait inside a spawn or connect for the other side's PMIx exchange (600 s as
+   shipped, common/mpi.c): rk_init bounds it, so a connect to a port nothing accepts on
+   fails after rk__mpi_exchange_wait_s seconds; a bound the user set is kept. */
+START_TEST(spawn_exchange_wait_bounded)
+{
+    char *prog = th_prog("prog_init");
+    if (!prog)
+        ck_abort();
+    char *argv[] = {prog, "connect-nobody", NULL}, *out = NULL;
+    int wait_s = rk__mpi_exchange_wait_s(6000);
+    for (int user = 0; user < 2; user++) {
+        const char *env[] = {"RK_TIMEOUT_MS=6000", user ? "OMPI_MCA_pmix_base_exchange_timeout=4" : NULL, NULL};
+        int rc = th_mpirun(1, argv, env, 90, &out);
+        double s = -1;
+        const char *l = out ? strstr(out, "connect to nobody: failed after ") : NULL;
+        ck_assert_msg(rc == 0 && l && sscanf(l, "connect to nobody: failed after %lf s", &s) == 1,
+                      "exit %d (-1: past 90 s, the wait unbounded): %.3000s", rc, out);
+        if (user)
+            ck_assert_msg(s < wait_s - 1, "the user's bound (4: 2 s) not kept: %.1f s", s);
+        else
+            ck_assert_msg(s >= wait_s - 1 && s < wait_s + 10, "connect to nobody failed after %.1f s, want about %d",
+                          s, wait_s);
+        free(out);
+    }
+    free(prog);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
     Suite *s = suite_create("common");
@@ -628,6 +656,7 @@ static Suite *common_suite(void)
     tcase_add_test(tc, init_checks_spares);
     tcase_add_test(tc, init_under_mpirun);
     tcase_add_test(tc, singleton_init_leaves_memory_writable);
+    tcase_add_test(tc, spawn_exchange_wait_bounded);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -499,6 +499,10 @@ int run_loop(const struct run_ctx *c)
     struct elastic *el = c->el;
     int status = 0, stop_sig = 0, restarts = 0, first_n = a->n;
     char hostfile[PATH_MAX];
+    rk_options o;
+    rk_options_init(&o);
+    /* in every worker's environment, even one whose program calls MPI_Init itself */
+    rk__mpi_bound_exchanges(o.timeout_ms);
     for (int k = 0; status == 0; k++) {
         struct verdict v;
         struct grow g = {.el = el, .a = a, .ckpt_dir = getenv("RK_CKPT_DIR"), .run = c->run, .base = -2};
