@@ -165,6 +165,15 @@ START_TEST(elastic_program_grows_in_place)
 }
 END_TEST
 
+/* The same program under `rekindle run --host-discovery-script`, the host's slots listed
+   3 then 4: the launcher starts a worker while the three train, which joins them in place
+   (spawned, merged, its state from their memory), with the same judgement. */
+START_TEST(elastic_program_grows_onto_a_started_worker)
+{
+    grow("hosts", "grow_check hosts: ok");
+}
+END_TEST
+
 /* rekindle.elastic's TorchState and run() on 3 workers, one of which kills itself: the
    first call sees rank 0's state (sync), a recovery calls the function again once after
    one reset, with the scalars, weights and momentum of the commit rolled back to; errors
@@ -340,6 +349,7 @@ int main(void)
     tcase_add_test(tc, elastic_sampler_reshards_after_a_loss);
     tcase_add_test(tc, horovod_style_grows_in_place);
     tcase_add_test(tc, elastic_program_grows_in_place);
+    tcase_add_test(tc, elastic_program_grows_onto_a_started_worker);
     suite_add_tcase(s, tc);
     tc = tcase_create("package");
     tcase_set_timeout(tc, 600);

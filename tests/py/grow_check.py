@@ -19,6 +19,12 @@
         commit(), the optimizer's step() or check_host_updates() (or a plain Recovered
         from hvd.context().allreduce) and one reset at size 4; the spare one reset at size 4
         and no interrupt; len(loader) the same through each iteration; one hash.
+    grow_check.py BUILD WORK hosts
+        The same program and judgement, but the job is elastic and grows onto a worker
+        started while it trains: `rekindle run --host-discovery-script` listing this host
+        with 3 slots, then 4 once a checkpoint is committed. Wanted as in program mode,
+        the fourth worker being the one started to grow (its own launch rank is 0, its
+        slot's rank 3), and the launcher's "grown in place to 4 workers ... joined".
 
 Exit 0 when every check passed; otherwise a message saying which and why (exit 1).
 """
@@ -26,6 +32,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -69,8 +76,10 @@ def env_for(ckpt, every, run_dir=None, events=None):
     return env
 
 
-def launch(n, spares, steps, env):
-    p = subprocess.Popen([RKCMD, "run", "-n", str(n), "--spares", str(spares), "--"] + program(steps), env=env,
+def launch(n, spares, steps, env, hosts=None):
+    size = ["-n", str(n), "--spares", str(spares)] if hosts is None else [
+        "--host-discovery-script", "cat " + hosts, "--discovery-interval", "0.2", "--max-np", str(n + 1)]
+    p = subprocess.Popen([RKCMD, "run"] + size + ["--"] + program(steps), env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)
@@ -93,6 +102,12 @@ def finish(p, lines, reader, what):
     return out
 
 
+def list_slots(path, slots):
+    with open(path + ".tmp", "w") as f:
+        f.write("%s:%d\n" % (socket.gethostname(), slots))
+    os.rename(path + ".tmp", path)
+
+
 def events(path, kind):
     out = []
     for name in sorted(os.listdir(os.path.dirname(path))):
@@ -105,15 +120,20 @@ def events(path, kind):
 def grown_job():
     """The job, asked to grow by one once its first checkpoint is committed; returns its
     output and the step the grown ring resumed at, after the checks common to both modes."""
-    ckpt, run_dir, ev = (os.path.join(WORK, d) for d in ("job", "run", "ev"))
+    ckpt, run_dir, ev, hosts = (os.path.join(WORK, d) for d in ("job", "run", "ev", "hosts"))
     steps = STEPS if MODE == "example" else 0
-    p, lines, reader = launch(3, 1, steps, env_for(ckpt, EVERY, run_dir, ev))
+    if MODE == "hosts":
+        list_slots(hosts, 3)
+    p, lines, reader = launch(3, 1, steps, env_for(ckpt, EVERY, run_dir, ev), hosts if MODE == "hosts" else None)
     deadline, before = time.time() + 180 * SCALE, None
     while time.time() < deadline and p.poll() is None:
         if any(e for e in events(ev, "ckpt_committed")):
             before = {p for p in workers("^%s$" % re.escape(" ".join(program(steps)))) if mpi_rank(p) in (0, 1, 2)}
-            with open(os.path.join(run_dir, "grow"), "w") as f:
-                f.write("1\n")
+            if MODE == "hosts":
+                list_slots(hosts, 4)
+            else:
+                with open(os.path.join(run_dir, "grow"), "w") as f:
+                    f.write("1\n")
             break
         time.sleep(0.05)
     out = finish(p, lines, reader, "the job")
@@ -172,7 +192,7 @@ def program_mode():
             fail("launch rank %s: len(loader) changed inside an iteration: %s" % (launch_rank, lens), out)
         if resets.strip() != "4":
             fail("launch rank %s: resets [%s], want one at size 4" % (launch_rank, resets), out)
-        if launch_rank == "3":
+        if launch_rank == "3" or MODE == "hosts" and rank == "3":  # the spare; the worker started to grow
             ok = not seen and rank == "3"
         else:
             ok = rank == launch_rank and len(seen) == 1 and (
@@ -180,8 +200,8 @@ def program_mode():
                 seen[0][0] == "HostsUpdatedInterrupt" and seen[0][1] in ("step", "check_host_updates", "commit"))
         if not ok:
             fail("launch rank %s (rank %s): interrupts %s" % (launch_rank, rank, seen), out)
-    print("grow_check program: ok: grown in place at step %d, each of the three interrupted once (%s), every "
-          "sample once an epoch, len(loader) steady" % (step, ", ".join(e[6] for e in ends if e[6])))
+    print("grow_check %s: ok: grown in place at step %d, each of the three interrupted once (%s), every "
+          "sample once an epoch, len(loader) steady" % (MODE, step, ", ".join(e[6] for e in ends if e[6])))
 
 
-{"example": example, "program": program_mode}[MODE]()
+{"example": example, "program": program_mode, "hosts": program_mode}[MODE]()
