@@ -6,7 +6,8 @@
 # bin, runs (RK_BENCH_GROW_RUNS, default 3), every (RK_BENCH_GROW_CKPT, default 100), py,
 # and the helpers resumed_after and now_ns.
 why=$("$here/scripts/hosts" check) || { echo "$name: not measured: $why"; exit 0; }
-work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-$name.XXXXXX") || exit 2
+work=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-$name.XXXXXX") ||
+  { echo "$name: cannot make a scratch directory under ${TMPDIR:-/tmp}" >&2; exit 2; }
 trap '"$here/scripts/hosts" down; rm -rf "$work"' EXIT
 "$here/scripts/hosts" up 3 "$work/hostfile" 1 > /dev/null
 eval "$("$here/scripts/hosts" env)"

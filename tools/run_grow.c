@@ -325,14 +325,14 @@ static int ended_unjoined(const struct grow *g)
     return n;
 }
 
-/* Workers started since the launch that joined (whether or not they ended since): the
-   launcher's count of a growth's newcomers, not the members alive (a member lost
-   meanwhile is no newcomer less). */
+/* Workers started since the launch that joined (whether or not they ended since: such a
+   slot is ENDED only after JOINED, grow_tick): the launcher's count of a growth's
+   newcomers, not the members alive (a member lost meanwhile is no newcomer less). */
 static int joined_since_launch(const struct grow *g)
 {
     int n = 0;
     for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS; r++)
-        n += g->seen[r] == SLOT_JOINED || (g->seen[r] == SLOT_ENDED && joined(g, r));
+        n += g->seen[r] != SLOT_UNSEEN;
     return n;
 }
 
