@@ -6,7 +6,8 @@
  * the survivors roll back from memory and end with the bits of a fault-free replay, or a
  * spare takes its place and the job ends with the bits of an uninterrupted run. A program
  * written from the header alone (tests/prog_user_cuda.c: a device tensor registered, a
- * device buffer through rk_allreduce) survives a killed rank of three. Needs a CUDA GPU: without one the suite is
+ * device buffer through rk_allreduce) survives a killed rank of three. A job of three
+ * grows in place onto a spare, the device ring rebuilt over four. Needs a CUDA GPU: without one the suite is
  * skipped (exit 77, reported SKIP); scripts/gpu-check runs it where there is one. The same
  * passes run on the host in every build: tests/test_train.c, cuda_passes_give_the_cpu_bits.
  */
@@ -174,6 +175,44 @@ START_TEST(spare_replaces_killed_rank)
 }
 END_TEST
 
+/* rekindle run -n 3 --spares 1, asked to grow once rank 0 trains: the three keep their
+   processes, the spare joins in place, and every member (the spare too) takes a fresh NCCL
+   communicator over the grown ring at its first device allreduce (ring_nccl_plan: FRESH).
+   The state comes from memory with no step lost, and the job's bits are those of a replay
+   on 3 workers up to the step the grown ring resumed at, then on 4. */
+START_TEST(grows_in_place_on_the_device)
+{
+    char *w = th_tmpdir("train_cuda_grow"), *rekindle = th_bin("rekindle"), *bin = th_bin("rk-train");
+    char *cmd = NULL, *out = NULL;
+    unsetenv("RK_CKPT_DIR");
+    ck_assert(asprintf(&cmd,
+                       "W=%s; R=%s; B=%s; A='--seed 5 " BIG "'; N=3000\n"
+                       "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev "
+                       "RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000\n"
+                       "$R run -n 3 --spares 1 -- $B --steps $N $A > $W/out 2>&1 & job=$!\n"
+                       "for i in $(seq 6000); do grep -qs '^step ' $W/out && break; sleep 0.01; done\n"
+                       "echo 1 > $W/run/grow; wait $job; echo \"exit=$?\"\n"
+                       "grep -v '^step ' $W/out; grep -h '\"resumed\"' $W/ev.*\n"
+                       "export RK_EVENT_LOG= RK_RUN_DIR=\n"
+                       "s=$(grep -h '\"resumed\"' $W/ev.* | grep '\"world\": 4' | head -1 | "
+                       "sed 's/.*\"step\": \\([0-9]*\\).*/\\1/')\n"
+                       "[ -n \"$s\" ] || exit 0; mkdir -p $W/r\n"
+                       "RK_CKPT_DIR=$W/r RK_CKPT_EVERY=$s $R run -n 3 -- $B --steps $s $A > /dev/null 2>&1 || exit 1\n"
+                       "echo replay; RK_CKPT_DIR=$W/r $R run -n 4 -- $B --steps $N $A 2>&1 | grep -v '^step '\n",
+                       w, rekindle, bin) > 0);
+    th_assert_rc(th_sh(cmd, 280, &out), 0);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "grown in place to 4 workers"), "not grown:\n%.3000s", out);
+    ck_assert_msg(strstr(out, "\"from\": \"memory\", \"epoch\": 2, \"world\": 4, \"steps_lost\": 0"),
+                  "no resume from memory at world 4 with no step lost:\n%.3000s", out);
+    th_job_equals_replay(out, 4, 3000);
+    th_rmrf(w);
+    free(w);
+    free(rekindle);
+    free(bin);
+    free(cmd);
+}
+END_TEST
+
 /* A user's program (tests/prog_user_cuda.c) on 3 ranks under `rekindle run`, rank 1 killed
    before its allreduce of step 60: both survivors check every sum and the device weights
    they got back, and end with the same weights, having recovered once. */
@@ -219,6 +258,7 @@ int main(void)
     tcase_add_test(tk, killed_rank_equals_replay);
     tcase_add_test(tk, spare_replaces_killed_rank);
     tcase_add_test(tk, user_program_survives_a_kill);
+    tcase_add_test(tk, grows_in_place_on_the_device);
     suite_add_tcase(s, tk);
     return th_main(s);
 }
