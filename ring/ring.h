@@ -225,6 +225,9 @@ bool ring_nccl_ok(const ring_nccl *g);
 /* Finalizes (after a failure: aborts) the NCCL communicator, joins the threads freeing
    retired ones (bounded by timeout_ms); *g = NULL. */
 void ring_nccl_destroy(ring_nccl **g);
+/* The threads freeing retired communicators that are not joined yet (each is named
+   "rk-nccl-reap" while it runs); every rebuild first joins those that ended. */
+int ring_nccl_reapers(const ring_nccl *g);
 /* In place on device memory, after the work queued on `after` (a cudaStream_t; NULL: the
    legacy default stream); returns when the result is in buf (the ring's stream polled to
    completion, never a blocking synchronize). RK_E_PEER_LOST / RK_E_TIMEOUT revoke or abort

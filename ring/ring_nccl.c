@@ -218,6 +218,11 @@ static void collect_reapers(ring_nccl *g)
     g->nreapers = kept;
 }
 
+int ring_nccl_reapers(const ring_nccl *g)
+{
+    return g ? g->nreapers : 0;
+}
+
 /* Frees a communicator nothing runs on any more (no call of ours in flight on it: the
    parent of a shrink, a revoked or intact one replaced by a fresh one). NCCL's user guide
    leaves the parent of an abortive shrink to the caller's ncclCommAbort; its ~0.5 s runs
@@ -232,6 +237,9 @@ static void retire(ring_nccl *g, ncclComm_t comm)
     if (x && v) {
         *x = (struct reap){comm, g->device};
         if (pthread_create(&v[g->nreapers], NULL, reap_main, x) == 0) {
+            /* Named before the rebuild returns (what gdb and /proc show; a failure once the
+               thread ended is of no matter). */
+            pthread_setname_np(v[g->nreapers], "rk-nccl-reap");
             g->nreapers++;
             return;
         }

@@ -153,8 +153,8 @@ if dist is not None:
             acc = parts[0].to(torch.float32) if t.element_size() < 4 else parts[0].clone()
             for p in parts[1:]:
                 acc += p
-            if avg:
-                acc /= parts.shape[0]
+            if avg:  # a tensor divisor: torch divides by a scalar as a product with its inverse on CUDA
+                acc /= torch.full((), parts.shape[0], dtype=acc.dtype, device=acc.device)
             t.copy_(acc.view_as(t))
 
         def _gather(self, t):
