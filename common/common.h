@@ -13,6 +13,7 @@
 #define RK_COMMON_H
 
 #include <stdarg.h>
+#include <mpi.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -70,6 +71,21 @@ int rk__mpi_left(int mpi_rc); /* rk__mpi_leave, then mpi_rc */
    rk__mpi_exchange_wait_s(timeout_ms) seconds (common/mpi.c says why and how). */
 int rk__mpi_exchange_wait_s(int timeout_ms);
 void rk__mpi_bound_exchanges(int timeout_ms);
+/* Waits for a nonblocking collective's request (MPI_Comm_idup, MPI_Iallgather, ...) until
+   `deadline` (rk__mono_ns), testing it every 200 us; gone(arg, why, cap), when given, is
+   asked every 50 ms whether a party is gone (true: why names it). 0 once complete;
+   RK_E_PEER_LOST (gone) or RK_E_TIMEOUT (the deadline), logged as an error naming `what`.
+   A collective given up on can be neither cancelled nor freed (MPI 4.1, 6.12): its request
+   is left to MPI, `keep` (a block MPI may still write or read, or NULL) is kept for the life
+   of the process, and from then on rk__mpi_abandoned() is true: MPI_Finalize, which could
+   wait for it, must not be called. */
+int rk__mpi_wait_coll(MPI_Request *rq, int64_t deadline, bool (*gone)(void *arg, char *why, size_t cap), void *arg,
+                      void *keep, int sub, const char *what);
+bool rk__mpi_abandoned(void);
+/* MPI_Comm_idup of comm into *out, waited for as rk__mpi_wait_coll does (the handle's
+   memory is MPI's for good if given up on; *out untouched then). */
+int rk__mpi_dup_bounded(MPI_Comm comm, MPI_Comm *out, int64_t deadline, bool (*gone)(void *arg, char *why, size_t cap),
+                        void *arg, int sub, const char *what);
 /* One MPI call of a polling loop, bracketed: RK_MPI(MPI_Test(&rq, &done, &st)). */
 #define RK_MPI(call) (rk__mpi_enter(#call), rk__mpi_left(call))
 

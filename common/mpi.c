@@ -3,6 +3,7 @@
  * part that calls MPI (ring/, recover/) reports a failed MPI call through rk__mpi_fail;
  * and the record of the MPI call in progress, which the wedge watchdog reads.
  */
+#include <errno.h>
 #include <mpi.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -71,4 +72,61 @@ void rk__mpi_bound_exchanges(int timeout_ms)
     char v[16];
     snprintf(v, sizeof(v), "%d", 4 * ((rk__mpi_exchange_wait_s(timeout_ms) + 1) / 2));
     setenv("OMPI_MCA_pmix_base_exchange_timeout", v, 0); /* the user's own setting is kept */
+}
+
+static atomic_bool mpi_abandoned;
+
+bool rk__mpi_abandoned(void)
+{
+    return atomic_load(&mpi_abandoned);
+}
+
+int rk__mpi_wait_coll(MPI_Request *rq, int64_t deadline, bool (*gone)(void *arg, char *why, size_t cap), void *arg,
+                      void *keep, int sub, const char *what)
+{
+    int64_t t0 = rk__mono_ns(), look = t0;
+    char why[256] = "";
+    for (;;) {
+        int done = 0, mrc = RK_MPI(MPI_Test(rq, &done, MPI_STATUS_IGNORE));
+        if (mrc != MPI_SUCCESS)
+            return rk__mpi_fail(sub, RK_LOG_ERROR, RK_E_MPI, mrc, what);
+        if (done)
+            return 0;
+        int64_t now = rk__mono_ns();
+        if (gone && now >= look) {
+            look = now + 50 * 1000000LL;
+            if (gone(arg, why, sizeof(why)))
+                break;
+        }
+        if (now >= deadline)
+            break;
+        rk__sleep_ns(200 * 1000);
+    }
+    atomic_store(&mpi_abandoned, true);
+    if (keep)
+        rk__retain_forever(keep);
+    if (*why)
+        return rk__fail(sub, RK_LOG_ERROR, RK_E_PEER_LOST, "%s given up after %.1f s: %s", what,
+                        (double)(rk__mono_ns() - t0) / 1e9, why);
+    return rk__fail(sub, RK_LOG_ERROR, RK_E_TIMEOUT, "%s did not complete in %.1f s: a worker of the job did not "
+                    "take part (dead, hung, or far behind)", what, (double)(rk__mono_ns() - t0) / 1e9);
+}
+
+int rk__mpi_dup_bounded(MPI_Comm comm, MPI_Comm *out, int64_t deadline, bool (*gone)(void *arg, char *why, size_t cap),
+                        void *arg, int sub, const char *what)
+{
+    MPI_Comm *d = malloc(sizeof(*d));
+    MPI_Request rq;
+    if (!d)
+        return -ENOMEM;
+    int rc, mrc = MPI_Comm_idup(comm, d, &rq);
+    if (mrc != MPI_SUCCESS) {
+        free(d);
+        return rk__mpi_fail(sub, RK_LOG_ERROR, RK_E_MPI, mrc, what);
+    }
+    if ((rc = rk__mpi_wait_coll(&rq, deadline, gone, arg, d, sub, what)) != 0)
+        return rc;
+    *out = *d;
+    free(d);
+    return 0;
 }

@@ -154,7 +154,12 @@ void rk_options_init(rk_options *o);
    socket of a peer that died then fails with EPIPE instead of killing this survivor
    (Open MPI's TCP transport cannot ask for MSG_NOSIGNAL). exec resets it in the programs
    the worker starts; a program's own handler or SIG_IGN is left alone; rk_finalize puts
-   the default back once MPI has ended. On success *ctx is a new context, owned by the
+   the default back once MPI has ended. Its collectives with the other workers are
+   bounded: it waits for every worker of the job to reach rk_init at most 10 x
+   RK_TIMEOUT_MS in all (5 min by default), then RK_E_TIMEOUT; under `rekindle run` a
+   worker whose end its wrapper recorded makes it return RK_E_PEER_LOST at once, naming it.
+   After either, a collective is still pending inside MPI: do not call MPI_Finalize (exit;
+   rk_init skips it where it initialized MPI). On success *ctx is a new context, owned by the
    caller and released with rk_finalize(). */
 int rk_init(rk_ctx **ctx, const rk_options *o);
 

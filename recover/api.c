@@ -110,6 +110,23 @@ static int init_newcomer(rk_ctx *ctx, MPI_Comm parent)
     return rc;
 }
 
+/* rec_start_wait's test of the workers' end records: any of the start's but this one. */
+static bool start_gone(void *arg, char *why, size_t cap)
+{
+    const rk_ctx *ctx = arg;
+    for (int r = 0; r < ctx->world0; r++)
+        if (r != ctx->rank0 && rec_record_ended(r)) {
+            snprintf(why, cap, "worker %d ended during the start (its wrapper's record)", r);
+            return true;
+        }
+    return false;
+}
+
+int rec_start_wait(rk_ctx *ctx, MPI_Request *rq, void *keep, const char *what)
+{
+    return rk__mpi_wait_coll(rq, ctx->start_deadline, start_gone, ctx, keep, RK_SUB_REC, what);
+}
+
 int rk_init(rk_ctx **out, const rk_options *o)
 {
     int rc, mrc, flag = 0;
@@ -194,14 +211,20 @@ int rk_init(rk_ctx **out, const rk_options *o)
         *out = ctx;
         return 0;
     }
-    if ((mrc = MPI_Comm_dup(MPI_COMM_WORLD, &ctx->comm)) != MPI_SUCCESS) {
-        rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: MPI_Comm_dup");
+    /* Every collective of the start is bounded (rec_start_wait): a worker that dies before
+       it, or never calls rk_init, must not hold the others forever. The first one is where
+       the workers meet, so its bound covers how far apart they come (10 x RK_TIMEOUT_MS). */
+    MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank0);
+    MPI_Comm_size(MPI_COMM_WORLD, &ctx->world0);
+    rk__log_set_rank(ctx->rank0);
+    ctx->start_deadline = ctx->opt.timeout_ms < 0 ? INT64_MAX : rk__deadline_ns(10LL * ctx->opt.timeout_ms);
+    MPI_Comm comm;
+    if ((rc = rk__mpi_dup_bounded(MPI_COMM_WORLD, &comm, ctx->start_deadline, start_gone, ctx, RK_SUB_REC,
+                                  "rk_init: MPI_Comm_idup (every worker's arrival)")) != 0)
         goto out_mpi;
-    }
+    ctx->comm = comm;
     /* A dead peer must surface as an error code, never abort the survivors. */
     MPI_Comm_set_errhandler(ctx->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(ctx->comm, &ctx->rank0);
-    MPI_Comm_size(ctx->comm, &ctx->world0);
     if (nspares >= ctx->world0) {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_OPTION, "RK_SPARES=%ld: not fewer than the %d processes",
                       nspares, ctx->world0);
@@ -244,7 +267,9 @@ out_evlog:
 out_comm:
     MPI_Comm_free(&ctx->comm);
 out_mpi:
-    if (ctx->mpi_owned && !rec_join_thread_left()) /* a newcomer's merge given up on: join.c J9 */
+    /* A newcomer's merge given up on (join.c J9), or a collective of the start (it could
+       wait for it): no MPI_Finalize. */
+    if (ctx->mpi_owned && !rec_join_thread_left() && !rk__mpi_abandoned())
         MPI_Finalize();
 out_free:
     sigpipe_release();
@@ -277,6 +302,8 @@ int rk_finalize(rk_ctx **pctx)
         MPI_Finalized(&finalized);
         if (!finalized && rec_join_thread_left())
             RK_LOG_INFO(RK_SUB_REC, "MPI_Finalize not called: a join's thread is still inside MPI (join.c J9)");
+        else if (!finalized && rk__mpi_abandoned())
+            RK_LOG_INFO(RK_SUB_REC, "MPI_Finalize not called: a collective given up on is still inside MPI");
         else if (!finalized)
             MPI_Finalize();
     }

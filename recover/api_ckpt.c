@@ -28,6 +28,30 @@ static uint64_t make_nonce(void)
     return n ? n : 1;
 }
 
+/* One int64 of rank 0's to every rank (op < 0) or the minimum over the ranks (op: MPI_MIN),
+   through a nonblocking collective bounded as rk_init's are (rec_start_wait): *v in, the
+   result out. */
+static int start_coll(rk_ctx *ctx, int64_t *v, bool min, const char *what)
+{
+    int64_t *b = malloc(2 * sizeof(*b)); /* MPI's for good if given up on */
+    MPI_Request rq;
+    if (!b)
+        return -ENOMEM;
+    b[0] = b[1] = *v;
+    int mrc = min ? MPI_Iallreduce(&b[1], &b[0], 1, MPI_INT64_T, MPI_MIN, ctx->comm, &rq)
+                  : MPI_Ibcast(&b[0], 1, MPI_INT64_T, 0, ctx->comm, &rq);
+    if (mrc != MPI_SUCCESS) {
+        free(b);
+        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, what);
+    }
+    int rc = rec_start_wait(ctx, &rq, b, what);
+    if (rc == 0) {
+        *v = b[0];
+        free(b);
+    }
+    return rc;
+}
+
 int rec_ckpt_open(rk_ctx *ctx)
 {
     ctx->disk_newest = -1;
@@ -35,9 +59,11 @@ int rec_ckpt_open(rk_ctx *ctx)
         return 0;
     bool newcomer = ctx->rank0 >= ctx->world0; /* started later: the nonce came with its welcome */
     uint64_t nonce = newcomer ? ctx->ckpt_nonce : ctx->rank == 0 ? make_nonce() : 0;
-    int mrc = newcomer ? MPI_SUCCESS : MPI_Bcast(&nonce, 1, MPI_UINT64_T, 0, ctx->comm);
-    if (mrc != MPI_SUCCESS)
-        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint nonce");
+    int64_t v = (int64_t)nonce;
+    int rc = newcomer ? 0 : start_coll(ctx, &v, false, "rk_init: MPI_Ibcast of the checkpoint nonce");
+    if (rc)
+        return rc;
+    nonce = (uint64_t)v;
     ctx->ckpt_nonce = nonce;
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
@@ -45,7 +71,7 @@ int rec_ckpt_open(rk_ctx *ctx)
                        .ev = ctx->ev, .member_lost = rec_ring_changed, .member_lost_arg = ctx,
                        .cuda_stream = ctx->opt.cuda_stream, .shared_reads = ctx->host_ranks > 1,
                        .one_copy = ctx->opt.snapshot_every == 0};
-    int rc = 0, worst = 0;
+    int64_t worst = 0;
     if (newcomer) { /* the directory is the members': no collective with them */
         if ((rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
             ckpt_newest_below(ctx->opt.ckpt_dir, INT64_MAX, &ctx->disk_newest);
@@ -54,9 +80,12 @@ int rec_ckpt_open(rk_ctx *ctx)
     /* Rank 0 creates the directory and removes dead attempts before anyone writes. */
     if (ctx->rank == 0 && (rc = ckpt_create(&ctx->ckpt, &cfg)) == 0)
         ckpt_clean_dir(ctx->opt.ckpt_dir);
-    if ((mrc = MPI_Bcast(&rc, 1, MPI_INT, 0, ctx->comm)) != MPI_SUCCESS)
-        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint directory");
-    if (rc) {
+    v = rc;
+    if ((rc = start_coll(ctx, &v, false, "rk_init: MPI_Ibcast of rank 0's checkpoint directory")) != 0) {
+        ckpt_destroy(&ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
+        return rc;
+    }
+    if ((rc = (int)v) != 0) {
         if (ctx->rank != 0)
             rk__set_last_error("rk_init: rank 0 cannot use the checkpoint directory %s (%s)", ctx->opt.ckpt_dir,
                                rk_strerror(rc));
@@ -64,13 +93,16 @@ int rec_ckpt_open(rk_ctx *ctx)
     }
     if (ctx->rank != 0)
         rc = ckpt_create(&ctx->ckpt, &cfg);
-    if ((mrc = MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MIN, ctx->comm)) != MPI_SUCCESS)
-        return rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc, "rk_init: checkpoint engine");
-    if (worst) {
+    worst = rc;
+    int crc = start_coll(ctx, &worst, true, "rk_init: MPI_Iallreduce of the checkpoint engines' start");
+    if (crc || worst) {
         ckpt_destroy(&ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms));
+        if (crc)
+            return crc;
         if (!rc)
-            rk__set_last_error("rk_init: another rank cannot use the checkpoint directory (%s)", rk_strerror(worst));
-        return worst;
+            rk__set_last_error("rk_init: another rank cannot use the checkpoint directory (%s)",
+                               rk_strerror((int)worst));
+        return (int)worst;
     }
     /* A job launched again knows its newest checkpoint from the start (its reports' committed
        step until rk_resume): a loss before rk_resume (the program's first collectives,

@@ -6,7 +6,7 @@
  * same question as the ring's cancellation source).
  *
  * rec_det_open runs on the thread that owns MPI: each worker binds its detector socket,
- * then one MPI_Allgather on ctx->comm exchanges {address, status, key}; the decision to go
+ * then one MPI_Iallgather on ctx->comm (bounded: rec_start_wait) exchanges {address, status, key}; the decision to go
  * on is taken from the gathered records, so every worker takes the same one (no worker
  * is left waiting in a collective another one skipped). The job's key comes from
  * RK_JOB_SECRET (64 hex chars, read and removed from the environment by rk_init); without
@@ -154,15 +154,23 @@ int rec_det_open(rk_ctx *ctx)
                         "job by rank 0 and shared over MPI (set RK_JOB_SECRET, 64 hex chars, for a launcher secret)");
     }
 
-    struct det_rec *all = calloc(n, sizeof(*all));
+    /* Every rank's record, then this one's as the send buffer: one block, kept for good if
+       the collective is given up on (MPI may still read and write it). */
+    struct det_rec *all = calloc(n + 1, sizeof(*all));
+    MPI_Request rq;
     if (!all) {
         rc = -ENOMEM; /* out of memory before the collective: nothing sensible is left to do */
         goto out_close;
     }
-    mrc = MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, ctx->comm);
+    all[n] = mine;
+    mrc = MPI_Iallgather(&all[n], (int)sizeof(mine), MPI_BYTE, all, (int)sizeof(mine), MPI_BYTE, ctx->comm, &rq);
     if (mrc != MPI_SUCCESS) {
         rc = rk__mpi_fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MPI, mrc,
-                          "rk_init: MPI_Allgather of detector addresses");
+                          "rk_init: MPI_Iallgather of detector addresses");
+        goto out_free;
+    }
+    if ((rc = rec_start_wait(ctx, &rq, all, "rk_init: MPI_Iallgather of detector addresses")) != 0) {
+        all = NULL; /* MPI's for good */
         goto out_free;
     }
     if ((rc = worst(all, ctx->world0, &who)) != 0) {
@@ -193,7 +201,8 @@ int rec_det_open(rk_ctx *ctx)
     }
     free(addrs);
 out_free:
-    explicit_bzero(all, n * sizeof(*all));
+    if (all)
+        explicit_bzero(all, (n + 1) * sizeof(*all));
     free(all);
 out_close:
     explicit_bzero(key, sizeof(key));

@@ -469,17 +469,6 @@ static void start_poll(rk_ctx *ctx)
     }
 }
 
-/* J18: under `rekindle run`, whether the wrapper of the newcomer at `slot` recorded its end
-   (RK_RUN_RECORDS/rank-<slot>, a regular file of this user, never followed through a
-   link): it ended before its spawn and merge returned, which then never return. */
-static bool newcomer_ended(int slot)
-{
-    char path[4096];
-    struct stat st;
-    return rec_records_path(path, sizeof(path), "rank", slot) && lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-           st.st_uid == geteuid();
-}
-
 void rec_join_progress(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
@@ -500,7 +489,7 @@ void rec_join_progress(rk_ctx *ctx)
             if (look)
                 g->look_ns = now + REC_GROW_POLL_NS;
             for (int k = 0; look && k < g->n; k++)
-                if (newcomer_ended(g->slot0 + k)) {
+                if (rec_record_ended(g->slot0 + k)) { /* J18 */
                     joining_free(ctx, "the newcomer ended before its spawn and merge returned (its wrapper's record)");
                     return;
                 }

@@ -73,6 +73,7 @@ struct rk_ctx {
     struct rec_tensor *tensors; /* registration order */
     size_t ntensors, cap_tensors;
     bool mpi_owned;       /* rk_init called MPI_Init_thread, rk_finalize finalizes */
+    int64_t start_deadline; /* rk_init's collectives end by then (rec_start_wait) */
     MPI_Comm comm;        /* duplicate of MPI_COMM_WORLD, errors returned not fatal */
     rk__evlog *ev;
     /* recovery (recover/recovery.c) */
@@ -214,6 +215,14 @@ bool rec_grow_admit(rk_ctx *ctx, int slot);
 /* Under `rekindle run`: RK_RUN_RECORDS/<name>-<slot> into path; false when not under it
    (or the path does not fit). */
 bool rec_records_path(char *path, size_t cap, const char *name, int slot);
+/* Under `rekindle run`: whether the wrapper of the worker at `slot` recorded its end
+   (RK_RUN_RECORDS/rank-<slot>, a regular file of this user, never followed through a link). */
+bool rec_record_ended(int slot);
+/* rk_init's collectives (MPI_Comm_idup, the detector's MPI_Iallgather, the checkpoint
+   engine's MPI_Ibcast/MPI_Iallreduce): rq waited for until ctx->start_deadline (10 x
+   RK_TIMEOUT_MS from rk_init's start), given up on at once when a worker's end is recorded
+   (rec_record_ended); keep: the heap block MPI may still touch (common.h rk__mpi_wait_coll). */
+int rec_start_wait(rk_ctx *ctx, MPI_Request *rq, void *keep, const char *what);
 /* Processes started while the job runs (recover/join.c J8-J11). rec_join_spawn, on every
    member of `members` (ranks of parent) alike: spawns spec->n newcomers running
    spec->command with spec->argv (NULL-terminated; spec->hosts: Open MPI's "host" info, NULL:

@@ -720,6 +720,14 @@ bool rec_records_path(char *path, size_t cap, const char *name, int slot)
     return dir && *dir && snprintf(path, cap, "%s/%s-%d", dir, name, slot) < (int)cap;
 }
 
+bool rec_record_ended(int slot)
+{
+    char path[4096];
+    struct stat st;
+    return rec_records_path(path, sizeof(path), "rank", slot) && lstat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+           st.st_uid == geteuid();
+}
+
 static void note_joined(const rk_ctx *ctx)
 {
     char path[4096];

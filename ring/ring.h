@@ -39,7 +39,9 @@ typedef struct ring ring;
 
 /* Creates a ring over `members` (ranks of `comm`, any order; the ring orders them by
    rank; NULL/0: every rank of comm). Collective over ALL of comm (it duplicates comm,
-   with MPI_ERRORS_RETURN, once: every later epoch of the ring lives on that duplicate);
+   with MPI_ERRORS_RETURN, once: every later epoch of the ring lives on that duplicate;
+   the duplicate is waited for at most timeout_ms, then RK_E_TIMEOUT, common.h
+   rk__mpi_wait_coll);
    a process of comm that is not a member gets a ring in the
    spare state (ring_is_member() false) that can join later through ring_rebuild().
    timeout_ms: the default bound of every wait (< 0: none). *r is owned by the caller,

@@ -198,7 +198,7 @@ static void take_parent(ring *r, MPI_Comm comm)
 
 static int create(ring **out, MPI_Comm comm, bool dup, const int *members, int nmembers, int timeout_ms)
 {
-    int rc, mrc, flag = 0, *list = NULL;
+    int rc, flag = 0, *list = NULL;
     void *ub = NULL;
     if (!out)
         return rk__fail(RK_SUB_RING, RK_LOG_ERROR, -EINVAL, "ring_create: out is NULL");
@@ -212,10 +212,10 @@ static int create(ring **out, MPI_Comm comm, bool dup, const int *members, int n
     r->chunk_bytes = RING_DEFAULT_CHUNK;
     r->window = RING_DEFAULT_WINDOW;
     MPI_Comm mine = comm;
-    if (dup && (mrc = MPI_Comm_dup(comm, &mine)) != MPI_SUCCESS) {
-        rc = rk__mpi_fail(RK_SUB_RING, RK_LOG_DEBUG, RK_E_MPI, mrc, "ring_create: MPI_Comm_dup");
+    /* bounded: a process of comm that died, or never calls, holds no one */
+    if (dup && (rc = rk__mpi_dup_bounded(comm, &mine, rk__deadline_ns(timeout_ms), NULL, NULL, RK_SUB_RING,
+                                         "ring_create: MPI_Comm_idup")) != 0)
         goto out_free;
-    }
     take_parent(r, mine);
     /* MPI_TAG_UB is an attribute of MPI_COMM_WORLD alone (MPI 4.1, 9.1.2): Open MPI
        attaches it to no other communicator, not even MPI_COMM_SELF or a duplicate of one,

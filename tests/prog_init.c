@@ -11,12 +11,17 @@
  *                           nothing accepts on (Open MPI waits inside for the other side's
  *                           PMIx exchange, as a spawn's root does for a dead newcomer's);
  *                           prints "connect to nobody: failed|returned after S s"
+ *   prog_init die-at-start  calls MPI_Init_thread itself; the last rank SIGKILLs itself
+ *                           right after it, the others call rk_init and print
+ *                           "rk_init: ok|failed after S s: <error>" (a start-up that
+ *                           loses a peer must end, not wait for it forever)
  */
 #include <dirent.h>
 #include <mpi.h>
 #include <time.h>
 #include <unistd.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +65,26 @@ int main(int argc, char **argv)
         return 2;
     if (mem)
         memset(mem, 1, len);
+    if (argc > 1 && strcmp(argv[1], "die-at-start") == 0) {
+        int provided, r, n;
+        struct timespec t0, t1;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        MPI_Comm_size(MPI_COMM_WORLD, &n);
+        if (r == n - 1)
+            raise(SIGKILL);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rk_ctx *c = NULL;
+        int irc = rk_init(&c, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("rk_init: %s after %.1f s: %s\n", irc == 0 ? "ok" : "failed",
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9,
+               irc == 0 ? "" : rk_last_error());
+        fflush(stdout);
+        if (irc == 0)
+            rk_finalize(&c);
+        _exit(irc == 0 ? 0 : 6); /* no MPI_Finalize: a peer is gone */
+    }
     rk_ctx *ctx = prog_rk_init();
     if (!ctx)
         return 3;

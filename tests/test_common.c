@@ -613,6 +613,38 @@ START_TEST(spawn_exchange_wait_bounded)
 }
 END_TEST
 
+/* A worker that dies between MPI_Init and rk_init (prog_init die-at-start: the last of 3)
+   holds the others at rk_init's first collective no longer than its bound: under mpirun
+   with recovery 10 x RK_TIMEOUT_MS (2 s: 20 s), under `rekindle run` until its wrapper
+   records the end. Before, they stayed inside MPI_Comm_dup for good. */
+START_TEST(start_bounded_when_a_worker_dies)
+{
+    char *prog = th_prog("prog_init"), *rekindle = th_bin("rekindle"), *out = NULL;
+    char *args[] = {"die-at-start", NULL};
+    const char *env[] = {"RK_TIMEOUT_MS=2000", NULL};
+    th_mpirun_prog(3, true, prog, args, env, 90, &out);
+    double s = -1;
+    const char *l = out ? strstr(out, "rk_init: failed after ") : NULL;
+    ck_assert_msg(th_count(out, "rk_init: failed after ") == 2 && sscanf(l, "rk_init: failed after %lf s", &s) == 1 &&
+                      s >= 19 && s < 40 && strstr(l, "MPI_Comm_idup (every worker's arrival) did not complete"),
+                  "under mpirun: not both survivors failing rk_init after about 20 s:\n%.3000s", out);
+    free(out);
+    char *cmd = NULL;
+    ck_assert(asprintf(&cmd, "RK_TIMEOUT_MS=2000 %s run -n 3 -- %s die-at-start 2>&1; echo \"exit=$?\"", rekindle,
+                       prog) > 0);
+    th_sh(cmd, 60, &out);
+    l = out ? strstr(out, "rk_init: failed after ") : NULL;
+    ck_assert_msg(th_count(out, "rk_init: failed after ") == 2 && sscanf(l, "rk_init: failed after %lf s", &s) == 1 &&
+                      s < 10 && strstr(l, "worker 2 ended during the start") && !strstr(out, "exit=0\n"),
+                  "under rekindle run: not both survivors failing rk_init at the record of worker 2's end:\n%.3000s",
+                  out);
+    free(out);
+    free(cmd);
+    free(rekindle);
+    free(prog);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
     Suite *s = suite_create("common");
@@ -657,6 +689,7 @@ static Suite *common_suite(void)
     tcase_add_test(tc, init_under_mpirun);
     tcase_add_test(tc, singleton_init_leaves_memory_writable);
     tcase_add_test(tc, spawn_exchange_wait_bounded);
+    tcase_add_test(tc, start_bounded_when_a_worker_dies);
     suite_add_tcase(s, tc);
     return s;
 }
