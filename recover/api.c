@@ -237,7 +237,6 @@ int rk_init(rk_ctx **out, const rk_options *o)
     ctx->world = ctx->world0 - ctx->nspares;
     ctx->is_spare = ctx->rank0 >= ctx->world;
     ctx->rank = ctx->is_spare ? -1 : ctx->rank0;
-    rk__log_set_rank(ctx->rank0);
     if (ctx->world < ctx->opt.min_world) {
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_MIN_WORLD,
                       "rk_init: world size %d is below RK_MIN_WORLD=%d", ctx->world, ctx->opt.min_world);

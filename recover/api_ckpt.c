@@ -28,9 +28,8 @@ static uint64_t make_nonce(void)
     return n ? n : 1;
 }
 
-/* One int64 of rank 0's to every rank (op < 0) or the minimum over the ranks (op: MPI_MIN),
-   through a nonblocking collective bounded as rk_init's are (rec_start_wait): *v in, the
-   result out. */
+/* Rank 0's *v to every rank, or (min) the minimum of *v over the ranks, through a
+   nonblocking collective bounded as rk_init's are (rec_start_wait): *v in, the result out. */
 static int start_coll(rk_ctx *ctx, int64_t *v, bool min, const char *what)
 {
     int64_t *b = malloc(2 * sizeof(*b)); /* MPI's for good if given up on */
@@ -63,8 +62,7 @@ int rec_ckpt_open(rk_ctx *ctx)
     int rc = newcomer ? 0 : start_coll(ctx, &v, false, "rk_init: MPI_Ibcast of the checkpoint nonce");
     if (rc)
         return rc;
-    nonce = (uint64_t)v;
-    ctx->ckpt_nonce = nonce;
+    nonce = ctx->ckpt_nonce = (uint64_t)v;
     /* A spare writes nothing until recovery gives it a rank (ckpt_set_membership). */
     ckpt_config cfg = {.dir = ctx->opt.ckpt_dir, .rank = ctx->is_spare ? 0 : ctx->rank, .world = ctx->is_spare ? 1 : ctx->world,
                        .keep = ctx->opt.keep, .timeout_ms = ctx->opt.timeout_ms, .io = ctx->opt.io, .nonce = nonce,
