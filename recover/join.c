@@ -164,6 +164,9 @@ static void *join_main(void *arg)
     struct rec_join *j = arg;
     run(j);
     int expect = JOIN_RUNNING;
+    /* Said before the state changes: a join not given up on is not freed until then. */
+    if (!j->newcomer && j->mrc == MPI_SUCCESS && atomic_load(&j->state) == JOIN_RUNNING)
+        RK_LOG_INFO(RK_SUB_REC, "join: %d worker(s) spawned and merged; brought in from the next rk_step_done", j->n);
     if (!atomic_compare_exchange_strong(&j->state, &expect, JOIN_DONE)) { /* LEFT: ours to free (J8) */
         RK_LOG_INFO(RK_SUB_REC, "a join given up on came back from %s (%s)", atomic_load(&j->what),
                     j->mrc == MPI_SUCCESS ? "it succeeded" : "it failed");
