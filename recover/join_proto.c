@@ -59,6 +59,12 @@
  *       the spawn or the merge return, and waiting out the deadline only lengthens the time
  *       the members' threads spin inside them. Only while spawning: once merged, the
  *       newcomer's death is a peer's loss on the merged communicator, bounded as any.
+ *   J19 Under `rekindle run`, when the spawn or the merge fails with an MPI error while no
+ *       newcomer's end is recorded (Open MPI 4.1: a newcomer alive but slower to reach
+ *       MPI_Init than the spawn's PMIx exchange bound, common/mpi.c), M0 writes why in
+ *       RK_RUN_RECORDS/unjoined-<slot> (whole, renamed into place): the launcher then grows
+ *       by a relaunch at once rather than at its bound, as starting another newcomer would
+ *       fail alike (docs/LAUNCHER.md, "A newcomer slow to start").
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -85,6 +91,7 @@ struct rec_joining {
     int state;
     int64_t deadline;       /* CLOCK_MONOTONIC: M0's; the others give up at twice the span */
     int64_t look_ns;        /* the next look for the newcomers' end records (J18) */
+    int64_t since;          /* CLOCK_MONOTONIC: when the join began */
     int slot0, n;           /* the newcomers' slots: slot0 .. slot0 + n - 1 */
     int *members, nmembers; /* the view at the start (slots) */
     MPI_Comm comm[REC_JOIN_COMMS]; /* merged: [0] the recovery's messages, [1] the ring */
@@ -211,6 +218,7 @@ int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
     }
     for (int k = 0; k < g->n; k++)
         g->slot_rank[g->slot0 + k] = g->nmembers + k;
+    g->since = rk__mono_ns();
     g->deadline = rk__deadline_ns(REC_JOIN_WAIT * ctx->opt.timeout_ms);
     int rc = rec_join_spawn(ctx->comm, ranks, g->nmembers, spec, &g->j);
     free(ranks);
@@ -469,6 +477,35 @@ static void start_poll(rk_ctx *ctx)
     }
 }
 
+/* The spawn or the merge failed (an MPI error, not a death the records show): given up,
+   and M0 tells the launcher why (J19), so that it grows by a relaunch at once instead of
+   at its bound. Open MPI 4.1's spawn fails this way when a newcomer is alive but reaches
+   MPI_Init after the spawn's PMIx exchange bound (common/mpi.c), e.g. a Python program
+   importing torch on a busy host: trying again would fail alike. */
+static void spawn_failed(rk_ctx *ctx, int rc)
+{
+    struct rec_joining *g = ctx->joining;
+    char why[512];
+    const char *set = getenv("OMPI_MCA_pmix_base_exchange_timeout");
+    int alive = 0;
+    for (int k = 0; k < g->n; k++)
+        alive += !rec_record_ended(g->slot0 + k);
+    if (alive)
+        snprintf(why, sizeof(why), "the spawn failed %.1f s after the join began, the newcomer still starting: a "
+                 "worker started to join must reach MPI_Init within the spawn's PMIx exchange bound (%d s from "
+                 "RK_TIMEOUT_MS=%d; OMPI_MCA_pmix_base_exchange_timeout=%s)",
+                 (double)(rk__mono_ns() - g->since) / 1e9, rk__mpi_exchange_wait_s(ctx->opt.timeout_ms),
+                 ctx->opt.timeout_ms, set ? set : "unset");
+    else
+        snprintf(why, sizeof(why), "%s", rk_strerror(rc));
+    for (int k = 0; alive && is_m0(ctx) && k < g->n; k++) {
+        int wrc = rec_record_note("unjoined", g->slot0 + k, why);
+        if (wrc)
+            RK_LOG_WARN(RK_SUB_REC, "cannot tell the launcher why the join failed: %s", strerror(-wrc));
+    }
+    joining_free(ctx, why);
+}
+
 void rec_join_progress(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
@@ -499,7 +536,7 @@ void rec_join_progress(rk_ctx *ctx)
         }
         rec_join_end(&g->j);
         if (rc) {
-            joining_free(ctx, rk_strerror(rc));
+            spawn_failed(ctx, rc);
             return;
         }
         g->state = J_ADDRESSING;

@@ -218,6 +218,10 @@ bool rec_records_path(char *path, size_t cap, const char *name, int slot);
 /* Under `rekindle run`: whether the wrapper of the worker at `slot` recorded its end
    (RK_RUN_RECORDS/rank-<slot>, a regular file of this user, never followed through a link). */
 bool rec_record_ended(int slot);
+/* Under `rekindle run`: RK_RUN_RECORDS/<name>-<slot> written with text (may be NULL: an
+   empty note), whole or not at all (written aside, renamed), never through a link. 0 (also
+   when not under `rekindle run`), or -errno. */
+int rec_record_note(const char *name, int slot, const char *text);
 /* rk_init's collectives (MPI_Comm_idup, the detector's MPI_Iallgather, the checkpoint
    engine's MPI_Ibcast/MPI_Iallreduce): rq waited for until ctx->start_deadline (10 x
    RK_TIMEOUT_MS from rk_init's start), given up on at once when a worker's end is recorded

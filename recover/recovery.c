@@ -728,16 +728,38 @@ bool rec_record_ended(int slot)
            st.st_uid == geteuid();
 }
 
+int rec_record_note(const char *name, int slot, const char *text)
+{
+    char path[4096], tmp[4096];
+    const char *dir = getenv("RK_RUN_RECORDS");
+    if (!rec_records_path(path, sizeof(path), name, slot) ||
+        snprintf(tmp, sizeof(tmp), "%s/.%s-%d", dir, name, slot) >= (int)sizeof(tmp))
+        return 0;
+    /* Written aside, then renamed: the launcher never reads half a note. Never through a
+       planted link (O_NOFOLLOW; an old one of the same name is replaced, not followed). */
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return -errno;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), rc = 0;
+    if (fd < 0)
+        return -errno;
+    size_t len = text ? strlen(text) : 0;
+    if (len && write(fd, text, len) != (ssize_t)len)
+        rc = -EIO;
+    if (close(fd) != 0 && !rc)
+        rc = -errno;
+    if (!rc && rename(tmp, path) != 0)
+        rc = -errno;
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
 static void note_joined(const rk_ctx *ctx)
 {
-    char path[4096];
-    if (!rec_records_path(path, sizeof(path), "joined", ctx->rank0))
-        return;
-    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600); /* never through a planted link */
-    if (fd >= 0)
-        close(fd);
-    else
-        RK_LOG_WARN(RK_SUB_REC, "cannot note in %s that this spare joined: %s", path, strerror(errno));
+    int rc = rec_record_note("joined", ctx->rank0, NULL);
+    if (rc)
+        RK_LOG_WARN(RK_SUB_REC, "cannot note in %s that this spare joined: %s", getenv("RK_RUN_RECORDS"),
+                    strerror(-rc));
 }
 
 int rec_spare_wait(rk_ctx *ctx)

@@ -476,6 +476,44 @@ START_TEST(join_rk_newcomer_killed_while_joining)
 }
 END_TEST
 
+/* J19: a worker started to join whose program reaches MPI_Init only after the spawn's PMIx
+   exchange bound (here it sleeps 9 s first, as a cold `import torch` on a busy host may;
+   the bound is 6 s at RK_TIMEOUT_MS=5000): the spawn fails while it is alive, M0 says why
+   in the run records, and the launcher grows by a relaunch at once, saying so. (Before: the
+   members started another newcomer 20 s later, which failed alike, and the launcher went
+   by a relaunch only at its 40 s bound, or never where the job ended first.) */
+START_TEST(slow_newcomer_grows_by_a_relaunch_at_once)
+{
+    char *w = th_tmpdir("slow_newcomer"), *r = th_bin("rekindle"), *b = th_bin("rk-train"), *cmd = NULL, *out = NULL;
+    int n = asprintf(
+        &cmd,
+        "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts; mkdir -p $W/run\n"
+        "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=100 RK_EVENT_LOG= RK_RUN_DIR=$W/run RK_TIMEOUT_MS=5000\n"
+        "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 3 -- "
+        "sh -c '[ -n \"$RK_RUN_SLOT\" ] && sleep 9; exec %s \"$@\"' rk-train --steps 20000 --seed 5 --hidden 32 "
+        "> $W/out 2> $W/err & job=$!\n"
+        "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
+        "echo \"$H:3\" > $W/hosts\n"
+        "wait $job; echo \"exit=$?\"; grep '^final' $W/out; grep 'rekindle: run' $W/err\n",
+        w, r, b);
+    ck_assert(n > 0);
+    int rc = th_sh(cmd, 150, &out);
+    ck_assert_msg(rc == 0, "script status %d:\n%s", rc, out);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "growing in place to 3") &&
+                      strstr(out, "did not complete (the workers gave the join up: the spawn failed ") &&
+                      strstr(out, "the newcomer still starting") && strstr(out, "growing by a relaunch") &&
+                      strstr(out, "launching again to grow") && !strstr(out, "try 2 of"),
+                  "%s", out);
+    ck_assert_int_eq(th_count(out, "final step=20000 world=3 hash="), 3);
+    free(out);
+    free(cmd);
+    free(b);
+    free(r);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("grow");
@@ -503,6 +541,7 @@ int main(void)
     tcase_add_test(tr, join_rk_newcomer_trains_with_the_members);
     tcase_add_loop_test(tr, join_rk_newcomer_killed_while_joining, 0,
                         (int)(sizeof(join_rk_deaths) / sizeof(join_rk_deaths[0])));
+    tcase_add_test(tr, slow_newcomer_grows_by_a_relaunch_at_once);
     suite_add_tcase(s, tr);
     return th_main(s);
 }

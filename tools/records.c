@@ -386,6 +386,19 @@ bool rec_take(const struct records *d, const char *name)
     return unlinkat(d->fd, name, 0) == 0;
 }
 
+bool rec_take_text(const struct records *d, const char *name, char *buf, size_t cap)
+{
+    struct stat st;
+    if (fstatat(d->fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        return false;
+    if (read_at(d, name, buf, cap) < 0)
+        buf[0] = '\0';
+    for (char *c = buf; *c; c++) /* one line, printable: it is printed */
+        if ((unsigned char)*c < ' ' || *c == 0x7f)
+            *c = ' ';
+    return rec_take(d, name);
+}
+
 FILE *rec_create_file(const struct records *d, const char *name)
 {
     int fd = create_at(d, name);

@@ -85,6 +85,9 @@ bool rec_exists(const struct records *d, const char *name);
 int rec_touch(const struct records *d, const char *name);
 /* Removes name; whether it was there (grow: a request, answered once). */
 bool rec_take(const struct records *d, const char *name);
+/* A note a worker left (a regular file of this user, never through a link) read into buf
+   (NUL-terminated, control characters as spaces) and removed; false when there is none. */
+bool rec_take_text(const struct records *d, const char *name, char *buf, size_t cap);
 /* A new file name, written by the caller (hostfile-K); NULL with errno set. */
 FILE *rec_create_file(const struct records *d, const char *name);
 
