@@ -122,20 +122,33 @@ def grown_job():
     output and the step the grown ring resumed at, after the checks common to both modes."""
     ckpt, run_dir, ev, hosts = (os.path.join(WORK, d) for d in ("job", "run", "ev", "hosts"))
     steps = STEPS if MODE == "example" else 0
+    env, hold = env_for(ckpt, EVERY, run_dir, ev), os.path.join(WORK, "hold")
     if MODE == "hosts":
         list_slots(hosts, 3)
-    p, lines, reader = launch(3, 1, steps, env_for(ckpt, EVERY, run_dir, ev), hosts if MODE == "hosts" else None)
+        # The three end their ~380 steps 0.4 s after a newcomer with a warm cache joined
+        # (at step 210): one slower to start (a cold cache in CI) would find the job over.
+        # They are held at their 300th rk_step_done until the members' join thread says it
+        # is merged (recover/join.c, at RK_LOG=info) or the launcher gave the growth up.
+        open(hold, "w").close()
+        env.update({"RK_FAULT": "step_done@300=hang", "RK_FAULT_HOLD": hold, "RK_LOG": "info"})
+    p, lines, reader = launch(3, 1, steps, env, hosts if MODE == "hosts" else None)
     deadline, before = time.time() + 180 * SCALE, None
     while time.time() < deadline and p.poll() is None:
         if any(e for e in events(ev, "ckpt_committed")):
             before = {p for p in workers("^%s$" % re.escape(" ".join(program(steps)))) if mpi_rank(p) in (0, 1, 2)}
             if MODE == "hosts":
                 list_slots(hosts, 4)
+                until = time.time() + 120 * SCALE
+                while time.time() < until and p.poll() is None and not any(
+                        "join: 1 worker(s) spawned and merged" in l or "did not complete" in l for l in list(lines)):
+                    time.sleep(0.05)
             else:
                 with open(os.path.join(run_dir, "grow"), "w") as f:
                     f.write("1\n")
             break
         time.sleep(0.05)
+    if MODE == "hosts":
+        os.unlink(hold)
     out = finish(p, lines, reader, "the job")
     if before is None:
         fail("the job committed no checkpoint within %d s (or ended first): no growth asked" % (180 * SCALE), out)
