@@ -12,7 +12,8 @@ set -u
 build=$(cd "${1:-build}" && pwd)
 delay=${2:-9}
 timeout_ms=${3:-5000}
-w=$(mktemp -d /tmp/rk-grow-slow.XXXXXX)
+w=$(mktemp -d "${TMPDIR:-/tmp}/rekindle-bench-grow_slow.XXXXXX") ||
+  { echo "grow_slow: cannot make a scratch directory under ${TMPDIR:-/tmp}" >&2; exit 2; }
 trap 'rm -rf "$w"' EXIT
 host=$(hostname)
 mkdir -p "$w/run"

@@ -730,10 +730,9 @@ bool rec_record_ended(int slot)
 
 int rec_record_note(const char *name, int slot, const char *text)
 {
-    char path[4096], tmp[4096];
-    const char *dir = getenv("RK_RUN_RECORDS");
-    if (!rec_records_path(path, sizeof(path), name, slot) ||
-        snprintf(tmp, sizeof(tmp), "%s/.%s-%d", dir, name, slot) >= (int)sizeof(tmp))
+    char path[4096], tmp[4096], aside[64];
+    snprintf(aside, sizeof(aside), ".%s", name);
+    if (!rec_records_path(path, sizeof(path), name, slot) || !rec_records_path(tmp, sizeof(tmp), aside, slot))
         return 0;
     /* Written aside, then renamed: the launcher never reads half a note. Never through a
        planted link (O_NOFOLLOW; an old one of the same name is replaced, not followed). */

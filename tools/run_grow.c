@@ -376,12 +376,12 @@ static bool join_tick(struct grow *g, int64_t now)
     }
     /* J19: the workers' spawn failed with the newcomer alive (slower to reach MPI_Init than
        the spawn allows): another would fail alike, so the growth goes by a relaunch now. */
-    char told[600] = "";
-    for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS && !told[0]; r++) {
+    char why[640] = "";
+    for (int r = g->workers; r < g->workers + RK_JOIN_SLOTS && !why[0]; r++) {
         char name[32], text[512];
         snprintf(name, sizeof(name), "unjoined-%d", r);
         if (rec_take_text(g->rec, name, text, sizeof(text)))
-            snprintf(told, sizeof(told), "the workers gave the join up: %s", text[0] ? text : "no reason given");
+            snprintf(why, sizeof(why), "the workers gave the join up: %s", text[0] ? text : "no reason given");
     }
     int64_t bound = in_place_bound_ns(true) * (g->ip_target - g->ip_from);
     int unjoined = ended_unjoined(g);
@@ -395,12 +395,9 @@ static bool join_tick(struct grow *g, int64_t now)
         g->ip_since = now;
         return false;
     }
-    if (g->alive > 0 && now - g->ip_since <= bound && !lost && !told[0])
+    if (g->alive > 0 && now - g->ip_since <= bound && !lost && !why[0])
         return false;
-    char why[640];
-    if (told[0])
-        snprintf(why, sizeof(why), "%s", told);
-    else
+    if (!why[0])
         snprintf(why, sizeof(why), lost ? "a worker started for it ended before it joined" : "not within %.0f s",
                  (double)bound / 1e9);
     fprintf(stderr, "rekindle: run: growth in place to %d workers did not complete (%s; %d of %d joined): growing by a "

@@ -32,13 +32,12 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
-from procs import mpi_rank, workers
+from procs import held_env, list_slots, mpi_rank, wait_join_decided, workers
 
 BUILD, WORK, MODE = sys.argv[1], sys.argv[2], sys.argv[3]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -102,12 +101,6 @@ def finish(p, lines, reader, what):
     return out
 
 
-def list_slots(path, slots):
-    with open(path + ".tmp", "w") as f:
-        f.write("%s:%d\n" % (socket.gethostname(), slots))
-    os.rename(path + ".tmp", path)
-
-
 def events(path, kind):
     out = []
     for name in sorted(os.listdir(os.path.dirname(path))):
@@ -129,8 +122,7 @@ def grown_job():
         # (at step 210): one slower to start (a cold cache in CI) would find the job over.
         # They are held at their 300th rk_step_done until the members' join thread says it
         # is merged (recover/join.c, at RK_LOG=info) or the launcher gave the growth up.
-        open(hold, "w").close()
-        env.update({"RK_FAULT": "step_done@300=hang", "RK_FAULT_HOLD": hold, "RK_LOG": "info"})
+        env.update(held_env(hold, 300))
     p, lines, reader = launch(3, 1, steps, env, hosts if MODE == "hosts" else None)
     deadline, before = time.time() + 180 * SCALE, None
     while time.time() < deadline and p.poll() is None:
@@ -138,10 +130,7 @@ def grown_job():
             before = {p for p in workers("^%s$" % re.escape(" ".join(program(steps)))) if mpi_rank(p) in (0, 1, 2)}
             if MODE == "hosts":
                 list_slots(hosts, 4)
-                until = time.time() + 120 * SCALE
-                while time.time() < until and p.poll() is None and not any(
-                        "join: 1 worker(s) spawned and merged" in l or "did not complete" in l for l in list(lines)):
-                    time.sleep(0.05)
+                wait_join_decided(p, lines, 120 * SCALE)
             else:
                 with open(os.path.join(run_dir, "grow"), "w") as f:
                     f.write("1\n")

@@ -79,7 +79,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -89,7 +88,7 @@ import torch
 
 import rekindle
 import wheel_venv
-from procs import mpi_rank, workers
+from procs import held_env, list_slots, mpi_rank, wait_join_decided, workers
 
 BUILD, WORK, MODE, FLAGS = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 SRC = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -143,15 +142,13 @@ def job_env():
         # The two left would end the job's 1200 steps in 2 s, before a newcomer's Python has
         # imported torch on a loaded machine (seen in CI): they are held at their 1000th
         # rk_step_done until the members' join thread says the newcomer is merged (kill()).
-        return {"RK_FAULT": "step_done@1000=hang", "RK_FAULT_HOLD": HOLD, "RK_LOG": "info"}
+        return held_env(HOLD, 1000)
     if MODE != "docs":
         return {}
     return {"RK_FAULT": "allreduce@%d=crash" % KILL_AT, "CHAOS_FAULT_RANK": "1", "CHAOS_FAULT_ATTEMPT": "0"}
 NAME = " ".join([MODE] + FLAGS)
 GROW_LINE = "rekindle: run: launching again to grow (not a restart)"
 GROW_IN_PLACE_LINE = "rekindle: run: grown in place to"
-MERGED = "join: 1 worker(s) spawned and merged"  # recover/join.c, at RK_LOG=info
-GIVEN_UP = "did not complete"  # tools/run_grow.c: "growth in place to N workers did not complete"
 HOLD = os.path.join(WORK, "hold")
 SCALE = int(os.environ.get("RK_TEST_TIME_SCALE", "1") or 1)  # tests/run: every bound of the tests scales
 
@@ -249,12 +246,6 @@ def equal_state(a, b):
         torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)) for k in a)
 
 
-def list_slots(path, slots):
-    with open(path + ".tmp", "w") as f:
-        f.write("%s:%d\n" % (socket.gethostname(), slots))
-    os.rename(path + ".tmp", path)
-
-
 def kill():
     grow = MODE == "horovod"  # lost, then its slot listed again: grows back
     steps = 1200 if grow else 240 if KILL_AT is None else 120
@@ -266,7 +257,6 @@ def kill():
     hosts = os.path.join(WORK, "hosts") if grow else None
     if grow:
         list_slots(hosts, n)
-        open(HOLD, "w").close()
     job = Job(n, steps, ckpt, events, prog=job_program, spares=spares, hosts=hosts, env=job_env())
     # Once a checkpoint is committed (docs: rank 0 printed step KILL_AT), SIGKILL the
     # worker of launch rank 1, never a spare (last: rank 1 kills itself).
@@ -287,12 +277,7 @@ def kill():
     if grow and victim is not None:
         time.sleep(0.5)
         list_slots(hosts, n)
-        deadline = time.time() + 120 * SCALE
-        # (or until the launcher gave the growth in place up: it then grows by a relaunch
-        # from their next checkpoint)
-        while time.time() < deadline and job.p.poll() is None and not any(
-                MERGED in l or GIVEN_UP in l for l in list(job.lines)):
-            time.sleep(0.05)
+        wait_join_decided(job.p, job.lines, 120 * SCALE)
     if grow:
         os.unlink(HOLD)
     rc, out = finish(job)
