@@ -484,6 +484,23 @@ bool det_fenced(const det *d)
     return atomic_load(&((det *)d)->fenced);
 }
 
+bool det_unadmitted(const det *d)
+{
+    det *m = (det *)d;
+    pthread_mutex_lock(&m->mu);
+    bool un = m->proto && detp_unadmitted(m->proto);
+    pthread_mutex_unlock(&m->mu);
+    return un;
+}
+
+void det_joiner_knows(det *d, int slot, uint64_t epoch)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->proto)
+        detp_joiner_knows(d->proto, slot, epoch);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void det_view_get(const det *d, det_view *out)
 {
     det *m = (det *)d;

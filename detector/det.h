@@ -130,6 +130,12 @@ void det_view_get(const det *d, det_view *out);
 int det_next_event(det *d, det_event *ev, uint64_t *lost);
 /* Whether the others declared this worker dead. */
 bool det_fenced(const det *d);
+/* A worker started while the job runs (det_cfg.view0) not yet asked in by the members:
+   its detector observes no one until then (det_proto.c I12). */
+bool det_unadmitted(const det *d);
+/* A worker started while the job runs, at `slot`, was given the members' view of `epoch`
+   (det_join_info): when it is asked in, the declarations since reach it (det_proto.c I12). */
+void det_joiner_knows(det *d, int slot, uint64_t epoch);
 /* Recovery agreed on a new membership (epoch must exceed the current one; it may add
    spares, never a rank declared dead). Returns 0, -EINVAL, or RK_E_FENCED. */
 int det_install_view(det *d, const det_view *v);

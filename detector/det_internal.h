@@ -82,6 +82,10 @@ int detp_pop_send(detp *p, detm *m);
 int detp_pop_event(detp *p, det_event *ev);
 void detp_view(const detp *p, det_view *out);
 bool detp_fenced(const detp *p);
+/* A joiner (detp_cfg.view0) whose own ADMIT has not reached it yet (I12). */
+bool detp_unadmitted(const detp *p);
+/* Joiner r was given the members' view of `epoch` (I12): what followed is news to it. */
+void detp_joiner_knows(detp *p, int r, uint64_t epoch);
 int detp_install_view(detp *p, const det_view *v, int64_t now);
 /* This member asks that spare r join the members (I11): 0 (also when r was asked already),
    -EINVAL (r not a member, or self), RK_E_FENCED. */

@@ -55,12 +55,19 @@
  *   I12 A worker started while the job runs (recover/join.c) joins at a slot no process
  *       ever held (NONMEMBER): the members learn its address first (det_set_addr), then the
  *       same ADMIT declaration as I11 also makes it a member of every view that applies it
- *       (one epoch bump, the member set grown by one) and starts its observation; only
- *       the ADMIT and later declarations are piggybacked to it (it was given the view
- *       before: detp_cfg.view0, with the epoch of the members' view when it was made). A
+ *       (one epoch bump, the member set grown by one) and starts its observation; the
+ *       declarations it does not know are piggybacked to it: those that brought this
+ *       member past the epoch of the view it was given (detp_cfg.view0, made by the
+ *       members; detp_joiner_knows), so that joiners given one view learn each other's
+ *       ADMIT and any death since; where that epoch is not known, the ADMIT and later. A
  *       slot out by a declaration (DEAD) never comes back (I4); a view installed by a
  *       recovery leaves the slots no process held as they are (NONMEMBER), so a worker
- *       can join after a loss as before it.
+ *       can join after a loss as before it. The joiner observes no one until its own
+ *       ADMIT reaches it (the members send it nothing before: they have not admitted it),
+ *       and from then on each member's silence counts from that moment: a joiner that
+ *       counted from its start declared every member dead once their admission took more
+ *       than its silence bound (members that train in steps of 0.8 s: the declarations
+ *       then reached them with the ADMIT and fenced a healthy member).
  *   I10 A fenced member's next deadline is always ahead of the last tick: detp_tick moves
  *       it a period on and detp_next_deadline no longer counts the peers' silence (their
  *       clocks stopped at the fencing), so det.c's thread sleeps a period a turn, draining
@@ -107,6 +114,8 @@ struct peer {
     int64_t last_notice;     /* last "you are dead" sent to it */
     int ack_idx;             /* log entries [0, ack_idx) known delivered to it */
     bool admit;              /* asked to join the ring as an additional member (I11) */
+    bool knows;              /* a joiner whose view's epoch is known (I12): knows_epoch */
+    uint64_t knows_epoch;
 };
 
 struct vec {
@@ -122,11 +131,13 @@ struct detp {
     int nmembers;
     uint32_t inc;            /* own incarnation */
     bool fenced, leaving;
+    bool unadmitted;         /* I12: a joiner before its own ADMIT, observing no one */
     int64_t next_hb, last_tick;
     int succ[3], nsucc;      /* heartbeat targets */
     detm_decl *log;          /* declarations applied, in local order: each rank goes out
                                 once and is asked to join once (I4, I11): 2 nslots at most */
     int nlog;
+    uint64_t *log_epoch;     /* nlog: the epoch each declaration brought this member to */
     uint64_t rng;
     struct vec out, ev;
 };
@@ -306,12 +317,23 @@ static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
             return false;
         bool joiner = p->peers[r].state == DETP_NONMEMBER; /* I12 */
         p->peers[r].admit = true;
+        if (r == p->cfg.self && p->unadmitted) { /* I12: observation starts now */
+            p->unadmitted = false;
+            for (int i = 0; i < p->cfg.nslots; i++)
+                p->peers[i].last_heard = now;
+        }
         p->epoch++;
+        p->log_epoch[p->nlog] = p->epoch;
         p->log[p->nlog++] = *d;
         if (joiner) {
-            p->peers[r].state = DETP_ALIVE;
+            struct peer *q = &p->peers[r];
+            q->state = DETP_ALIVE;
             p->nmembers++;
-            p->peers[r].ack_idx = p->nlog - 1; /* it knows the view before; this is news */
+            /* I12: what it does not know is news: the declarations since the view it was
+               given (the ADMITs of the others started with it among them), else this one */
+            q->ack_idx = p->nlog - 1;
+            while (q->knows && q->ack_idx > 0 && p->log_epoch[q->ack_idx - 1] > q->knows_epoch)
+                q->ack_idx--;
             ring_recompute(p, now);
         }
         emit(p, DET_EV_ADMIT, r, 0, 0);
@@ -333,6 +355,7 @@ static bool apply_decl(detp *p, const detm_decl *d, int64_t now)
     q->observed = false;
     p->nmembers--;
     p->epoch++;
+    p->log_epoch[p->nlog] = p->epoch;
     p->log[p->nlog++] = *d; /* each rank goes out once: nlog < 2 nslots (I11) */
     ring_recompute(p, now);
     emit(p, left ? DET_EV_LEFT : DET_EV_DEAD, r, left ? 0 : (double)(d->silence_ms & ~DETM_DECL_PARENT),
@@ -563,7 +586,7 @@ void detp_tick(detp *p, int64_t now)
         }
         p->next_hb = now + p->p;
     }
-    for (int r = 0; r < p->cfg.nslots; r++) {
+    for (int r = 0; r < p->cfg.nslots && !p->unadmitted; r++) {
         struct peer *q = &p->peers[r];
         if (!q->observed || r == self || !is_member(p, r))
             continue;
@@ -588,8 +611,8 @@ void detp_tick(detp *p, int64_t now)
 int64_t detp_next_deadline(const detp *p)
 {
     int64_t d = p->next_hb;
-    if (p->fenced)
-        return d; /* I10: its peers' silence clocks are no longer run */
+    if (p->fenced || p->unadmitted)
+        return d; /* I10: its peers' silence clocks are no longer run; I12: not yet run */
     for (int r = 0; r < p->cfg.nslots; r++) {
         const struct peer *q = &p->peers[r];
         if (!q->observed || !is_member(p, r))
@@ -616,7 +639,8 @@ int detp_create(detp **out, const detp_cfg *cfg, int64_t now)
         return -ENOMEM;
     p->peers = calloc((size_t)cfg->nslots, sizeof(*p->peers));
     p->log = calloc(2 * (size_t)cfg->nslots, sizeof(*p->log));
-    if (!p->peers || !p->log) {
+    p->log_epoch = calloc(2 * (size_t)cfg->nslots, sizeof(*p->log_epoch));
+    if (!p->peers || !p->log || !p->log_epoch) {
         detp_destroy(&p);
         return -ENOMEM;
     }
@@ -634,6 +658,7 @@ int detp_create(detp **out, const detp_cfg *cfg, int64_t now)
     p->cfg.view0 = NULL; /* the caller's; read here only */
     if (cfg->view0) { /* I12: a joiner starts from the view it was given */
         p->epoch = cfg->view0->epoch;
+        p->unadmitted = true;
         if (cfg->view0->nslots != cfg->nslots || !det_view_has(cfg->view0, cfg->self)) {
             detp_destroy(&p);
             return -EINVAL;
@@ -653,6 +678,7 @@ void detp_destroy(detp **pp)
     detp *p = *pp;
     free(p->peers);
     free(p->log);
+    free(p->log_epoch);
     free(p->out.a);
     free(p->ev.a);
     free(p);
@@ -728,6 +754,19 @@ void detp_view(const detp *p, det_view *out)
 bool detp_fenced(const detp *p)
 {
     return p->fenced;
+}
+
+bool detp_unadmitted(const detp *p)
+{
+    return p->unadmitted;
+}
+
+void detp_joiner_knows(detp *p, int r, uint64_t epoch)
+{
+    if (r >= 0 && r < p->cfg.nslots && p->peers[r].state == DETP_NONMEMBER) {
+        p->peers[r].knows = true;
+        p->peers[r].knows_epoch = epoch;
+    }
 }
 
 int detp_peer_state(const detp *p, int r)

@@ -94,6 +94,8 @@ static int init_newcomer(rk_ctx *ctx, MPI_Comm parent)
         rc = rec_ckpt_open(ctx);
     if (!rc) {
         ctx->seen_seq = det_seq(ctx->det);
+        /* M0 asks before its own bound, which began before this worker arrived (J14) */
+        ctx->unasked_until_ns = rk__deadline_ns((REC_JOIN_WAIT + 1) * ctx->opt.timeout_ms);
         RK_LOG_INFO(RK_SUB_REC, "joined the running job at slot %d (world %d): waiting to be brought in", ctx->rank0,
                     ctx->world);
         return 0;

@@ -10,8 +10,9 @@
  * on which the ring and the recovery run, goes on at full pace (bench/mpi_connect_probe.c
  * merge, merge-dies, merge-noinit; docs/LAUNCHER.md). What the thread runs, in order:
  *
- *   member:   MPI_Comm_create_group(parent, the members) -> MPI_Comm_spawn over that
- *             (root: the first member) -> MPI_Intercomm_merge (low) -> the merged
+ *   member:   MPI_Comm_create_group(parent, the members) -> MPI_Comm_spawn_multiple over
+ *             that (root: the first member; one command per newcomer, each with its own
+ *             host and environment) -> MPI_Intercomm_merge (low) -> the merged
  *             communicator and REC_JOIN_COMMS - 1 MPI_Comm_dup of it
  *   newcomer: MPI_Intercomm_merge(its parent intercommunicator, high) -> the same dups
  *
@@ -72,7 +73,8 @@ struct rec_join {
     /* what the thread runs on (the caller's copies, owned here) */
     MPI_Comm parent;           /* member: the communicator of the members; newcomer: its parent */
     MPI_Group group;           /* member: the members in parent */
-    char *command, **argv, *hosts, *env; /* command: "" but at the root, where spawn reads it */
+    char *command, **argv;     /* command: "" but at the root, where the spawn reads it */
+    char **hosts, **env;       /* n each: a newcomer's "host" and "env", NULL for none */
     int n;
     /* what it made: written by the thread before DONE, read by the caller after */
     MPI_Comm out[REC_JOIN_COMMS];
@@ -97,6 +99,10 @@ static void free_join(struct rec_join *j)
     if (j->argv)
         for (char **a = j->argv; *a; a++)
             free(*a);
+    for (int k = 0; k < j->n; k++) {
+        free(j->hosts ? j->hosts[k] : NULL);
+        free(j->env ? j->env[k] : NULL);
+    }
     free(j->argv);
     free(j->command);
     free(j->hosts);
@@ -107,6 +113,47 @@ static void free_join(struct rec_join *j)
 static void step(struct rec_join *j, const char *what)
 {
     atomic_store(&j->what, what);
+}
+
+/* The newcomers started, one command each (the same program, its own "host" and "env"):
+   the intercommunicator to them, or the failed call's code. */
+static int spawn(struct rec_join *j, MPI_Comm members, MPI_Comm *inter)
+{
+    int n = j->n, mrc = MPI_SUCCESS;
+    char **cmds = calloc((size_t)n, sizeof(char *)), ***argvs = calloc((size_t)n, sizeof(char **));
+    int *procs = calloc((size_t)n, sizeof(int)), *errs = calloc((size_t)n, sizeof(int));
+    MPI_Info *infos = calloc((size_t)n, sizeof(MPI_Info));
+    if (!cmds || !argvs || !procs || !errs || !infos)
+        mrc = MPI_ERR_NO_MEM;
+    for (int k = 0; mrc == MPI_SUCCESS && k < n; k++) {
+        cmds[k] = j->command;
+        argvs[k] = j->argv;
+        procs[k] = 1;
+        infos[k] = MPI_INFO_NULL;
+        const char *host = j->hosts ? j->hosts[k] : NULL, *env = j->env ? j->env[k] : NULL;
+        if ((host || env) && (mrc = MPI_Info_create(&infos[k])) == MPI_SUCCESS) {
+            if (host)
+                MPI_Info_set(infos[k], "host", host);
+            if (env)
+                MPI_Info_set(infos[k], "env", env); /* Open MPI: "K=V" lines, set in this newcomer */
+        }
+    }
+    step(j, "MPI_Comm_spawn");
+    if (mrc == MPI_SUCCESS)
+        mrc = MPI_Comm_spawn_multiple(n, cmds, argvs, procs, infos, 0, members, inter, errs);
+    for (int k = 0; mrc == MPI_SUCCESS && k < n; k++)
+        mrc = errs[k]; /* a newcomer that did not start */
+    for (int k = 0; infos && k < n; k++)
+        if (infos[k] != MPI_INFO_NULL)
+            MPI_Info_free(&infos[k]);
+    free(cmds);
+    free(argvs);
+    free(procs);
+    free(errs);
+    free(infos);
+    if (mrc != MPI_SUCCESS && *inter != MPI_COMM_NULL)
+        MPI_Comm_free(inter);
+    return mrc;
 }
 
 /* The thread's steps (J10: plain MPI calls). */
@@ -120,27 +167,10 @@ static void run(struct rec_join *j)
         if ((j->mrc = MPI_Comm_create_group(j->parent, j->group, REC_JOIN_TAG, &members)) != MPI_SUCCESS)
             return;
         MPI_Comm_set_errhandler(members, MPI_ERRORS_RETURN);
-        MPI_Info info = MPI_INFO_NULL;
-        if ((j->hosts || j->env) && MPI_Info_create(&info) == MPI_SUCCESS) {
-            if (j->hosts)
-                MPI_Info_set(info, "host", j->hosts);
-            if (j->env)
-                MPI_Info_set(info, "env", j->env); /* Open MPI: "K=V" lines, set in the newcomers */
-        }
-        int *errs = calloc((size_t)j->n, sizeof(*errs));
-        step(j, "MPI_Comm_spawn");
-        j->mrc = errs ? MPI_Comm_spawn(j->command, j->argv, j->n, info, 0, members, &inter, errs) : MPI_ERR_NO_MEM;
-        for (int i = 0; j->mrc == MPI_SUCCESS && i < j->n; i++)
-            j->mrc = errs[i]; /* a newcomer that did not start */
-        free(errs);
-        if (info != MPI_INFO_NULL)
-            MPI_Info_free(&info);
+        j->mrc = spawn(j, members, &inter);
         MPI_Comm_free(&members);
-        if (j->mrc != MPI_SUCCESS) {
-            if (inter != MPI_COMM_NULL)
-                MPI_Comm_free(&inter);
+        if (j->mrc != MPI_SUCCESS)
             return;
-        }
         MPI_Comm_set_errhandler(inter, MPI_ERRORS_RETURN);
     }
     step(j, "MPI_Intercomm_merge");
@@ -246,11 +276,15 @@ int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_
     j->n = spec->n;
     j->command = strdup(root ? spec->command : "");
     j->argv = calloc(na + 1, sizeof(*j->argv));
-    j->hosts = spec->hosts ? strdup(spec->hosts) : NULL;
-    j->env = spec->env ? strdup(spec->env) : NULL;
-    bool ok = j->command && j->argv && (!spec->hosts || j->hosts) && (!spec->env || j->env);
+    j->hosts = calloc((size_t)spec->n, sizeof(char *));
+    j->env = calloc((size_t)spec->n, sizeof(char *));
+    bool ok = j->command && j->argv && j->hosts && j->env;
     for (size_t i = 0; ok && i < na; i++)
         ok = (j->argv[i] = strdup(spec->argv[i])) != NULL;
+    for (int k = 0; ok && k < spec->n; k++) {
+        const char *h = spec->hosts ? spec->hosts[k] : NULL, *e = spec->env ? spec->env[k] : NULL;
+        ok = (!h || !*h || (j->hosts[k] = strdup(h))) && (!e || !*e || (j->env[k] = strdup(e)));
+    }
     if (!ok) {
         free_join(j);
         return -ENOMEM;

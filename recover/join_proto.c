@@ -11,15 +11,16 @@
  *   SPAWNING --(the thread's spawn and merge returned: progress)--> ADDRESSING
  *            (the lowest member, M0, sends each newcomer its WELCOME on the merged
  *            communicator: its slot, the members' view, slots, addresses, the job's key)
- *   ADDRESSING --(every newcomer's ADDR received, det_set_addr: progress)--> READY
- *            (the newcomers join the list of spares; READY sent to M0 on the old
- *            communicator, M0 counts its own)
- *   READY (M0) --(READY from every member of the view that is still alive)--> ASKED
- *            (det_admit of each newcomer: det_proto.c I12, then recovery.c G1-G4 as for a
- *            spare held back at launch)
- *   READY (others) --> ASKED
- *   ASKED --(a decision with a newcomer in it: rec_join_switch)--> done (the ring and the
- *            recovery's messages on the merged communicator, slots mapped to its ranks)
+ *   ADDRESSING (others) --(each newcomer's ADDR as it comes: det_set_addr, the newcomer
+ *            joins the list of spares)--> a READY to M0 on the old communicator naming the
+ *            newcomers whose address it has, each time that set grows; every one -> ASKED
+ *   ADDRESSING (M0) --(the newcomers whose address every member of the view still alive
+ *            has, M0 included: all of them, or those once the rest ended (their records)
+ *            or after REC_JOIN_GRACE_MS)--> det_admit of each (det_proto.c I12, then
+ *            recovery.c G1-G4 as for a spare held back at launch); every one -> ASKED
+ *   ADDRESSING, ASKED --(a decision with a newcomer in it: rec_join_switch)--> done (the
+ *            ring and the recovery's messages on the merged communicator, slots mapped to
+ *            its ranks; a newcomer not asked by then is never asked: it ends at its bound)
  *   any --(its deadline passed, the thread failed, a member of the join lost)--> abandoned
  *
  * INVARIANTS
@@ -43,9 +44,10 @@
  *       ("join HOST", a host of mpirun's allocation). Only M0 reads it (request_poll, every
  *       REC_GROW_POLL_NS at rk_step_done), and only when the members and the live spares
  *       make less than asked; it sends every other member of the agreed view START (the
- *       agreed epoch, the slot) and starts the join itself: the newcomer is this worker's
- *       own wrapper command (`rekindle run --rk-worker ...`, from /proc), told its slot in
- *       RK_RUN_SLOT, so its death is reported and its end recorded as any worker's. A
+ *       agreed epoch, the first slot, how many: J20) and starts the join itself: each
+ *       newcomer is this worker's own wrapper command (`rekindle run --rk-worker ...`, from
+ *       /proc), told its slot in RK_RUN_SLOT, so its death is reported and its end recorded
+ *       as any worker's. A
  *       member takes a START at rk_step_done only from the lowest of its view, of its
  *       agreed epoch, for slots not behind its own (it skips the slots M0 gave up on), with
  *       no join under way; any other is dropped, and M0's join then ends at its bound. The
@@ -65,6 +67,17 @@
  *       RK_RUN_RECORDS/unjoined-<slot> (whole, renamed into place): the launcher then grows
  *       by a relaunch at once rather than at its bound, as starting another newcomer would
  *       fail alike (docs/LAUNCHER.md, "A newcomer slow to start").
+ *   J20 A join starts every worker the grow file asks for at once (one spawn, a command
+ *       per newcomer with its own host and RK_RUN_SLOT), not one join each. Each newcomer
+ *       tells its detector's address to every member and to every other newcomer of the
+ *       join (the welcome's map names them: a rank in the merged communicator, not in the
+ *       view), and takes theirs as they come while it waits to be asked in
+ *       (rec_join_peers_poll, never a wait of its own: a peer dead before it told must not
+ *       hold it in rk_init while the members ask it in). M0 asks in the newcomers every
+ *       member has the address of: all together when all told, else those that did once
+ *       the rest ended (their records) or REC_JOIN_GRACE_MS after the first could be; one
+ *       never asked ends at its bound (J15). Once asked in, a newcomer that dies is a lost
+ *       spare (recovery.c G4), which costs the others, newcomers included, one round.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -84,7 +97,12 @@
 #define TAG_START 0x4a04
 #define JOIN_HOSTS 64 /* join lines of the grow file read */
 
-enum { J_SPAWNING, J_ADDRESSING, J_READY, J_ASKED };
+enum { J_SPAWNING, J_ADDRESSING, J_ASKED };
+
+/* M0 asks in the newcomers whose addresses every member has once they all have, or, when
+   some never tell (dead before their ADDR left), this long after the first could be asked:
+   their starts differ by milliseconds (one spawn, one merge, one welcome each). */
+#define REC_JOIN_GRACE_MS 1000
 
 struct rec_joining {
     struct rec_join *j;
@@ -97,7 +115,10 @@ struct rec_joining {
     MPI_Comm comm[REC_JOIN_COMMS]; /* merged: [0] the recovery's messages, [1] the ring */
     int *slot_rank;         /* nslots: rank of each slot in the merged communicator, -1 none */
     bool *addr;             /* n: the newcomer's address came */
-    bool *ready;            /* nmembers (M0): the member's READY came */
+    bool *asked;            /* n (M0): det_admit done */
+    uint64_t *ready;        /* nmembers (M0): the newcomers each member has the address of */
+    uint64_t told;          /* (others) the newcomers named in the last READY sent */
+    int64_t can_since;      /* (M0) when a newcomer first could be asked, 0 before */
 };
 
 /* What M0 sends each newcomer, then int32 view[nview], spares[nspares], slot_rank[nslots]
@@ -110,9 +131,17 @@ struct welcome {
     det_view view;
 };
 
+/* A newcomer's ADDR, to every member and every other newcomer of its join: where its
+   detector listens, and the epoch of the view the welcome gave it (det_joiner_knows). */
+struct addr {
+    det_addr a;
+    uint64_t epoch;
+};
+
 struct ready {
     uint32_t magic;
     int32_t slot0;
+    uint64_t have; /* bit k: the address of newcomer slot0 + k came */
 };
 
 /* M0's request to every other member to start a join (J16). */
@@ -172,6 +201,7 @@ static void joining_free(rk_ctx *ctx, const char *why)
     free(g->members);
     free(g->slot_rank);
     free(g->addr);
+    free(g->asked);
     free(g->ready);
     free(g);
     ctx->joining = NULL;
@@ -183,7 +213,7 @@ int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "join: only a member of the ring starts a join");
     if (ctx->joining)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_STATE, "join: one is already under way");
-    if (!spec || spec->n < 1 || ctx->next_join_slot + spec->n > ctx->nslots)
+    if (!spec || spec->n < 1 || spec->n > 64 || ctx->next_join_slot + spec->n > ctx->nslots)
         return rk__fail(RK_SUB_REC, RK_LOG_ERROR, -EINVAL, "join: %d newcomer(s) do not fit the %d slots left",
                         spec ? spec->n : 0, ctx->nslots - ctx->next_join_slot);
     struct rec_joining *g = calloc(1, sizeof(*g));
@@ -202,9 +232,10 @@ int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
     g->members = malloc((size_t)ctx->nview * sizeof(int));
     g->slot_rank = malloc((size_t)ctx->nslots * sizeof(int));
     g->addr = calloc((size_t)spec->n, sizeof(bool));
-    g->ready = calloc((size_t)ctx->nview, sizeof(bool));
+    g->asked = calloc((size_t)spec->n, sizeof(bool));
+    g->ready = calloc((size_t)ctx->nview, sizeof(uint64_t));
     ctx->joining = g;
-    if (!g->members || !g->slot_rank || !g->addr || !g->ready) {
+    if (!g->members || !g->slot_rank || !g->addr || !g->asked || !g->ready) {
         free(ranks);
         joining_free(ctx, NULL);
         return -ENOMEM;
@@ -280,58 +311,95 @@ static int send_welcome(rk_ctx *ctx, int k)
     return rc;
 }
 
-/* The newcomers' addresses, as they come: each one the detector is given. */
-static void take_addrs(rk_ctx *ctx)
+/* The newcomers' addresses, as they come: each one the detector is given, and the newcomer
+   joins the list of spares (it is asked in as a spare held back at launch is: recovery.c
+   G1-G4). The newcomers whose address this member has, as bits. */
+static uint64_t take_addrs(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
-    det_addr a;
+    struct addr a;
     int src, n;
     while ((n = rec_msg_recv_on(ctx, g->comm[0], TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) != 0) {
         int k = src - g->nmembers;
         if (n != (int)sizeof(a) || k < 0 || k >= g->n || g->addr[k])
             continue;
-        det_set_addr(ctx->det, g->slot0 + k, &a);
+        int *sp = realloc(ctx->spares, (size_t)(ctx->nspares + 1) * sizeof(int));
+        if (!sp)
+            break; /* not taken: it waits for a later call */
+        ctx->spares = sp;
+        ctx->spares[ctx->nspares++] = g->slot0 + k;
+        det_set_addr(ctx->det, g->slot0 + k, &a.a);
+        det_joiner_knows(ctx->det, g->slot0 + k, a.epoch);
         g->addr[k] = true;
     }
-}
-
-static bool all(const bool *b, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!b[i])
-            return false;
-    return true;
-}
-
-/* The newcomers join the list of spares (they are asked in as spares held back at launch
-   are: recovery.c G1-G4). */
-static int add_newcomers_as_spares(rk_ctx *ctx)
-{
-    struct rec_joining *g = ctx->joining;
-    int *s = realloc(ctx->spares, (size_t)(ctx->nspares + g->n) * sizeof(int));
-    if (!s)
-        return -ENOMEM;
-    ctx->spares = s;
+    uint64_t have = 0;
     for (int k = 0; k < g->n; k++)
-        ctx->spares[ctx->nspares++] = g->slot0 + k;
-    return 0;
+        have |= (uint64_t)g->addr[k] << k;
+    return have;
 }
 
-/* M0: READY from every member of the join's view still alive, its own counted. */
-static bool everyone_ready(rk_ctx *ctx)
+static uint64_t every(int n)
+{
+    return n >= 64 ? ~0ull : (1ull << n) - 1;
+}
+
+/* M0: the newcomers whose address every member of the join's view still alive has (the
+   READYs that came, its own counted), not asked yet. */
+static uint64_t askable(rk_ctx *ctx, uint64_t mine)
 {
     struct rec_joining *g = ctx->joining;
     struct ready r;
     int src, n;
     while ((n = rec_msg_recv(ctx, TAG_READY, &r, sizeof(r), &src, rk__mono_ns() + 100000000LL)) != 0)
         for (int i = 0; n == (int)sizeof(r) && r.magic == JOIN_MAGIC && r.slot0 == g->slot0 && i < g->nmembers; i++)
-            g->ready[i] |= g->members[i] == src;
+            if (g->members[i] == src)
+                g->ready[i] |= r.have & every(g->n);
     det_view v;
     det_view_get(ctx->det, &v);
+    uint64_t can = mine;
     for (int i = 0; i < g->nmembers; i++)
-        if (!g->ready[i] && g->members[i] != ctx->rank0 && det_view_has(&v, g->members[i]))
-            return false;
-    return true;
+        if (g->members[i] != ctx->rank0 && det_view_has(&v, g->members[i]))
+            can &= g->ready[i];
+    for (int k = 0; k < g->n; k++)
+        if (g->asked[k])
+            can &= ~(1ull << k);
+    return can;
+}
+
+/* M0: asks in those of `can` (det_admit); true once every newcomer was asked. All at
+   once when they all can be; otherwise those that can once the rest ended (J18's records)
+   or REC_JOIN_GRACE_MS after the first could (J20). */
+static bool ask(rk_ctx *ctx, uint64_t can)
+{
+    struct rec_joining *g = ctx->joining;
+    uint64_t left = 0, gone = 0;
+    for (int k = 0; k < g->n; k++)
+        left |= (uint64_t)!g->asked[k] << k;
+    if (!can)
+        return !left;
+    for (int k = 0; k < g->n && can != left; k++)
+        gone |= (uint64_t)((left & ~can) >> k & 1 && rec_record_ended(g->slot0 + k)) << k;
+    if (!g->can_since)
+        g->can_since = rk__mono_ns();
+    if (can != left && (can | gone) != left && rk__ms_since(g->can_since) < REC_JOIN_GRACE_MS)
+        return false;
+    int asked = 0;
+    for (int k = 0; k < g->n; k++) {
+        int s = g->slot0 + k;
+        if (!(can >> k & 1))
+            continue;
+        g->asked[k] = true;
+        int rc = det_admit(ctx->det, s);
+        if (rc) {
+            RK_LOG_WARN(RK_SUB_REC, "join: asking slot %d in failed: %s", s, rk_strerror(rc));
+            continue;
+        }
+        ctx->admit[s] = true;
+        asked++;
+    }
+    RK_LOG_INFO(RK_SUB_REC, "join: %d worker(s) asked in from slot %d%s", asked, g->slot0,
+                can == left ? "" : " (the others of the join never told where they listen)");
+    return can == left;
 }
 
 /* ---- the launcher's request (J16, J17) ---------------------------------------------------- */
@@ -387,27 +455,29 @@ static int wrapper_command(char *exe, size_t cap, char ***argv, char **blob)
     return 0;
 }
 
-/* The host of the next newcomer from the grow file's join lines ("join" or "join HOST"),
-   the `more`-th from the end; false when the file has none (a growth onto spares alone). */
-static bool join_line(char *text, int more, char *host, size_t cap)
+/* The hosts of the next newcomers from the grow file's join lines ("join" or "join HOST"):
+   the last `more` of them (the earlier ones asked for workers that joined since), at most
+   JOIN_HOSTS; each host[k] a string in text ("" where the line names none, or not a host
+   name: wherever mpirun has a slot). How many: 0 when the file has none (a growth onto
+   spares alone). */
+static int join_lines(char *text, int more, const char *host[JOIN_HOSTS])
 {
     char *lines[JOIN_HOSTS];
-    int n = 0;
+    int n = 0, k = 0;
     for (char *l = strchr(text, '\n'); l && n < JOIN_HOSTS; l = strchr(l, '\n')) {
         *l++ = '\0';
         if (strncmp(l, "join", 4) == 0 && (l[4] == '\n' || l[4] == ' ' || l[4] == '\0'))
             lines[n++] = l + 4;
     }
-    if (n == 0)
-        return false;
-    char *l = lines[more > n ? 0 : n - more];
-    l += strspn(l, " ");
-    size_t len = strcspn(l, " \n");
-    if (len >= cap || strspn(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") < len)
-        len = 0; /* no host, or not a host name: wherever mpirun has a slot */
-    memcpy(host, l, len);
-    host[len] = '\0';
-    return true;
+    for (int i = more < n ? n - more : 0; i < n; i++) {
+        char *l = lines[i] + strspn(lines[i], " ");
+        size_t len = strcspn(l, " \n");
+        if (len > 255 || strspn(l, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:") < len)
+            len = 0;
+        l[len] = '\0'; /* the line's end, or a space before it: nothing read after */
+        host[k++] = l;
+    }
+    return k;
 }
 
 /* M0: the launcher asks for a larger world than the members and the spares waiting make,
@@ -420,16 +490,25 @@ static void request_poll(rk_ctx *ctx)
         now < ctx->join_retry_ns)
         return;
     ctx->join_poll_ns = now + REC_GROW_POLL_NS;
-    char text[4096], host[256], exe[4096], **argv = NULL, *blob = NULL;
+    char text[4096], exe[4096], **argv = NULL, *blob = NULL;
+    const char *host[JOIN_HOSTS];
     if (rec_grow_read(ctx, text, sizeof(text)) <= 0)
         return;
     det_view v;
     det_view_get(ctx->det, &v);
-    int want = rec_grow_world(text), more = want - ctx->world;
+    int want = rec_grow_world(text), more = want - ctx->world, n;
     for (int i = 0; i < ctx->nspares; i++)
         more -= det_view_has(&v, ctx->spares[i]); /* rec_grow_poll asks them (G2) */
-    if (more <= 0 || !join_line(text, more, host, sizeof(host)))
+    if (more <= 0 || (n = join_lines(text, more, host)) == 0)
         return;
+    if (n > ctx->nslots - ctx->next_join_slot)
+        n = ctx->nslots - ctx->next_join_slot;
+    if (n < 1) {
+        RK_LOG_WARN(RK_SUB_REC, "growth to %d asks for workers started while the job runs, but the job's %d slots "
+                    "for them are spent: not started", want, RK_JOIN_SLOTS);
+        ctx->join_retry_ns = INT64_MAX;
+        return;
+    }
     if (wrapper_command(exe, sizeof(exe), &argv, &blob) != 0) {
         RK_LOG_WARN(RK_SUB_REC, "growth to %d asks for a worker started while the job runs, but this worker was not "
                     "started by `rekindle run` (no wrapper to start it the same way): not started", want);
@@ -437,13 +516,20 @@ static void request_poll(rk_ctx *ctx)
         return;
     }
     int slot0 = ctx->next_join_slot;
-    struct start m = {JOIN_MAGIC, slot0, 1, 0, ctx->agreed_epoch};
+    struct start m = {JOIN_MAGIC, slot0, n, 0, ctx->agreed_epoch};
     for (int i = 0; i < ctx->nview; i++)
         if (ctx->view[i] != ctx->rank0)
             rec_msg_send(ctx, &m, sizeof(m), ctx->view[i], TAG_START);
-    char env[64];
-    snprintf(env, sizeof(env), "RK_RUN_SLOT=%d", slot0); /* its wrapper's records are the slot's */
-    rec_join_spec spec = {.command = exe, .argv = argv, .n = 1, .hosts = host[0] ? host : NULL, .env = env};
+    char envs[JOIN_HOSTS][32], on[512] = "";
+    const char *env[JOIN_HOSTS];
+    size_t ol = 0;
+    for (int k = 0; k < n; k++) {
+        snprintf(envs[k], sizeof(envs[k]), "RK_RUN_SLOT=%d", slot0 + k); /* its wrapper's records are the slot's */
+        env[k] = envs[k];
+        if (ol < sizeof(on))
+            ol += (size_t)snprintf(on + ol, sizeof(on) - ol, "%s%s", k ? ", " : "", host[k][0] ? host[k] : "any host");
+    }
+    rec_join_spec spec = {.command = exe, .argv = argv, .n = n, .hosts = host, .env = env};
     int rc = rec_join_begin(ctx, &spec);
     free(argv);
     free(blob);
@@ -451,8 +537,8 @@ static void request_poll(rk_ctx *ctx)
         ctx->join_retry_ns = rk__deadline_ns(2 * REC_JOIN_WAIT * ctx->opt.timeout_ms);
         return;
     }
-    RK_LOG_INFO(RK_SUB_REC, "growth to %d asked (%s): a worker started at slot %d%s%s", want, ctx->grow_file, slot0,
-                host[0] ? " on " : "", host);
+    RK_LOG_INFO(RK_SUB_REC, "growth to %d asked (%s): %d worker(s) started at slot %d.. on %s", want, ctx->grow_file,
+                n, slot0, on);
 }
 
 /* Every other member: M0's START, taken at rk_step_done; one of another agreed view, or
@@ -464,7 +550,7 @@ static void start_poll(rk_ctx *ctx)
     if (ctx->is_spare || ctx->rank < 0 || !ctx->det)
         return;
     while ((n = rec_msg_recv(ctx, TAG_START, &m, sizeof(m), &src, rk__mono_ns() + 100000000LL)) != 0) {
-        if (n != (int)sizeof(m) || m.magic != JOIN_MAGIC || m.n != 1 || m.epoch != ctx->agreed_epoch ||
+        if (n != (int)sizeof(m) || m.magic != JOIN_MAGIC || m.n < 1 || m.n > JOIN_HOSTS || m.epoch != ctx->agreed_epoch ||
             ctx->nview < 1 || src != ctx->view[0] || m.slot0 < ctx->next_join_slot || ctx->joining) {
             RK_LOG_INFO(RK_SUB_REC, "join: a request from slot %d dropped (another view, or a join under way)", src);
             continue;
@@ -547,42 +633,29 @@ void rec_join_progress(rk_ctx *ctx)
                 return;
             }
         /* fall through */
-    case J_ADDRESSING:
-        take_addrs(ctx);
-        if (!all(g->addr, g->n)) {
-            if (late)
+    case J_ADDRESSING: {
+        uint64_t have = take_addrs(ctx);
+        if (!is_m0(ctx)) {
+            if (have != g->told) {
+                struct ready r = {JOIN_MAGIC, g->slot0, have};
+                if (rec_msg_send(ctx, &r, sizeof(r), g->members[0], TAG_READY) == 0)
+                    g->told = have;
+            }
+            if (have == every(g->n))
+                g->state = J_ASKED;
+            else if (late)
                 joining_free(ctx, "a newcomer never said where its detector listens");
             return;
         }
-        if ((rc = add_newcomers_as_spares(ctx)) != 0) {
-            joining_free(ctx, rk_strerror(rc));
-            return;
-        }
-        g->state = J_READY;
-        if (!is_m0(ctx)) {
-            struct ready r = {JOIN_MAGIC, g->slot0};
-            rec_msg_send(ctx, &r, sizeof(r), g->members[0], TAG_READY);
+        bool any = false;
+        for (int k = 0; k < g->n; k++)
+            any |= g->asked[k];
+        if (late) /* M0 asks only before its deadline (J14) */
+            joining_free(ctx, any ? "no decision brought the newcomers in" : "not every member got the newcomers in time");
+        else if (ask(ctx, askable(ctx, have)))
             g->state = J_ASKED;
-            return;
-        }
-        /* fall through */
-    case J_READY:
-        if (!everyone_ready(ctx)) {
-            if (late)
-                joining_free(ctx, "not every member got the newcomers in time");
-            return;
-        }
-        for (int k = 0; k < g->n; k++) {
-            int s = g->slot0 + k;
-            if ((rc = det_admit(ctx->det, s)) != 0) {
-                RK_LOG_WARN(RK_SUB_REC, "join: asking slot %d in failed: %s", s, rk_strerror(rc));
-                continue;
-            }
-            ctx->admit[s] = true;
-        }
-        g->state = J_ASKED;
-        RK_LOG_INFO(RK_SUB_REC, "join: %d worker(s) asked in at slot %d", g->n, g->slot0);
         return;
+    }
     case J_ASKED:
         if (late)
             joining_free(ctx, "no decision brought the newcomers in");
@@ -595,8 +668,8 @@ int rec_join_switch(rk_ctx *ctx, const int *members, int nmembers, int *ranks, M
     struct rec_joining *g = ctx->joining;
     *ring_comm = MPI_COMM_NULL;
     bool any = false;
-    for (int i = 0; g && g->state >= J_READY && i < nmembers; i++)
-        any |= members[i] >= g->slot0 && members[i] < g->slot0 + g->n;
+    for (int i = 0; g && g->state >= J_ADDRESSING && i < nmembers; i++)
+        any |= members[i] >= g->slot0 && members[i] < g->slot0 + g->n && g->addr[members[i] - g->slot0];
     for (int i = 0; i < nmembers; i++)
         ranks[i] = any ? g->slot_rank[members[i]] : rec_rank_of(ctx, members[i]);
     if (!any)
@@ -714,6 +787,36 @@ int rec_join_welcome_apply(rk_ctx *ctx, struct rec_join_welcome *wp)
     return 0;
 }
 
+/* Slot s is another newcomer of this one's join: it has a rank in the merged communicator
+   (the welcome's map) and is neither a member of the view nor this newcomer. */
+static bool is_peer(const struct welcome *w, int s)
+{
+    const int32_t *v = (const int32_t *)(w + 1), *slot_rank = v + w->nview + w->nspares;
+    if (s == w->slot || slot_rank[s] < 0)
+        return false;
+    for (int i = 0; i < w->nview; i++)
+        if (v[i] == s)
+            return false;
+    return true;
+}
+
+void rec_join_peers_poll(rk_ctx *ctx)
+{
+    if (!ctx->det || ctx->peers_have == ctx->peers_want)
+        return;
+    struct addr a;
+    int src, n;
+    while ((n = rec_msg_recv(ctx, TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) != 0) {
+        int k = src - ctx->peers_slot0;
+        if (n != (int)sizeof(a) || k < 0 || k >= 64 || !(ctx->peers_want >> k & 1) || (ctx->peers_have >> k & 1))
+            continue;
+        det_set_addr(ctx->det, src, &a.a);
+        ctx->peers_have |= 1ull << k;
+    }
+    if (ctx->peers_have == ctx->peers_want)
+        RK_LOG_INFO(RK_SUB_REC, "join: the other worker(s) started with this one told where they listen");
+}
+
 int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *base)
 {
     struct welcome *w = (struct welcome *)wp;
@@ -728,13 +831,25 @@ int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *
     int rc = det_open(&ctx->det, &cfg);
     if (rc)
         return rc;
-    det_addr mine;
-    det_local_addr(ctx->det, &mine);
+    struct addr mine = {.epoch = w->view.epoch};
+    det_local_addr(ctx->det, &mine.a);
     for (int i = 0; i < ctx->nview && !rc; i++) /* where this one listens, to every member (J14) */
         rc = rec_msg_send(ctx, &mine, sizeof(mine), ctx->view[i], TAG_ADDR);
+    ctx->peers_slot0 = -1;
+    ctx->peers_want = ctx->peers_have = 0;
+    for (int s = 0; s < w->nslots && rc >= 0; s++) /* and to the other newcomers of its join (J20) */
+        if (is_peer(w, s)) {
+            if (ctx->peers_slot0 < 0)
+                ctx->peers_slot0 = s; /* a join's slots are consecutive (J12) */
+            if (s - ctx->peers_slot0 < 64)
+                ctx->peers_want |= 1ull << (s - ctx->peers_slot0);
+            rc = rec_msg_send(ctx, &mine, sizeof(mine), s, TAG_ADDR);
+        }
     if (rc >= 0)
         rc = det_start(ctx->det, addrs, w->key, w->salt);
     explicit_bzero(w->key, sizeof(w->key));
+    if (rc >= 0)
+        rec_join_peers_poll(ctx);
     if (rc)
         det_close(&ctx->det);
     return rc < 0 ? rc : 0;

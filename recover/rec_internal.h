@@ -105,6 +105,9 @@ struct rk_ctx {
     int next_join_slot;       /* the slot of the next newcomer (J12: alike on every member) */
     int64_t join_poll_ns;     /* M0: CLOCK_MONOTONIC of its next look at the request (J16) */
     int64_t join_retry_ns;    /* M0: no join started before (one given up on: J17) */
+    int64_t unasked_until_ns; /* a newcomer: the end of its wait to be asked in (J15), 0 none */
+    int peers_slot0;          /* a newcomer: the first slot of the others started with it (J20) */
+    uint64_t peers_want, peers_have; /* their bits from peers_slot0: all, and whose address came */
     struct rec_joining *joining; /* a join under way (join_proto.c), NULL: none */
     uint64_t ckpt_nonce;      /* the checkpoints' nonce, agreed at rk_init (a newcomer's too) */
     struct {                  /* the wedge watchdog (api_det.c), on the detector's thread */
@@ -243,8 +246,11 @@ typedef struct rec_join_spec {
     const char *command;  /* read at the root alone (the first member): may be NULL elsewhere */
     char *const *argv;
     int n;
-    const char *hosts;    /* Open MPI's "host": one of mpirun's allocation (docs/LAUNCHER.md) */
-    const char *env;      /* "K=V" lines set in the newcomers (Open MPI's "env"), or NULL */
+    /* Per newcomer (n entries each), or NULL for none; an entry NULL or "" sets nothing:
+       hosts[k] Open MPI's "host" (one of mpirun's allocation: docs/LAUNCHER.md), env[k] its
+       "env" ("K=V" lines set in that newcomer alone). */
+    const char *const *hosts;
+    const char *const *env;
 } rec_join_spec;
 struct rec_join;
 int rec_join_spawn(MPI_Comm parent, const int *members, int nmembers, const rec_join_spec *spec,
@@ -258,12 +264,12 @@ bool rec_join_thread_left(void);
    rank in ctx->comm differ once the job switched onto a merged communicator:
    rec_rank_of / rec_slot_of (-1: none). rec_join_route: where a newcomer of the join under
    way is reached before the switch (false: not one). rec_join_begin (every member alike,
-   spec->n == 1), then rec_join_progress at each rk_step_done; rec_join_switch, from
+   the same spec->n), then rec_join_progress at each rk_step_done; rec_join_switch, from
    apply_decision: the ranks of the decision's members, and *ring_comm the merged
    communicator the ring moves onto when it names a newcomer (MPI_COMM_NULL: it stays).
    The newcomer: rec_join_arrive (rk_init: the merge and the welcome, bounded),
    rec_join_welcome_apply (its ctx), rec_join_det_start (its detector, its address sent
-   to every member), rec_join_welcome_free. */
+   to every member and every other newcomer of the join, theirs taken), rec_join_welcome_free. */
 #define REC_JOIN_WAIT 2   /* a join's bound, in RK_TIMEOUT_MS */
 struct rec_join_welcome;
 struct det_cfg;
@@ -278,6 +284,9 @@ int rec_join_arrive(rk_ctx *ctx, MPI_Comm parent, MPI_Comm *ring_comm, struct re
 int rec_join_welcome_apply(rk_ctx *ctx, struct rec_join_welcome *w);
 int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *w, const struct det_cfg *base);
 void rec_join_welcome_free(struct rec_join_welcome **w);
+/* A newcomer: the addresses of the others started with it that came since, given to its
+   detector (J20); nonblocking, called while it waits to be asked in. */
+void rec_join_peers_poll(rk_ctx *ctx);
 /* A spare's rk_resume: waits until a decision brings it into the ring (0), or the job
    ends without it (RK_E_SPARE_UNUSED), or no member is left (RK_E_PEER_LOST). */
 int rec_spare_wait(rk_ctx *ctx);

@@ -810,6 +810,13 @@ int rec_spare_wait(rk_ctx *ctx)
             rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_FENCED, "this spare was declared dead by the others");
             break;
         }
+        rec_join_peers_poll(ctx);
+        if (ctx->unasked_until_ns && det_unadmitted(ctx->det) && rk__deadline_passed(ctx->unasked_until_ns)) {
+            rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_TIMEOUT, "this worker started to join the job was not asked "
+                          "in within %d ms of its arrival: the members gave the join up (the job goes on without it)",
+                          (REC_JOIN_WAIT + 1) * ctx->opt.timeout_ms);
+            break;
+        }
         det_view v;
         det_view_get(ctx->det, &v);
         bool any = false;

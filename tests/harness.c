@@ -391,6 +391,12 @@ int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], c
     return th_mpirun(n, argv, envp_extra, timeout_s, out);
 }
 
+const char *th_tail(const char *out, size_t n)
+{
+    size_t len = out ? strlen(out) : 0;
+    return out ? out + (len > n ? len - n : 0) : "";
+}
+
 int th_count(const char *out, const char *needle)
 {
     int n = 0;

@@ -79,6 +79,10 @@ int th_mpirun_prog(int n, bool recovery, const char *prog, char *const args[], c
 /* Whether a CUDA GPU is usable; why gets the reason when not. */
 bool th_have_gpu(char *why, size_t cap);
 
+/* The last `n` bytes of out (all of it when shorter): what an assertion's message can
+   carry (Check refuses a message of more than a few KiB and exits instead). */
+const char *th_tail(const char *out, size_t n);
+
 /* How many times needle occurs in out (0 for a NULL out). */
 int th_count(const char *out, const char *needle);
 

@@ -5,13 +5,17 @@
  * Every rank trains a 4096-float "w": each step allreduces a gradient of ones (sum: the
  * world size, checked) and adds the sum / world to w, so after step s every element is
  * s + 1, whatever the world, and a state restored from any snapshot says which step it is.
- * At step JOIN_AT the members start a join of one newcomer (this program, argv "newcomer
- * MODE"): it comes into rk_init, waits in rk_resume as a spare and is brought in at a step
- * boundary with the members' state from memory; the members keep their processes. MODE:
- *   alive   the newcomer lives; every rank ends at STEPS on a world of 4 with w exact;
+ * At step JOIN_AT the members start a join of JOIN_N newcomers (default 1; this program,
+ * argv "newcomer MODE"): they come into rk_init, wait in rk_resume as spares and are brought
+ * in at a step boundary with the members' state from memory; the members keep their
+ * processes. MODE:
+ *   alive   the newcomers live; every rank ends at STEPS on a world of 3 + JOIN_N with w
+ *           exact;
  *   dies    the newcomer SIGKILLs itself before rk_resume, once its detector runs and
  *           told the members where it listens (it is asked in dead): the members go on at
  *           3 and end at STEPS with w exact;
+ *   dies-last  the same, in the last newcomer of the join alone (the highest rank of the
+ *           newcomers' MPI_COMM_WORLD): the others go on at 3 + JOIN_N - 1;
  *   fault:SPEC  RK_FAULT=SPEC in the newcomer alone (join@0=crash: the decision that brings
  *           it in arrived; rebuild@0=crash: inside the ring's rebuild over 4; join@1=crash:
  *           the ring built, the state not sent; allreduce@0=crash: its first allreduce as
@@ -28,8 +32,15 @@
 #include "rekindle.h"
 
 #define N 4096
-#define STEPS 80
+#define STEPS steps()
 #define JOIN_AT 10
+
+/* 80 steps of 20 ms, unless STEPS and STEP_MS say otherwise (in every process: mpirun's
+   environment reaches the newcomers too). */
+static int steps(void)
+{
+    return getenv("STEPS") ? atoi(getenv("STEPS")) : 80;
+}
 
 static int fail(const char *what, int rc)
 {
@@ -44,6 +55,7 @@ static int train(rk_ctx *ctx, float *w, const char *who, int pid_world_at_start)
     int seen_world = pid_world_at_start;
     int rc;
     bool joined_started = false;
+    useconds_t step_us = getenv("STEP_MS") ? (useconds_t)atoi(getenv("STEP_MS")) * 1000 : 20000;
     while (step < STEPS) {
         for (int i = 0; i < N; i++)
             g[i] = 1.0f;
@@ -74,7 +86,7 @@ static int train(rk_ctx *ctx, float *w, const char *who, int pid_world_at_start)
             self[n] = '\0';
             const char *mode = getenv("JOIN_MODE") ? getenv("JOIN_MODE") : "alive";
             char *argv[] = {"newcomer", (char *)mode, NULL};
-            rec_join_spec spec = {.command = self, .argv = argv, .n = 1};
+            rec_join_spec spec = {.command = self, .argv = argv, .n = getenv("JOIN_N") ? atoi(getenv("JOIN_N")) : 1};
             if ((rc = rec_join_begin(ctx, &spec)) != 0)
                 return fail("rec_join_begin", rc);
             joined_started = true;
@@ -87,7 +99,7 @@ static int train(rk_ctx *ctx, float *w, const char *who, int pid_world_at_start)
         if (rc)
             return fail("rk_step_done", rc);
         step++;
-        usleep(20000); /* a step of 20 ms: the join happens while the job trains */
+        usleep(step_us); /* 20 ms unless STEP_MS says: the join happens while the job trains */
     }
     for (int i = 0; i < N; i++)
         if (w[i] != (float)STEPS) {
@@ -111,7 +123,10 @@ int main(int argc, char **argv)
         return fail("rk_init", rc);
     if ((rc = rk_register(ctx, "w", w, RK_F32, 1, (int64_t[]){N}, 0)) != 0)
         return fail("rk_register", rc);
-    if (newcomer && strcmp(argv[2], "dies") == 0) {
+    int wr = 0, wn = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &wn);
+    if (newcomer && (strcmp(argv[2], "dies") == 0 || (strcmp(argv[2], "dies-last") == 0 && wr == wn - 1))) {
         printf("ok newcomer dies at slot %d\n", rk_rank(ctx));
         fflush(stdout);
         raise(SIGKILL);

@@ -541,6 +541,88 @@ START_TEST(sim_joiner_admitted_into_every_view)
 }
 END_TEST
 
+/* I12: a joiner observes no one before its own ADMIT. The members, which have not admitted
+   it, send it nothing; a joiner that counted their silence from its start declared them
+   all dead once the admission took longer than its bound, and those declarations reached
+   the members with the ADMIT and fenced healthy ones (seen with members training in steps
+   of 0.8 s). Here the admission comes 3 s after the joiner started: no one is declared,
+   every view stays alike, and once in, the joiner watches the members (a crash declared). */
+START_TEST(sim_joiner_waits_for_its_admit)
+{
+    struct sim *s = sim_new(4, 43); /* slot 4 held by no process */
+    sim_run(s, s->now + 1000 * MS);
+    det_view v;
+    detp_view(s->node[0], &v);
+    v.members[0] |= 1u << 4;
+    v.nmembers++;
+    detp_cfg c = {.self = 4, .world = (int)v.nslots, .nslots = (int)v.nslots, .period_ns = P, .k = 3, .nhelpers = 2, .seed = 7,
+                  .view0 = &v};
+    th_assert_rc(detp_create(&s->node[4], &c, s->now), 0);
+    s->n = 5;
+    sim_run(s, s->now + 3000 * MS);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_int_eq(count_ev(s, 4, DET_EV_DEAD, r), 0);
+        ck_assert_int_eq(count_ev(s, 4, DET_EV_SUSPECT, r), 0);
+        ck_assert(!detp_fenced(s->node[r]));
+    }
+    ck_assert(detp_unadmitted(s->node[4]));
+    th_assert_rc(detp_admit(s->node[1], 4, s->now), 0);
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert(!detp_unadmitted(s->node[4]));
+    ck_assert_uint_eq(assert_same_view(s), 1); /* the ADMIT */
+    detp_view(s->node[4], &v);
+    ck_assert_int_eq(v.nmembers, 5);
+    for (int r = 0; r < 5; r++) {
+        ck_assert(!detp_fenced(s->node[r]));
+        for (int i = 0; i < 5; i++)
+            ck_assert_int_eq(count_ev(s, i, DET_EV_DEAD, r), 0);
+    }
+    s->crashed[2] = true;
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_uint_eq(assert_same_view(s), 2); /* the death */
+    ck_assert_int_eq(count_ev(s, 4, DET_EV_DEAD, 2), 1);
+    sim_free(s);
+}
+END_TEST
+
+/* I12: two joiners given the same view (one join, two workers started) are asked in one
+   after the other. Each must learn the other's ADMIT, which for the second came before its
+   own: the members send a joiner the declarations since the epoch of the view it was
+   given (detp_joiner_knows), not its ADMIT alone. Without that the second's view lacked
+   the first, and the ring over the five could not be built (seen with two workers started
+   together under mpirun). */
+START_TEST(sim_two_joiners_learn_each_other)
+{
+    struct sim *s = sim_new(3, 47); /* slots 3, 4 held by no process */
+    sim_run(s, s->now + 1000 * MS);
+    det_view v, w;
+    detp_view(s->node[0], &v);
+    for (int j = 3; j < 5; j++) {
+        w = v;
+        w.members[0] |= 1u << j;
+        w.nmembers++;
+        detp_cfg c = {.self = j, .world = (int)v.nslots, .nslots = (int)v.nslots, .period_ns = P, .k = 3,
+                      .nhelpers = 2, .seed = 11 + (uint64_t)j, .view0 = &w};
+        th_assert_rc(detp_create(&s->node[j], &c, s->now), 0);
+        for (int i = 0; i < 3; i++)
+            detp_joiner_knows(s->node[i], j, v.epoch);
+    }
+    s->n = 5;
+    th_assert_rc(detp_admit(s->node[0], 3, s->now), 0);
+    sim_run(s, s->now + 300 * MS);
+    th_assert_rc(detp_admit(s->node[0], 4, s->now), 0);
+    sim_run(s, s->now + 2000 * MS);
+    ck_assert_uint_eq(assert_same_view(s), v.epoch + 2);
+    for (int i = 0; i < 5; i++) {
+        detp_view(s->node[i], &w);
+        ck_assert_msg(w.nmembers == 5 && det_view_has(&w, 3) && det_view_has(&w, 4), "node %d: %d members", i,
+                      w.nmembers);
+        ck_assert(!detp_fenced(s->node[i]));
+    }
+    sim_free(s);
+}
+END_TEST
+
 /* I7: messages from a non-member slot or to someone else are ignored. */
 START_TEST(sim_nonmember_ignored)
 {
@@ -944,6 +1026,8 @@ static Suite *detector_suite(void)
     tcase_add_test(tc, sim_leave_is_not_death);
     tcase_add_test(tc, sim_install_view_spares);
     tcase_add_test(tc, sim_joiner_admitted_into_every_view);
+    tcase_add_test(tc, sim_joiner_waits_for_its_admit);
+    tcase_add_test(tc, sim_two_joiners_learn_each_other);
     tcase_add_test(tc, sim_nonmember_ignored);
     tcase_add_test(tc, sim_parent_report_declares_at_once);
     suite_add_tcase(s, tc);

@@ -421,24 +421,36 @@ END_TEST
 
 /* ---- a worker started while the job trains joins it (recover/join_proto.c J12-J15) ----- */
 
-/* prog_join_rk MODE under mpirun -n 3 with a checkpoint directory: the members spawn one
-   newcomer at step 10 and train on; its output, the job's end asserted. */
-static char *join_rk_job(const char *mode)
+/* prog_join_rk MODE under mpirun -n 3 with a checkpoint directory: the members spawn n
+   newcomers in one join at step 10 and train on; its output, the job's end asserted. */
+static char *join_rk_job_steps(const char *mode, int n, const char *steps)
 {
-    char *out = NULL, env_dir[4200], env_mode[96];
+    char *out = NULL, env_dir[4200], env_mode[96], env_n[32];
     char *dir = th_tmpdir("join_rk");
     snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s/ck", dir);
     snprintf(env_mode, sizeof(env_mode), "JOIN_MODE=%s", mode);
-    const char *env[] = {env_dir, env_mode, "RK_LOG=info", NULL};
+    snprintf(env_n, sizeof(env_n), "JOIN_N=%d", n);
+    const char *env[] = {env_dir, env_mode, env_n, "RK_LOG=info", steps ? steps : "STEPS=80", steps ? "STEP_MS=800" : NULL,
+                         NULL};
     char *args[] = {NULL};
     char *prog = th_prog("prog_join_rk");
     int rc = th_mpirun_prog(3, true, prog, args, env, 90, &out);
     free(prog);
     th_rmrf(dir);
     free(dir);
-    ck_assert_msg(rc == 0, "prog_join_rk %s: status %d (-1: it ran past the bound):\n%s", mode, rc, out);
-    ck_assert_msg(!strstr(out, "FAIL"), "prog_join_rk %s:\n%s", mode, out);
+    ck_assert_msg(rc == 0, "prog_join_rk %s: status %d (-1: it ran past the bound):\n%s", mode, rc, th_tail(out, 3000));
+    ck_assert_msg(!strstr(out, "FAIL"), "prog_join_rk %s:\n%s", mode, th_tail(out, 3000));
     return out;
+}
+
+static char *join_rk_job_n(const char *mode, int n)
+{
+    return join_rk_job_steps(mode, n, NULL);
+}
+
+static char *join_rk_job(const char *mode)
+{
+    return join_rk_job_n(mode, 1);
 }
 
 /* The newcomer lives: spawned while the three train, it is asked in at a step boundary,
@@ -472,6 +484,60 @@ START_TEST(join_rk_newcomer_killed_while_joining)
                       !strstr(out, "newcomer ends") && strstr(out, "from memory (0 steps lost)") &&
                       !strstr(out, "from disk"),
                   "%s:\n%s", mode, out);
+    free(out);
+}
+END_TEST
+
+/* J20: two newcomers in one join (one spawn, one merge): each tells the other where its
+   detector listens, both are brought in by the same decision at one step, and all five end
+   exact on a world of 5 with the members' processes unchanged. */
+START_TEST(join_rk_two_newcomers_in_one_join)
+{
+    char *out = join_rk_job_n("alive", 2);
+    ck_assert_msg(th_count(out, "ok newcomer brought in at step ") == 2 && strstr(out, "rank 3 of 5") &&
+                      strstr(out, "rank 4 of 5") && th_count(out, "ok member world 5 at step ") == 3 &&
+                      th_count(out, "ok member ends at step 80 on a world of 5, w exact") == 3 &&
+                      th_count(out, "ok newcomer ends at step 80 on a world of 5, w exact") == 2 &&
+                      th_count(out, "ok member rank ") == 3 && strstr(out, "join: 2 worker(s) spawned and merged") &&
+                      strstr(out, "join: the other worker(s) started with this one told where they listen") &&
+                      strstr(out, "from memory (0 steps lost)") && !strstr(out, "ok member world 4 at step "),
+                  "%s", th_tail(out, 3000));
+    /* one decision brought both in: the same step in both lines */
+    const char *a = strstr(out, "ok newcomer brought in at step "), *b = a ? strstr(a + 1, "ok newcomer brought in at step ") : NULL;
+    ck_assert_msg(a && b && atoll(a + 31) == atoll(b + 31), "%s", th_tail(out, 3000));
+    free(out);
+}
+END_TEST
+
+/* Members that train in steps of 0.8 s take the newcomer's address and tell M0 they are
+   ready only at their step boundaries, so its admission comes 1-2 s after its detector
+   started. Before detector/det_proto.c I12's wait for its own ADMIT, the newcomer counted
+   the members' silence from its start, declared all three dead after 1 s, and those
+   declarations reached them with the ADMIT: a healthy member was fenced and the job went
+   on at 2 without the newcomer. Now all four end exact on a world of 4. */
+START_TEST(join_rk_newcomer_of_slow_steps)
+{
+    char *out = join_rk_job_steps("alive", 1, "STEPS=20");
+    ck_assert_msg(strstr(out, "ok newcomer brought in at step ") && strstr(out, "rank 3 of 4") &&
+                      th_count(out, "ok member ends at step 20 on a world of 4, w exact") == 3 &&
+                      strstr(out, "ok newcomer ends at step 20 on a world of 4, w exact") &&
+                      !strstr(out, "declared dead") && !strstr(out, "fenced"),
+                  "%s", th_tail(out, 3000));
+    free(out);
+}
+END_TEST
+
+/* One of the two newcomers of a join dies once both told their addresses (asked in dead):
+   a lost spare (recovery.c G4), one detection and one round; the three members and the
+   other newcomer go on at 4 from memory and end exact. */
+START_TEST(join_rk_one_of_two_newcomers_killed)
+{
+    char *out = join_rk_job_n("dies-last", 2);
+    ck_assert_msg(th_count(out, "ok member ends at step 80 on a world of 4, w exact") == 3 &&
+                      th_count(out, "ok newcomer ends at step 80 on a world of 4, w exact") == 1 &&
+                      th_count(out, "ok newcomer dies at slot") == 1 && strstr(out, "from memory (0 steps lost)") &&
+                      !strstr(out, "from disk"),
+                  "%s", th_tail(out, 3000));
     free(out);
 }
 END_TEST
@@ -539,6 +605,9 @@ int main(void)
     TCase *tr = tcase_create("join_rk");
     tcase_set_timeout(tr, 200);
     tcase_add_test(tr, join_rk_newcomer_trains_with_the_members);
+    tcase_add_test(tr, join_rk_newcomer_of_slow_steps);
+    tcase_add_test(tr, join_rk_two_newcomers_in_one_join);
+    tcase_add_test(tr, join_rk_one_of_two_newcomers_killed);
     tcase_add_loop_test(tr, join_rk_newcomer_killed_while_joining, 0,
                         (int)(sizeof(join_rk_deaths) / sizeof(join_rk_deaths[0])));
     tcase_add_test(tr, slow_newcomer_grows_by_a_relaunch_at_once);
