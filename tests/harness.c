@@ -500,9 +500,9 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
     const char *src = getenv("RK_TEST_SRC");
     int n = asprintf(
         &cmd,
-        "W=%s; B=%s; R=%s; N=%d; A='%s'; HOW=%d; S=%s; H=$(hostname); IP=%d\n"
+        "W=%s; B=%s; R=%s; N=%d; A='%s'; HOW=%d; S=%s; H=$(hostname); IP=%d; M=3; [ $HOW = 3 ] && M=4\n"
         "export RK_HOSTS_PREFIX=rke RK_HOSTS_NET=10.82.0\n"
-        "case $HOW in 0) echo \"$H:2\" > $W/hosts;; 1) echo \"$H:3\" > $W/hosts;;\n"
+        "case $HOW in 0|3) echo \"$H:2\" > $W/hosts;; 1) echo \"$H:3\" > $W/hosts;;\n"
         "  2) $S/scripts/hosts up 3 $W/hostfile 1 > $W/hosts.log 2>&1 || { cat $W/hosts.log; exit 1; }\n"
         "     printf 'rke1:1\\nrke2:1\\nrke3:1\\n' > $W/hosts;; esac\n"
         "(\n"
@@ -514,10 +514,10 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
            silence and the cool-down: the two left could end the job first (seen once in
            CI, fast steps). They are held at their 1000th rk_step_done until it decided. */
         "[ $HOW = 2 ] && { touch $W/hold; export RK_FAULT=step_done@1000=hang RK_FAULT_HOLD=$W/hold; }\n"
-        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 0.5 --max-np 3 "
+        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --blacklist-cooldown 0.5 --max-np $M "
         "$G -- $B --steps $N $A > $W/out 2> $W/err & job=$!\n"
         "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-        "case $HOW in 0) echo \"$H:3\" > $W/hosts; touch $W/run/grow;;\n"
+        "case $HOW in 0|3) echo \"$H:$M\" > $W/hosts; touch $W/run/grow;;\n"
         "  1) for p in $(pgrep -x rk-train); do\n"
         "       tr '\\0' '\\n' < /proc/$p/environ | grep -qx RK_EVENT_LOG=$W/ev && "
         "       tr '\\0' '\\n' < /proc/$p/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && kill -9 $p; done;;\n"
@@ -528,17 +528,19 @@ int th_train_elastic(const char *dir, int steps, const char *args, enum th_elast
         ")\n"
         "[ $HOW = 2 ] && $S/scripts/hosts down > /dev/null 2>&1\n"
         "grep '^final' $W/out; grep 'rekindle: run' $W/err\n"
+        /* the members' joins, by how many newcomers each started */
+        "for k in 1 2; do echo \"joins of $k: $(grep -hs '\"join_started\"' $W/ev.* | grep -c \"\\\"n\\\": $k\")\"; done\n"
         "st() { grep -h '\"resumed\"' $W/ev.* | grep \"\\\"$1\\\"\" | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/' | sort -n; }\n"
         /* grown in place, the growth's resume is from memory as well: the last one */
         "a=$(st memory | head -n 1); b=$(st disk | tail -n 1); [ $IP = 1 ] && b=$(st memory | tail -n 1)\n"
         "echo \"memory=$a disk=$b\"\n"
         "[ -n \"$b\" ] || exit 1; mkdir -p $W/r; export RK_CKPT_DIR=$W/r RK_EVENT_LOG=\n"
         /* The replay, on this host: the world of the job at each step, from the recorded steps. */
-        "if [ $HOW != 0 ]; then [ -n \"$a\" ] || exit 1\n"
+        "if [ $HOW = 1 ] || [ $HOW = 2 ]; then [ -n \"$a\" ] || exit 1\n"
         "  RK_CKPT_EVERY=$a $R run -n 3 -- $B --steps $a $A > /dev/null 2>&1 || exit 1\n"
         "  RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1\n"
         "else RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1; fi\n"
-        "echo replay; $R run -n 3 -- $B --steps $N $A 2>/dev/null | grep '^final'\n",
+        "echo replay; $R run -n $M -- $B --steps $N $A 2>/dev/null | grep '^final'\n",
         dir, bin, rekindle, steps, args, (int)how, src ? src : ".", in_place);
     int rc = n < 0 ? -1 : th_sh(cmd, 240, out);
     free(cmd);

@@ -114,19 +114,21 @@ int th_train_kill_replay(const char *dir, int world, int steps, const char *args
 #define TH_SPARE_KILL_AT 240
 void th_train_spare(const char *dir, int steps, const char *args, bool kill_one, int timeout_s, char **out);
 
-/* rk-train --steps STEPS ARGS under an elastic `rekindle run` (--max-np 3, a cool-down
-   of 0.5 s, the discovery script every 0.2 s), checkpoints every 50 steps in dir/c. Once
-   checkpoint 100 is committed: TH_GROW: the script, which listed this host with 2 slots,
-   lists 3 (and RK_RUN_DIR/grow is touched); TH_LOSE_WORKER: of 3 workers on this host,
+/* rk-train --steps STEPS ARGS under an elastic `rekindle run` (--max-np 3, 4 for
+   TH_GROW_TWO, a cool-down of 0.5 s, the discovery script every 0.2 s), checkpoints every
+   50 steps in dir/c. Once checkpoint 100 is committed: TH_GROW: the script, which listed
+   this host with 2 slots, lists 3 (and RK_RUN_DIR/grow is touched); TH_GROW_TWO: the same,
+   4 slots; TH_LOSE_WORKER: of 3 workers on this host,
    worker 1 is SIGKILLed (the job shrinks in place, grows back after the cool-down);
    TH_LOSE_HOST: on 3 hosts of scripts/hosts (one slot each), every process of the second
    is SIGKILLed, likewise. in_place: 0 --grow relaunch; 1 --grow inplace (workers started on
    the free slots join the job); 2 --grow inplace where the growth goes by a relaunch all
    the same (a host lost whole). Then the replay on this host: the same
    worlds at the same steps, from the steps the job resumed at. *out: "exit=N", the job's
-   final lines, the launcher's lines, "memory=A disk=B" (B: the growth's resume, from memory
+   final lines, the launcher's lines, "joins of K: J" (the members' joins that started K
+   newcomers, K = 1, 2), "memory=A disk=B" (B: the growth's resume, from memory
    when in place), "replay", the replay's final lines. Returns th_sh's status. */
-enum th_elastic { TH_GROW, TH_LOSE_WORKER, TH_LOSE_HOST };
+enum th_elastic { TH_GROW, TH_LOSE_WORKER, TH_LOSE_HOST, TH_GROW_TWO };
 int th_train_elastic(const char *dir, int steps, const char *args, enum th_elastic how, int in_place, char **out);
 /* th_train_elastic of 6000 steps with TH_LOSE_WORKER or TH_LOSE_HOST (long enough for the
    growth back, ~1 ms steps on an idle machine, to come well before the end), asserting exit

@@ -249,36 +249,14 @@ END_TEST
    then 4 workers. */
 START_TEST(discovery_grows_two_in_one_join)
 {
-    char *w = th_tmpdir("train-grow-two"), *out = NULL, *cmd = NULL;
-    char *bin = th_bin("rk-train"), *rekindle = th_bin("rekindle");
+    char *w = th_tmpdir("train-grow-two"), *out = NULL;
     clear_rk_env();
-    ck_assert_int_ge(asprintf(&cmd,
-        "W=%s; B=%s; R=%s; A='--seed 5 --hidden 32'; H=$(hostname)\n"
-        "echo \"$H:2\" > $W/hosts\n"
-        "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_KEEP=1000 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000\n"
-        "$R run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 4 -- $B --steps 3000 $A "
-        "> $W/out 2> $W/err & job=$!\n"
-        "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-        "echo \"$H:4\" > $W/hosts; touch $W/run/grow\n"
-        "wait $job; echo \"exit=$?\"\n"
-        "grep '^final' $W/out; grep 'rekindle: run' $W/err\n"
-        "echo \"joins=$(grep -h '\"join_started\"' $W/ev.* | grep -c '\"n\": 2')\"\n"
-        "echo \"joins1=$(grep -h '\"join_started\"' $W/ev.* | grep -c '\"n\": 1')\"\n"
-        "b=$(grep -h '\"resumed\"' $W/ev.* | grep '\"memory\"' | sed 's/.*\"step\": \\([0-9]*\\).*/\\1/' | sort -n | tail -n 1)\n"
-        "echo \"memory=$b\"; [ -n \"$b\" ] || exit 1\n"
-        "mkdir -p $W/r; export RK_CKPT_DIR=$W/r RK_EVENT_LOG= RK_RUN_DIR=\n"
-        "RK_CKPT_EVERY=$b $R run -n 2 -- $B --steps $b $A > /dev/null 2>&1 || exit 1\n"
-        "echo replay; $R run -n 4 -- $B --steps 3000 $A 2>/dev/null | grep '^final'\n",
-        w, bin, rekindle), 0);
-    int rc = th_sh(cmd, 120, &out);
+    int rc = th_train_elastic(w, 3000, "--seed 5 --hidden 32", TH_GROW_TWO, 1, &out);
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 4, 2 worker(s) started on") &&
                       strstr(out, "grown in place to 4 workers") && !strstr(out, "launching again") &&
-                      strstr(out, "joins=2\n") && strstr(out, "joins1=0\n"),
+                      strstr(out, "joins of 2: 2\n") && strstr(out, "joins of 1: 0\n"),
                   "rc %d:\n%s", rc, th_tail(out, 3000));
     th_job_equals_replay(out, 4, 3000);
-    free(cmd);
-    free(bin);
-    free(rekindle);
     th_rmrf(w);
     free(w);
 }
