@@ -213,6 +213,26 @@ START_TEST(grows_in_place_on_the_device)
 }
 END_TEST
 
+/* The same growth onto a worker started while the job trains (recover/join.c: spawned,
+   merged, welcomed): an elastic `rekindle run` on 2 slots of this host, listed with 3 once
+   checkpoint 100 is committed. The two keep their processes; the newcomer's ring is on the
+   merged communicator, and at the grown epoch's first device allreduce every member takes
+   a fresh NCCL communicator over it (the same FRESH way as a spare's). The job's bits are
+   those of a replay on 2 workers up to the step the grown ring resumed at, then on 3. */
+START_TEST(grows_onto_a_started_worker_on_the_device)
+{
+    char *w = th_tmpdir("train_cuda_join"), *out = NULL;
+    unsetenv("RK_CKPT_DIR");
+    int rc = th_train_elastic(w, 3000, "--seed 5 " BIG, TH_GROW, 1, &out);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3, 1 worker(s) started on") &&
+                      strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
+                  "rc %d:\n%s", rc, th_tail(out, 3000));
+    th_job_equals_replay(out, 3, 3000);
+    th_rmrf(w);
+    free(w);
+}
+END_TEST
+
 /* A user's program (tests/prog_user_cuda.c) on 3 ranks under `rekindle run`, rank 1 killed
    before its allreduce of step 60: both survivors check every sum and the device weights
    they got back, and end with the same weights, having recovered once. */
@@ -259,6 +279,7 @@ int main(void)
     tcase_add_test(tk, spare_replaces_killed_rank);
     tcase_add_test(tk, user_program_survives_a_kill);
     tcase_add_test(tk, grows_in_place_on_the_device);
+    tcase_add_test(tk, grows_onto_a_started_worker_on_the_device);
     suite_add_tcase(s, tk);
     return th_main(s);
 }
