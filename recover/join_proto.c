@@ -319,14 +319,16 @@ static uint64_t take_addrs(rk_ctx *ctx)
     struct rec_joining *g = ctx->joining;
     struct addr a;
     int src, n;
-    while ((n = rec_msg_recv_on(ctx, g->comm[0], TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) != 0) {
+    for (;;) {
+        int *sp = realloc(ctx->spares, (size_t)(ctx->nspares + 1) * sizeof(int)); /* room first: */
+        if (!sp)
+            break; /* nothing received, so nothing lost: a later call takes it */
+        ctx->spares = sp;
+        if ((n = rec_msg_recv_on(ctx, g->comm[0], TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) == 0)
+            break;
         int k = src - g->nmembers;
         if (n != (int)sizeof(a) || k < 0 || k >= g->n || g->addr[k])
             continue;
-        int *sp = realloc(ctx->spares, (size_t)(ctx->nspares + 1) * sizeof(int));
-        if (!sp)
-            break; /* not taken: it waits for a later call */
-        ctx->spares = sp;
         ctx->spares[ctx->nspares++] = g->slot0 + k;
         det_set_addr(ctx->det, g->slot0 + k, &a.a);
         det_joiner_knows(ctx->det, g->slot0 + k, a.epoch);
