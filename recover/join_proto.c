@@ -38,7 +38,9 @@
  *   J15 A member switches onto the merged communicator only at a decision that names a
  *       newcomer, which every member of the decision applies, so the members of one ring
  *       always talk on one communicator. A join given up on before leaves its thread as
- *       join.c J8 says, and the newcomer, never asked, ends its rk_init with an error.
+ *       join.c J8 says, and the newcomer, never asked, ends its rk_init with an error, or,
+ *       once past it, its wait in rk_resume (recovery.c rec_spare_wait) at (REC_JOIN_WAIT
+ *       + 1) x RK_TIMEOUT_MS from its arrival.
  *   J16 Under `rekindle run` the launcher asks (docs/LAUNCHER.md): the grow file (recovery.c
  *       G2, the same checks) names the world wanted and, per worker to start, a join line
  *       ("join HOST", a host of mpirun's allocation). Only M0 reads it (request_poll, every
