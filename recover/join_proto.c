@@ -116,8 +116,8 @@ struct rec_joining {
     int *members, nmembers; /* the view at the start (slots) */
     MPI_Comm comm[REC_JOIN_COMMS]; /* merged: [0] the recovery's messages, [1] the ring */
     int *slot_rank;         /* nslots: rank of each slot in the merged communicator, -1 none */
-    bool *addr;             /* n: the newcomer's address came */
-    bool *asked;            /* n (M0): det_admit done */
+    uint64_t addr;          /* bit k: newcomer slot0 + k's address came (n <= 64) */
+    uint64_t asked;         /* bit k (M0): det_admit done for it */
     uint64_t *ready;        /* nmembers (M0): the newcomers each member has the address of */
     uint64_t told;          /* (others) the newcomers named in the last READY sent */
     int64_t can_since;      /* (M0) when a newcomer first could be asked, 0 before */
@@ -202,8 +202,6 @@ static void joining_free(rk_ctx *ctx, const char *why)
             MPI_Comm_free(&g->comm[i]);
     free(g->members);
     free(g->slot_rank);
-    free(g->addr);
-    free(g->asked);
     free(g->ready);
     free(g);
     ctx->joining = NULL;
@@ -233,11 +231,9 @@ int rec_join_begin(rk_ctx *ctx, const rec_join_spec *spec)
     g->nmembers = ctx->nview;
     g->members = malloc((size_t)ctx->nview * sizeof(int));
     g->slot_rank = malloc((size_t)ctx->nslots * sizeof(int));
-    g->addr = calloc((size_t)spec->n, sizeof(bool));
-    g->asked = calloc((size_t)spec->n, sizeof(bool));
     g->ready = calloc((size_t)ctx->nview, sizeof(uint64_t));
     ctx->joining = g;
-    if (!g->members || !g->slot_rank || !g->addr || !g->asked || !g->ready) {
+    if (!g->members || !g->slot_rank || !g->ready) {
         free(ranks);
         joining_free(ctx, NULL);
         return -ENOMEM;
@@ -315,8 +311,8 @@ static int send_welcome(rk_ctx *ctx, int k)
 
 /* The newcomers' addresses, as they come: each one the detector is given, and the newcomer
    joins the list of spares (it is asked in as a spare held back at launch is: recovery.c
-   G1-G4). The newcomers whose address this member has, as bits. */
-static uint64_t take_addrs(rk_ctx *ctx)
+   G1-G4). Then g->addr says whose address this member has. */
+static void take_addrs(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
     struct addr a;
@@ -329,17 +325,13 @@ static uint64_t take_addrs(rk_ctx *ctx)
         if ((n = rec_msg_recv_on(ctx, g->comm[0], TAG_ADDR, &a, sizeof(a), &src, rk__mono_ns() + 100000000LL)) == 0)
             break;
         int k = src - g->nmembers;
-        if (n != (int)sizeof(a) || k < 0 || k >= g->n || g->addr[k])
+        if (n != (int)sizeof(a) || k < 0 || k >= g->n || (g->addr >> k & 1))
             continue;
         ctx->spares[ctx->nspares++] = g->slot0 + k;
         det_set_addr(ctx->det, g->slot0 + k, &a.a);
         det_joiner_knows(ctx->det, g->slot0 + k, a.epoch);
-        g->addr[k] = true;
+        g->addr |= 1ull << k;
     }
-    uint64_t have = 0;
-    for (int k = 0; k < g->n; k++)
-        have |= (uint64_t)g->addr[k] << k;
-    return have;
 }
 
 static uint64_t every(int n)
@@ -349,7 +341,7 @@ static uint64_t every(int n)
 
 /* M0: the newcomers whose address every member of the join's view still alive has (the
    READYs that came, its own counted), not asked yet. */
-static uint64_t askable(rk_ctx *ctx, uint64_t mine)
+static uint64_t askable(rk_ctx *ctx)
 {
     struct rec_joining *g = ctx->joining;
     struct ready r;
@@ -360,13 +352,10 @@ static uint64_t askable(rk_ctx *ctx, uint64_t mine)
                 g->ready[i] |= r.have & every(g->n);
     det_view v;
     det_view_get(ctx->det, &v);
-    uint64_t can = mine;
+    uint64_t can = g->addr & ~g->asked;
     for (int i = 0; i < g->nmembers; i++)
         if (g->members[i] != ctx->rank0 && det_view_has(&v, g->members[i]))
             can &= g->ready[i];
-    for (int k = 0; k < g->n; k++)
-        if (g->asked[k])
-            can &= ~(1ull << k);
     return can;
 }
 
@@ -376,9 +365,7 @@ static uint64_t askable(rk_ctx *ctx, uint64_t mine)
 static bool ask(rk_ctx *ctx, uint64_t can)
 {
     struct rec_joining *g = ctx->joining;
-    uint64_t left = 0, gone = 0;
-    for (int k = 0; k < g->n; k++)
-        left |= (uint64_t)!g->asked[k] << k;
+    uint64_t left = every(g->n) & ~g->asked, gone = 0;
     if (!can)
         return !left;
     for (int k = 0; k < g->n && can != left; k++)
@@ -392,7 +379,7 @@ static bool ask(rk_ctx *ctx, uint64_t can)
         int s = g->slot0 + k;
         if (!(can >> k & 1))
             continue;
-        g->asked[k] = true;
+        g->asked |= 1ull << k;
         int rc = det_admit(ctx->det, s);
         if (rc) {
             RK_LOG_WARN(RK_SUB_REC, "join: asking slot %d in failed: %s", s, rk_strerror(rc));
@@ -638,25 +625,23 @@ void rec_join_progress(rk_ctx *ctx)
             }
         /* fall through */
     case J_ADDRESSING: {
-        uint64_t have = take_addrs(ctx);
+        take_addrs(ctx);
         if (!is_m0(ctx)) {
-            if (have != g->told) {
-                struct ready r = {JOIN_MAGIC, g->slot0, have};
+            if (g->addr != g->told) {
+                struct ready r = {JOIN_MAGIC, g->slot0, g->addr};
                 if (rec_msg_send(ctx, &r, sizeof(r), g->members[0], TAG_READY) == 0)
-                    g->told = have;
+                    g->told = g->addr;
             }
-            if (have == every(g->n))
+            if (g->addr == every(g->n))
                 g->state = J_ASKED;
             else if (late)
                 joining_free(ctx, "a newcomer never said where its detector listens");
             return;
         }
-        bool any = false;
-        for (int k = 0; k < g->n; k++)
-            any |= g->asked[k];
         if (late) /* M0 asks only before its deadline (J14) */
-            joining_free(ctx, any ? "no decision brought the newcomers in" : "not every member got the newcomers in time");
-        else if (ask(ctx, askable(ctx, have)))
+            joining_free(ctx, g->asked ? "no decision brought the newcomers in"
+                                       : "not every member got the newcomers in time");
+        else if (ask(ctx, askable(ctx)))
             g->state = J_ASKED;
         return;
     }
@@ -673,7 +658,7 @@ int rec_join_switch(rk_ctx *ctx, const int *members, int nmembers, int *ranks, M
     *ring_comm = MPI_COMM_NULL;
     bool any = false;
     for (int i = 0; g && g->state >= J_ADDRESSING && i < nmembers; i++)
-        any |= members[i] >= g->slot0 && members[i] < g->slot0 + g->n && g->addr[members[i] - g->slot0];
+        any |= members[i] >= g->slot0 && members[i] < g->slot0 + g->n && (g->addr >> (members[i] - g->slot0) & 1);
     for (int i = 0; i < nmembers; i++)
         ranks[i] = any ? g->slot_rank[members[i]] : rec_rank_of(ctx, members[i]);
     if (!any)

@@ -32,7 +32,7 @@
 #include "rekindle.h"
 
 #define N 4096
-#define STEPS steps()
+#define STEPS steps_n
 #define JOIN_AT 10
 
 /* 80 steps of 20 ms, unless STEPS and STEP_MS say otherwise (in every process: mpirun's
@@ -40,10 +40,7 @@
    until the world is that large (every rank stops at the same step: the world changes
    only at a recovery, agreed), at most 20 x STEPS: a test of a growth that takes a bound
    of its own then does not race the job's end. */
-static int steps(void)
-{
-    return getenv("STEPS") ? atoi(getenv("STEPS")) : 80;
-}
+static int steps_n = 80;
 
 static int fail(const char *what, int rc)
 {
@@ -117,6 +114,8 @@ static int train(rk_ctx *ctx, float *w, const char *who, int pid_world_at_start)
 int main(int argc, char **argv)
 {
     static float w[N];
+    if (getenv("STEPS"))
+        steps_n = atoi(getenv("STEPS"));
     bool newcomer = argc > 2 && strcmp(argv[1], "newcomer") == 0;
     const char *who = newcomer ? "newcomer" : "member";
     if (newcomer && strncmp(argv[2], "fault:", 6) == 0)

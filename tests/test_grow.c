@@ -422,16 +422,19 @@ END_TEST
 /* ---- a worker started while the job trains joins it (recover/join_proto.c J12-J15) ----- */
 
 /* prog_join_rk MODE under mpirun -n 3 with a checkpoint directory: the members spawn n
-   newcomers in one join at step 10 and train on; its output, the job's end asserted. */
-static char *join_rk_job_env(const char *mode, int n, const char *steps, const char *more)
+   newcomers in one join at step 10 and train on, with the variables of `extra` (NULL-ended,
+   or NULL: STEPS, STEP_MS, MIN_WORLD of prog_join_rk) set too; its output, the job's end
+   asserted. */
+static char *join_rk_job_env(const char *mode, int n, const char *const *extra)
 {
     char *out = NULL, env_dir[4200], env_mode[96], env_n[32];
     char *dir = th_tmpdir("join_rk");
     snprintf(env_dir, sizeof(env_dir), "RK_CKPT_DIR=%s/ck", dir);
     snprintf(env_mode, sizeof(env_mode), "JOIN_MODE=%s", mode);
     snprintf(env_n, sizeof(env_n), "JOIN_N=%d", n);
-    const char *env[] = {env_dir, env_mode, env_n, "RK_LOG=info", more ? more : "JOIN_MORE=", steps ? steps : NULL,
-                         steps ? "STEP_MS=800" : NULL, NULL};
+    const char *env[8] = {env_dir, env_mode, env_n, "RK_LOG=info"};
+    for (int i = 4; extra && *extra && i < 7; i++)
+        env[i] = *extra++;
     char *args[] = {NULL};
     char *prog = th_prog("prog_join_rk");
     int rc = th_mpirun_prog(3, true, prog, args, env, 90, &out);
@@ -443,19 +446,9 @@ static char *join_rk_job_env(const char *mode, int n, const char *steps, const c
     return out;
 }
 
-static char *join_rk_job_steps(const char *mode, int n, const char *steps)
-{
-    return join_rk_job_env(mode, n, steps, NULL);
-}
-
-static char *join_rk_job_n(const char *mode, int n)
-{
-    return join_rk_job_steps(mode, n, NULL);
-}
-
 static char *join_rk_job(const char *mode)
 {
-    return join_rk_job_n(mode, 1);
+    return join_rk_job_env(mode, 1, NULL);
 }
 
 /* The newcomer lives: spawned while the three train, it is asked in at a step boundary,
@@ -498,7 +491,7 @@ END_TEST
    exact on a world of 5 with the members' processes unchanged. */
 START_TEST(join_rk_two_newcomers_in_one_join)
 {
-    char *out = join_rk_job_n("alive", 2);
+    char *out = join_rk_job_env("alive", 2, NULL);
     ck_assert_msg(th_count(out, "ok newcomer brought in at step ") == 2 && strstr(out, "rank 3 of 5") &&
                       strstr(out, "rank 4 of 5") && th_count(out, "ok member world 5 at step ") == 3 &&
                       th_count(out, "ok member ends at step 80 on a world of 5, w exact") == 3 &&
@@ -522,7 +515,7 @@ END_TEST
    on at 2 without the newcomer. Now all four end exact on a world of 4. */
 START_TEST(join_rk_newcomer_of_slow_steps)
 {
-    char *out = join_rk_job_steps("alive", 1, "STEPS=20");
+    char *out = join_rk_job_env("alive", 1, (const char *const[]){"STEPS=20", "STEP_MS=800", NULL});
     ck_assert_msg(strstr(out, "ok newcomer brought in at step ") && strstr(out, "rank 3 of 4") &&
                       th_count(out, "ok member ends at step 20 on a world of 4, w exact") == 3 &&
                       strstr(out, "ok newcomer ends at step 20 on a world of 4, w exact") &&
@@ -539,7 +532,7 @@ END_TEST
    job trains until it is at 4 (MIN_WORLD), so that the grace does not race its end. */
 START_TEST(join_rk_one_of_two_newcomers_killed)
 {
-    char *out = join_rk_job_env("dies-last", 2, NULL, "MIN_WORLD=4");
+    char *out = join_rk_job_env("dies-last", 2, (const char *const[]){"MIN_WORLD=4", NULL});
     ck_assert_msg(th_count(out, "ok member ends at step ") == 3 && th_count(out, "on a world of 4, w exact") == 4 &&
                       th_count(out, "ok newcomer ends at step ") == 1 &&
                       th_count(out, "ok newcomer dies at slot") == 1 && strstr(out, "from memory (0 steps lost)") &&
