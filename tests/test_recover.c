@@ -651,35 +651,54 @@ START_TEST(before_update_program_resumes_one_step_back)
 END_TEST
 
 /* The same program, written from rekindle.h alone, in an elastic job (docs/LAUNCHER.md,
-   "Growing in place"): `rekindle run --host-discovery-script` lists 2 slots, then 3 once
-   checkpoint 100 is committed; a worker started on the new slot joins the two while they
-   train (the program's own rk_init and rk_resume, started by the members), all three
-   resume from the two's memory in a world of 3 (no relaunch, none restarted) and end with
-   the exact state: nothing in the program is about growth but rk_resume at its start. */
-START_TEST(docs_program_grows_with_the_job)
+   "Elastic"): `rekindle run --host-discovery-script` lists 2 slots, then 2 + ADD once
+   checkpoint 100 is committed; the workers started on the new slots join the two while
+   they train (the program's own rk_init and rk_resume, started by the members), all
+   resume from the two's memory in a world of 2 + ADD (no relaunch, none restarted) and end
+   with the exact state: nothing in the program is about growth but rk_resume at its
+   start. With ADD 2 both come in one join ("Several newcomers in one join"). */
+static void docs_program_grows(int add)
 {
+    int world = 2 + add;
     char *w = th_tmpdir("update-grow"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
     snprintf(cmd, sizeof(cmd),
              "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
              "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000\n"
-             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 3 -- "
+             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np %d -- "
              "%s/tests/prog_update 1200 -1 -1 > $W/out 2> $W/err & job=$!\n"
              "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-             "echo \"$H:3\" > $W/hosts; touch $W/run/grow\n"
+             "echo \"$H:%d\" > $W/hosts\n"
              "wait $job; echo \"exit=$?\"; cat $W/out; grep 'rekindle: run' $W/err\n"
              "grep -h '\"resumed\"' $W/ev.*\n",
-             w, rekindle, getenv("RK_TEST_BUILD"));
+             w, rekindle, world, getenv("RK_TEST_BUILD"), world);
     int rc = th_sh(cmd, 180, &out);
-    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3") &&
-                      strstr(out, "grown in place to 3 workers") && !strstr(out, "launching again"),
+    char growing[64], grown[64], resumed[32];
+    snprintf(growing, sizeof(growing), "growing in place to %d, %d worker(s) started", world, add);
+    snprintf(grown, sizeof(grown), "grown in place to %d workers", world);
+    snprintf(resumed, sizeof(resumed), "\"world\": %d", world);
+    ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, growing) && strstr(out, grown) && !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);
-    ck_assert_msg(count_lines(out, " ok\n") == 3 && !strstr(out, "WRONG"), "want 3 workers ok at the end:\n%s", out);
-    ck_assert_msg(count_lines(out, "\"world\": 3") == 3 && count_lines(out, "\"from\": \"memory\"") == 3,
-                  "the 3 workers should resume from the two's memory in a world of 3:\n%s", out);
+    ck_assert_msg(count_lines(out, " ok\n") == world && !strstr(out, "WRONG"), "want %d workers ok at the end:\n%s",
+                  world, out);
+    ck_assert_msg(count_lines(out, resumed) == world && count_lines(out, "\"from\": \"memory\"") == world,
+                  "the %d workers should resume from the two's memory in a world of %d:\n%s", world, world, out);
+    ck_assert_msg(count_lines(out, "\"world\": 3") == 0 || world == 3, "grown one at a time, not in one join:\n%s",
+                  out);
     th_rmrf(w);
     free(w);
     free(rekindle);
     free(out);
+}
+
+START_TEST(docs_program_grows_with_the_job)
+{
+    docs_program_grows(1);
+}
+END_TEST
+
+START_TEST(docs_program_grows_by_two_in_one_join)
+{
+    docs_program_grows(2);
 }
 END_TEST
 
@@ -814,6 +833,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, wedged_worker_leaves_and_others_recover);
     tcase_add_test(tc, before_update_program_resumes_one_step_back);
     tcase_add_test(tc, docs_program_grows_with_the_job);
+    tcase_add_test(tc, docs_program_grows_by_two_in_one_join);
     suite_add_tcase(s, tc);
     return s;
 }
