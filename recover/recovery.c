@@ -93,6 +93,16 @@
  *      B8): the step in flight is run again on N+k, none lost. tests/test_grow.c: rk-train
  *      --zero grown 3 -> 4 ends with the bits of a replay whose world changes at the step
  *      the grown ring resumed at.
+ *   G6 A spare is a member only once the decision that brought it in completed: its ring
+ *      built and its state received. Where another worker's death interrupts the rollback
+ *      after the ring was built (REC_AGAIN), every worker puts the spares that decision
+ *      brought in back among the waiting spares (unjoin): they leave the base view the
+ *      members report on, a spare among them waits for the next decision in
+ *      rec_spare_wait, and that decision brings the live ones in again (add_spares: still
+ *      asked). Before, such a spare waited for a decision while the members counted it in
+ *      their base view and waited for its report until the rounds' bound: two newcomers of
+ *      one join, the first dead at join@1, stopped the job (tests/test_grow.c
+ *      join_rk_first_of_two_newcomers_dies_while_joining; chaos seed 4210, run 51).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -219,6 +229,9 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->view);
     ctx->view = NULL;
     ctx->nview = 0;
+    free(ctx->were);
+    ctx->were = NULL;
+    ctx->nwere = 0;
     free(ctx->spares);
     ctx->spares = NULL;
     ctx->nspares = 0;
@@ -498,6 +511,37 @@ static const char *source_name(int s)
 }
 
 /* REBUILD, ROLLBACK, RESUME. */
+/* G6: the decision's rollback was interrupted: the spares it brought in (its members that
+   were not members before it: ctx->were) wait again, and leave the view. */
+static int unjoin(rk_ctx *ctx, const rec_decision *dec, bool was_spare)
+{
+    if (!dec->joined)
+        return 0;
+    int *sp = realloc(ctx->spares, (size_t)(ctx->nspares + ctx->nview + 1) * sizeof(int));
+    if (!sp)
+        return -ENOMEM;
+    ctx->spares = sp;
+    int kept = 0;
+    for (int i = 0; i < ctx->nview; i++) {
+        int r = ctx->view[i];
+        if (in_list(ctx->were, ctx->nwere, r) && !(was_spare && r == ctx->rank0)) {
+            ctx->view[kept++] = r;
+        } else if (!in_list(ctx->spares, ctx->nspares, r)) {
+            ctx->spares[ctx->nspares++] = r;
+        }
+    }
+    qsort(ctx->spares, (size_t)ctx->nspares, sizeof(int), rk__cmp_int);
+    RK_LOG_INFO(RK_SUB_REC, "recovery: the decision of epoch %llu was interrupted before its %d spare(s) had "
+                "the state: they wait again, %d member(s) recover", (unsigned long long)dec->epoch,
+                ctx->nview - kept, kept);
+    ctx->nview = kept;
+    if (was_spare) {
+        ctx->is_spare = true;
+        ctx->rank = -1;
+    }
+    return 0;
+}
+
 static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int64_t deadline)
 {
     bool joining = ctx->is_spare;
@@ -522,10 +566,19 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     }
     if (rc != 0)
         return rc;
-    /* R3: the decision is the new base. */
+    /* R3: the decision is the new base. Who were members before it (a spare: the members
+       that welcomed it) is kept for G6. */
     int *view = malloc((size_t)dec->nmembers * sizeof(int));
-    if (!view)
+    int *were = malloc((size_t)(ctx->nview > 0 ? ctx->nview : 1) * sizeof(int));
+    if (!view || !were) {
+        free(view);
+        free(were);
         return -ENOMEM;
+    }
+    memcpy(were, ctx->view, (size_t)ctx->nview * sizeof(int));
+    free(ctx->were);
+    ctx->were = were;
+    ctx->nwere = ctx->nview;
     memcpy(view, dec->members, (size_t)dec->nmembers * sizeof(int));
     free(ctx->view);
     ctx->view = view;
@@ -574,8 +627,10 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         rk__fault_point("join"); /* #1: the ring is built, the state not sent yet (G4) */
     int from = dec->source;
     rc = rec_ckpt_rollback(ctx, dec, &from); /* sets ctx->next_step */
-    if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT)
-        return REC_AGAIN; /* another member died during the rollback: a new round */
+    if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT) {
+        rc = unjoin(ctx, dec, joining); /* G6 */
+        return rc ? rc : REC_AGAIN; /* another member died during the rollback: a new round */
+    }
     if (rc != 0)
         return rc;
     RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", ctx->next_step), RK_EV_S("from", source_name(from)),

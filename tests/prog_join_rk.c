@@ -20,6 +20,8 @@
  *           it in arrived; rebuild@0=crash: inside the ring's rebuild over 4; join@1=crash:
  *           the ring built, the state not sent; allreduce@0=crash: its first allreduce as
  *           a member): the same.
+ *   fault-first:SPEC  the same in the first newcomer of the join alone (rank 0 of the
+ *           newcomers' MPI_COMM_WORLD): the others go on at 3 + JOIN_N - 1.
  * Prints "ok ..." lines the suite checks; "FAIL ..." and exit 1 on a wrong result.
  */
 #include <signal.h>
@@ -120,6 +122,9 @@ int main(int argc, char **argv)
     const char *who = newcomer ? "newcomer" : "member";
     if (newcomer && strncmp(argv[2], "fault:", 6) == 0)
         setenv("RK_FAULT", argv[2] + 6, 1); /* the newcomer's alone */
+    const char *wrank = getenv("OMPI_COMM_WORLD_RANK"); /* set before MPI_Init by the spawn */
+    if (newcomer && strncmp(argv[2], "fault-first:", 12) == 0 && wrank && strcmp(wrank, "0") == 0)
+        setenv("RK_FAULT", argv[2] + 12, 1);
     rk_ctx *ctx = NULL;
     int rc = rk_init(&ctx, NULL);
     if (rc)

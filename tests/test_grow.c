@@ -542,6 +542,27 @@ START_TEST(join_rk_one_of_two_newcomers_killed)
 }
 END_TEST
 
+/* The first of two newcomers of one join dies at each point of its join (the decision
+   that brings both in arrived; inside the ring's rebuild over 5; the ring built, the state
+   not sent; its first allreduce as a member) while the other lives: the three members and
+   the other newcomer go on at 4 from the members' memory and end exact. Before the fix of
+   recovery.c G6, a death after the ring was built left the other newcomer waiting for a
+   decision as a spare while the members waited for its report in the rounds, until their
+   bound (3 x RK_TIMEOUT_MS): the job stopped. */
+static const char *const join_rk_first_deaths[] = {"fault-first:join@0=crash", "fault-first:rebuild@0=crash",
+                                                   "fault-first:join@1=crash", "fault-first:allreduce@0=crash"};
+
+START_TEST(join_rk_first_of_two_newcomers_dies_while_joining)
+{
+    const char *mode = join_rk_first_deaths[_i];
+    char *out = join_rk_job_env(mode, 2, (const char *const[]){"MIN_WORLD=4", NULL});
+    ck_assert_msg(th_count(out, "ok member ends at step ") == 3 && th_count(out, "on a world of 4, w exact") == 4 &&
+                      th_count(out, "ok newcomer ends at step ") == 1 && !strstr(out, "from disk"),
+                  "%s:\n%s", mode, th_tail(out, 4000));
+    free(out);
+}
+END_TEST
+
 /* J19: a worker started to join whose program reaches MPI_Init only after the spawn's PMIx
    exchange bound (here it sleeps 9 s first, as a cold `import torch` on a busy host may;
    the bound is 6 s at RK_TIMEOUT_MS=5000): the spawn fails while it is alive, M0 says why
@@ -608,6 +629,8 @@ int main(void)
     tcase_add_test(tr, join_rk_newcomer_of_slow_steps);
     tcase_add_test(tr, join_rk_two_newcomers_in_one_join);
     tcase_add_test(tr, join_rk_one_of_two_newcomers_killed);
+    tcase_add_loop_test(tr, join_rk_first_of_two_newcomers_dies_while_joining, 0,
+                        (int)(sizeof(join_rk_first_deaths) / sizeof(join_rk_first_deaths[0])));
     tcase_add_loop_test(tr, join_rk_newcomer_killed_while_joining, 0,
                         (int)(sizeof(join_rk_deaths) / sizeof(join_rk_deaths[0])));
     tcase_add_test(tr, slow_newcomer_grows_by_a_relaunch_at_once);
