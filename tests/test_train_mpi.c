@@ -295,6 +295,7 @@ START_TEST(newcomer_ended_before_merge_given_up)
     ck_assert_msg(rc == 0 && strstr(out, "exit=0\n") && strstr(out, "growing in place to 3") &&
                       strstr(out, "ended before it joined") &&
                       strstr(out, "the newcomer ended before its spawn and merge returned") &&
+                      strstr(out, "napping 10 ms a turn of Open MPI's progress") &&
                       !strstr(out, "launching again"),
                   "rc %d:\n%s", rc, out);
     th_job_equals_replay(out, 2, 6000);
