@@ -124,11 +124,14 @@ static int nap_if_given_up(void)
 
 static void register_nap(void)
 {
-    /* The MPI library's own dependencies: Open MPI's opal_progress_register is in
-       libopen-pal, which libmpi loads; not in the global scope when Python loaded us. */
+    /* Open MPI's opal_progress_register is in libopen-pal, which libmpi loads: in the
+       global scope of a program linked with MPI; not where Python loaded us (RTLD_LOCAL),
+       then looked up through the MPI library's handle (taken once, kept). */
+    int (*reg)(int (*)(void)) = (int (*)(int (*)(void)))dlsym(RTLD_DEFAULT, "opal_progress_register");
     Dl_info d;
-    void *h = dladdr((void *)MPI_Comm_spawn, &d) && d.dli_fname ? dlopen(d.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-    int (*reg)(int (*)(void)) = h ? (int (*)(int (*)(void)))dlsym(h, "opal_progress_register") : NULL;
+    void *h = NULL;
+    if (!reg && dladdr((void *)MPI_Comm_spawn, &d) && d.dli_fname && (h = dlopen(d.dli_fname, RTLD_LAZY | RTLD_NOLOAD)))
+        reg = (int (*)(int (*)(void)))dlsym(h, "opal_progress_register");
     int rc = reg ? reg(nap_if_given_up) : -1;
     atomic_store(&naps, rc == 0);
     if (rc == 0)
@@ -136,8 +139,6 @@ static void register_nap(void)
     else
         RK_LOG_DEBUG(RK_SUB_REC, "join: %s: a thread given up on keeps polling (at SCHED_IDLE)",
                      reg ? "Open MPI did not take the progress callback" : "no opal_progress_register in this MPI");
-    if (h)
-        dlclose(h); /* NOLOAD took a reference to a library that stays */
 }
 
 bool rec_join_thread_left(void)

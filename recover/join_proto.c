@@ -809,7 +809,12 @@ void rec_join_peers_poll(rk_ctx *ctx)
 int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *base)
 {
     struct welcome *w = (struct welcome *)wp;
-    const det_addr *addrs = (const det_addr *)((const int32_t *)(w + 1) + w->nview + w->nspares + w->nslots);
+    /* The addresses follow the int32 lists, 4-byte aligned where their count is odd: copied
+       out before they are read as det_addr (8-byte aligned; UBSan caught the read). */
+    det_addr *addrs = malloc((size_t)w->nslots * sizeof(det_addr));
+    if (!addrs)
+        return -ENOMEM;
+    memcpy(addrs, (const int32_t *)(w + 1) + w->nview + w->nspares + w->nslots, (size_t)w->nslots * sizeof(det_addr));
     det_view v0 = w->view;
     v0.members[w->slot / 64] |= 1ull << (w->slot % 64);
     v0.nmembers++;
@@ -818,8 +823,10 @@ int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *
     cfg.world = cfg.nslots = w->nslots;
     cfg.view0 = &v0;
     int rc = det_open(&ctx->det, &cfg);
-    if (rc)
+    if (rc) {
+        free(addrs);
         return rc;
+    }
     struct addr mine = {.epoch = w->view.epoch};
     det_local_addr(ctx->det, &mine.a);
     for (int i = 0; i < ctx->nview && !rc; i++) /* where this one listens, to every member (J14) */
@@ -836,6 +843,7 @@ int rec_join_det_start(rk_ctx *ctx, struct rec_join_welcome *wp, const det_cfg *
         }
     if (rc >= 0)
         rc = det_start(ctx->det, addrs, w->key, w->salt);
+    free(addrs);
     explicit_bzero(w->key, sizeof(w->key));
     if (rc >= 0)
         rec_join_peers_poll(ctx);
