@@ -106,6 +106,7 @@ struct rec_join {
 static atomic_int threads_left; /* joins given up on whose thread has not returned (J9) */
 
 /* J21 */
+#define REC_JOIN_NAP_MS 10 /* a thread given up on, each turn of Open MPI's wait loop */
 static _Thread_local struct rec_join *this_join; /* the join this thread runs (join_main) */
 static atomic_int joins_running;                  /* joins in state RUNNING */
 static atomic_bool naps;                          /* the callback is Open MPI's (J21) */

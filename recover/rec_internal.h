@@ -79,7 +79,6 @@ struct rk_ctx {
     /* recovery (recover/recovery.c) */
     int *view, nview;         /* the agreed members, ranks at start, ascending */
     int *spares, nspares;     /* spare workers not used yet, ranks at start (RK_SPARES) */
-    int *were, nwere;         /* the view before the last decision applied (recovery.c G6) */
     bool *admit;              /* by rank at start (world0): a spare asked to join as an additional
                                  member, known from the detector (DET_EV_ADMIT; recovery.c G1) */
     char *grow_file;          /* RK_RUN_RECORDS/grow-to: the world the launcher asks for (G2) */
@@ -243,7 +242,6 @@ int rec_start_wait(rk_ctx *ctx, MPI_Request *rq, void *keep, const char *what);
    while its thread has not returned: MPI_Finalize must not be called (J9). */
 #define REC_JOIN_COMMS 2
 #define REC_JOIN_TAG 0x4a4f /* MPI_Comm_create_group's tag ("JO") */
-#define REC_JOIN_NAP_MS 10  /* a thread given up on, each turn of Open MPI's wait loop (J21) */
 typedef struct rec_join_spec {
     const char *command;  /* read at the root alone (the first member): may be NULL elsewhere */
     char *const *argv;

@@ -229,9 +229,6 @@ void rec_recovery_fini(rk_ctx *ctx)
     free(ctx->view);
     ctx->view = NULL;
     ctx->nview = 0;
-    free(ctx->were);
-    ctx->were = NULL;
-    ctx->nwere = 0;
     free(ctx->spares);
     ctx->spares = NULL;
     ctx->nspares = 0;
@@ -510,10 +507,9 @@ static const char *source_name(int s)
     return s == REC_FROM_MEMORY ? "memory" : s == REC_FROM_DISK ? "disk" : "none";
 }
 
-/* REBUILD, ROLLBACK, RESUME. */
 /* G6: the decision's rollback was interrupted: the spares it brought in (its members that
-   were not members before it: ctx->were) wait again, and leave the view. */
-static int unjoin(rk_ctx *ctx, const rec_decision *dec, bool was_spare)
+   were not members before it: not in `were`) wait again, and leave the view. */
+static int unjoin(rk_ctx *ctx, const rec_decision *dec, bool was_spare, const int *were, int nwere)
 {
     if (!dec->joined)
         return 0;
@@ -524,7 +520,7 @@ static int unjoin(rk_ctx *ctx, const rec_decision *dec, bool was_spare)
     int kept = 0;
     for (int i = 0; i < ctx->nview; i++) {
         int r = ctx->view[i];
-        if (in_list(ctx->were, ctx->nwere, r) && !(was_spare && r == ctx->rank0)) {
+        if (in_list(were, nwere, r) && !(was_spare && r == ctx->rank0)) {
             ctx->view[kept++] = r;
         } else if (!in_list(ctx->spares, ctx->nspares, r)) {
             ctx->spares[ctx->nspares++] = r;
@@ -542,6 +538,7 @@ static int unjoin(rk_ctx *ctx, const rec_decision *dec, bool was_spare)
     return 0;
 }
 
+/* REBUILD, ROLLBACK, RESUME. */
 static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int64_t deadline)
 {
     bool joining = ctx->is_spare;
@@ -566,21 +563,13 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     }
     if (rc != 0)
         return rc;
-    /* R3: the decision is the new base. Who were members before it (a spare: the members
-       that welcomed it) is kept for G6. */
+    /* R3: the decision is the new base. The view before it (a spare's: the members that
+       welcomed it) is kept until the rollback is done, for G6. */
     int *view = malloc((size_t)dec->nmembers * sizeof(int));
-    int *were = malloc((size_t)(ctx->nview > 0 ? ctx->nview : 1) * sizeof(int));
-    if (!view || !were) {
-        free(view);
-        free(were);
+    if (!view)
         return -ENOMEM;
-    }
-    memcpy(were, ctx->view, (size_t)ctx->nview * sizeof(int));
-    free(ctx->were);
-    ctx->were = were;
-    ctx->nwere = ctx->nview;
     memcpy(view, dec->members, (size_t)dec->nmembers * sizeof(int));
-    free(ctx->view);
+    int *were = ctx->view, nwere = ctx->nview;
     ctx->view = view;
     ctx->nview = dec->nmembers;
     int grown = dec->nmembers - ctx->nview;
@@ -606,8 +595,10 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         nv.nmembers++;
     }
     int irc = det_install_view(ctx->det, &nv);
-    if (irc == RK_E_FENCED)
+    if (irc == RK_E_FENCED) {
+        free(were);
         return irc;
+    }
     if (irc != 0) /* the view moved on meanwhile: the next call recovers again */
         RK_LOG_INFO(RK_SUB_REC, "recovery: detector view moved past epoch %llu", (unsigned long long)dec->epoch);
     /* Deaths the detector declared meanwhile are still queued: the next check sees them. */
@@ -627,10 +618,11 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
         rk__fault_point("join"); /* #1: the ring is built, the state not sent yet (G4) */
     int from = dec->source;
     rc = rec_ckpt_rollback(ctx, dec, &from); /* sets ctx->next_step */
-    if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT) {
-        rc = unjoin(ctx, dec, joining); /* G6 */
-        return rc ? rc : REC_AGAIN; /* another member died during the rollback: a new round */
+    if (rc == RK_E_PEER_LOST || rc == RK_E_TIMEOUT) { /* another member died during the rollback: a new round */
+        int urc = unjoin(ctx, dec, joining, were, nwere); /* G6 */
+        rc = urc ? urc : REC_AGAIN;
     }
+    free(were);
     if (rc != 0)
         return rc;
     RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", ctx->next_step), RK_EV_S("from", source_name(from)),
