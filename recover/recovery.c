@@ -572,7 +572,7 @@ static int apply_decision(rk_ctx *ctx, const rec_decision *dec, int64_t t0, int6
     int *were = ctx->view, nwere = ctx->nview;
     ctx->view = view;
     ctx->nview = dec->nmembers;
-    int grown = dec->nmembers - ctx->nview;
+    int grown = dec->nmembers - nwere;
     ctx->agreed_epoch = dec->epoch;
     ctx->is_spare = false;
     int kept = 0; /* spares brought in leave the list of spares */
