@@ -59,8 +59,8 @@
  *       polling itself: Open MPI's progress engine run back to back, its locks taken
  *       against the training thread's calls (training at 0.73x of its pace where Open MPI
  *       does not yield, bench/join_spin.py). Open MPI calls every progress callback
- *       registered with it (opal_progress_register, found through the MPI library's own
- *       dependencies; absent in another MPI: no nap, J12 alone) on each turn of that loop,
+ *       registered with it (opal_progress_register, found in the global scope, or through the
+ *       MPI library's handle where Python loaded it; absent in another MPI: no nap, J12 alone) on each turn of that loop,
  *       with no lock held; Rekindle registers one, once, from the training thread at
  *       the first join, before any join thread exists (Open MPI's list of callbacks may
  *       be reallocated under a thread walking it). On any thread but a join's given up on
