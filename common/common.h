@@ -65,6 +65,11 @@ void rk__mpi_enter(const char *what);
 void rk__mpi_leave(void);
 int64_t rk__mpi_inside(uint64_t *call, const char **what);
 int rk__mpi_left(int mpi_rc); /* rk__mpi_leave, then mpi_rc */
+/* The stack of the thread inside the call in progress (the training thread), for a
+   process about to end: its frames' names (one malloc'd array, free it) and their count,
+   or 0 where none was taken in wait_ms (no call in progress, or the thread did not take
+   the signal, SIGRTMIN + 3, whose handler this installs). */
+int rk__mpi_stack(char ***names, int wait_ms);
 /* Open MPI's wait for a PMIx data exchange inside a spawn (600 s unbounded otherwise),
    bounded for the process about to call MPI_Init (and what it starts): the environment's
    OMPI_MCA_pmix_base_exchange_timeout, unless set already, so that the wait ends after

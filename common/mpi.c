@@ -4,10 +4,14 @@
  * and the record of the MPI call in progress, which the wedge watchdog reads.
  */
 #include <errno.h>
+#include <execinfo.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 
@@ -23,9 +27,11 @@ int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what)
 static _Atomic int64_t mpi_since; /* start of the call in progress; 0: none */
 static atomic_uint_fast64_t mpi_calls;
 static _Atomic(const char *) mpi_what;
+static atomic_uintptr_t mpi_thread; /* the caller of rk__mpi_enter: the training thread */
 
 void rk__mpi_enter(const char *what)
 {
+    atomic_store_explicit(&mpi_thread, (uintptr_t)pthread_self(), memory_order_relaxed);
     atomic_store(&mpi_what, what);
     atomic_fetch_add(&mpi_calls, 1);
     atomic_store(&mpi_since, rk__mono_ns());
@@ -47,6 +53,43 @@ int rk__mpi_left(int mpi_rc)
 {
     rk__mpi_leave();
     return mpi_rc;
+}
+
+/* The stack of the thread inside the MPI call, for the wedge watchdog's last words: a
+   signal to that thread, whose handler records its return addresses (backtrace, warmed up
+   here first so that the handler loads nothing), and the names read from the addresses on
+   this thread. The handler is installed only now, when the process is about to end. */
+static void *stack_frames[48];
+static atomic_int stack_depth = -1;
+
+static void stack_take(int sig)
+{
+    (void)sig;
+    atomic_store(&stack_depth, backtrace(stack_frames, 48));
+}
+
+int rk__mpi_stack(char ***names, int wait_ms)
+{
+    pthread_t t = (pthread_t)atomic_load(&mpi_thread);
+    void *warm[2];
+    struct sigaction sa;
+    *names = NULL;
+    if (!t || !rk__mpi_inside(&(uint64_t){0}, &(const char *){NULL}))
+        return 0;
+    (void)backtrace(warm, 2);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = stack_take;
+    sigemptyset(&sa.sa_mask);
+    atomic_store(&stack_depth, -1);
+    if (sigaction(SIGRTMIN + 3, &sa, NULL) != 0 || pthread_kill(t, SIGRTMIN + 3) != 0)
+        return 0;
+    for (int i = 0; i < wait_ms && atomic_load(&stack_depth) < 0; i++)
+        rk__sleep_ns(1000000);
+    int n = atomic_load(&stack_depth);
+    if (n <= 0)
+        return 0;
+    *names = backtrace_symbols(stack_frames, n);
+    return *names ? n : 0;
 }
 
 /* Open MPI 4.1 agrees on a new communicator's context id inside MPI_Comm_spawn (and

@@ -87,6 +87,11 @@ static void wedge_watch(void *arg)
               "whole: docs/RING.md, \"Transport\"); leaving the job with exit status %d so that the others go on "
               "without this worker",
               what ? what : "?", (long long)stuck_ms, RK_EXIT_WEDGED);
+    char **frames;
+    int n = rk__mpi_stack(&frames, 500);
+    for (int i = 0; i < n; i++)
+        RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR, "  the training thread, frame %d: %s", i, frames[i]);
+    free(frames);
     RK_EVENT(ctx->ev, "wedged", RK_EV_D("ms", (double)stuck_ms), RK_EV_I("exit", RK_EXIT_WEDGED),
              RK_EV_S("call", what ? what : "?"));
     _exit(RK_EXIT_WEDGED);

@@ -706,13 +706,14 @@ END_TEST
    hangs, as Open MPI's shared-memory transport does after a peer died mid-send) still
    sends heartbeats, so its peers would wait for it until their own bound and stop. The
    wedge watchdog ends it after half a round (RK_EXIT_WEDGED), and the others recover
-   without it and finish. */
+   without it and finish; before it leaves, it logs the stack of the call it is stuck in. */
 START_TEST(wedged_worker_leaves_and_others_recover)
 {
     char *out = recover_job(4, NULL, "-1", "2", "0", "wedge");
     assert_all_recovered(out, 3, 3);
     ck_assert_msg(strstr(out, "inside one MPI call (MPI_Test (the ring)) for ") != NULL,
                   "no wedge reported, or not the call it is in:\n%s", out);
+    ck_assert_msg(strstr(out, "the training thread, frame 3: ") != NULL, "no stack of the wedged thread:\n%s", out);
     ck_assert_msg(count_lines(out, "rank 2 ") == 0, "rank 2 went on:\n%s", out);
     free(out);
 }
