@@ -70,6 +70,9 @@ int rk__mpi_left(int mpi_rc); /* rk__mpi_leave, then mpi_rc */
    or 0 where none was taken in wait_ms (no call in progress, or the thread did not take
    the signal, SIGRTMIN + 3, whose handler this installs). */
 int rk__mpi_stack(char ***names, int wait_ms);
+/* The kernel's view of that thread, one line into out: its state, where it waits (wchan)
+   and its kernel stack where the process may read it (root); -ENOENT: no thread known. */
+int rk__mpi_thread_state(char *out, size_t cap);
 /* Open MPI's wait for a PMIx data exchange inside a spawn (600 s unbounded otherwise),
    bounded for the process about to call MPI_Init (and what it starts): the environment's
    OMPI_MCA_pmix_base_exchange_timeout, unless set already, so that the wait ends after

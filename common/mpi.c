@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -28,9 +30,14 @@ static _Atomic int64_t mpi_since; /* start of the call in progress; 0: none */
 static atomic_uint_fast64_t mpi_calls;
 static _Atomic(const char *) mpi_what;
 static atomic_uintptr_t mpi_thread; /* the caller of rk__mpi_enter: the training thread */
+static atomic_int mpi_tid;          /* its kernel thread id */
 
 void rk__mpi_enter(const char *what)
 {
+    static _Thread_local pid_t tid;
+    if (!tid)
+        tid = (pid_t)syscall(SYS_gettid);
+    atomic_store_explicit(&mpi_tid, tid, memory_order_relaxed);
     atomic_store_explicit(&mpi_thread, (uintptr_t)pthread_self(), memory_order_relaxed);
     atomic_store(&mpi_what, what);
     atomic_fetch_add(&mpi_calls, 1);
@@ -90,6 +97,35 @@ int rk__mpi_stack(char ***names, int wait_ms)
         return 0;
     *names = backtrace_symbols(stack_frames, n);
     return *names ? n : 0;
+}
+
+int rk__mpi_thread_state(char *out, size_t cap)
+{
+    int tid = atomic_load(&mpi_tid);
+    char path[64], buf[2048];
+    size_t len = 0;
+    out[0] = '\0';
+    if (!tid || cap < 2)
+        return -ENOENT;
+    static const char *const parts[] = {"stat", "wchan", "stack"}; /* stack: root only */
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]) && len + 1 < cap; i++) {
+        snprintf(path, sizeof(path), "/proc/self/task/%d/%s", tid, parts[i]);
+        FILE *f = fopen(path, "re");
+        size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        if (i == 0) { /* the state, after the command's name */
+            char *p = strrchr(buf, ')');
+            n = p ? (size_t)snprintf(buf, sizeof(buf), "state %c", p[2]) : 0;
+        }
+        for (size_t k = 0; k < n; k++)
+            if (buf[k] == '\n')
+                buf[k] = ' ';
+        if (n)
+            len += (size_t)snprintf(out + len, cap - len, "%s%s%s%s", len ? "; " : "", i ? parts[i] : "", i ? " " : "", buf);
+    }
+    return 0;
 }
 
 /* Open MPI 4.1 agrees on a new communicator's context id inside MPI_Comm_spawn (and

@@ -87,8 +87,13 @@ static void wedge_watch(void *arg)
               "whole: docs/RING.md, \"Transport\"); leaving the job with exit status %d so that the others go on "
               "without this worker",
               what ? what : "?", (long long)stuck_ms, RK_EXIT_WEDGED);
-    char **frames;
+    char kernel[1024], **frames;
+    if (rk__mpi_thread_state(kernel, sizeof(kernel)) == 0)
+        RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR, "  the training thread, in the kernel: %s", kernel);
     int n = rk__mpi_stack(&frames, 500);
+    if (n == 0)
+        RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR, "  the training thread's stack was not taken: the thread did not run "
+                  "the signal's handler within 500 ms");
     for (int i = 0; i < n; i++)
         RK_LOG_AT(RK_SUB_REC, RK_LOG_ERROR, "  the training thread, frame %d: %s", i, frames[i]);
     free(frames);

@@ -714,6 +714,7 @@ START_TEST(wedged_worker_leaves_and_others_recover)
     ck_assert_msg(strstr(out, "inside one MPI call (MPI_Test (the ring)) for ") != NULL,
                   "no wedge reported, or not the call it is in:\n%s", out);
     ck_assert_msg(strstr(out, "the training thread, frame 3: ") != NULL, "no stack of the wedged thread:\n%s", out);
+    ck_assert_msg(strstr(out, "the training thread, in the kernel: state ") != NULL, "no kernel state of the wedged thread:\n%s", out);
     ck_assert_msg(count_lines(out, "rank 2 ") == 0, "rank 2 went on:\n%s", out);
     free(out);
 }
