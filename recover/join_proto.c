@@ -80,6 +80,18 @@
  *       the rest ended (their records) or REC_JOIN_GRACE_MS after the first could be; one
  *       never asked ends at its bound (J15). Once asked in, a newcomer that dies is a lost
  *       spare (recovery.c G4), which costs the others, newcomers included, one round.
+ *   J22 A newcomer never listens where a worker of the job listened before: its Open MPI
+ *       TCP transport takes its ports from REC_JOIN_PORT0 + REC_JOIN_PORT_STEP x its slot
+ *       (OMPI_MCA_btl_tcp_port_min_v4 and _v6, set in its environment unless the user set
+ *       the first), and
+ *       slots are never given twice (J12). Open MPI binds the first free port from 1024
+ *       up, so a newcomer started where workers were killed took their ports, while the
+ *       members' Open MPI still held endpoints of the dead workers at those addresses
+ *       (sends abandoned to them stay queued, and are tried again): its connection then
+ *       reached the newcomer, whose handshake is not the one expected. Seen with it: every
+ *       member stopped inside Open MPI right after the join began, until the newcomers
+ *       gave their merge up (docs/CHAOS.md, seeds 4210 and 4211); each of those runs had
+ *       a connection to the dead workers' ports refused at the kill.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -511,11 +523,17 @@ static void request_poll(rk_ctx *ctx)
     for (int i = 0; i < ctx->nview; i++)
         if (ctx->view[i] != ctx->rank0)
             rec_msg_send(ctx, &m, sizeof(m), ctx->view[i], TAG_START);
-    char envs[JOIN_HOSTS][32], on[512] = "";
+    char envs[JOIN_HOSTS][128], on[512] = "";
     const char *env[JOIN_HOSTS];
+    bool ports = !getenv("OMPI_MCA_btl_tcp_port_min_v4"); /* J22: the user's own setting is kept */
     size_t ol = 0;
     for (int k = 0; k < n; k++) {
-        snprintf(envs[k], sizeof(envs[k]), "RK_RUN_SLOT=%d", slot0 + k); /* its wrapper's records are the slot's */
+        int s = slot0 + k, port = REC_JOIN_PORT0 + (REC_JOIN_PORT_STEP * s) % (65536 - 2 * REC_JOIN_PORT0);
+        if (ports) /* its wrapper's records are the slot's; its ports, the slot's (J22) */
+            snprintf(envs[k], sizeof(envs[k]),
+                     "RK_RUN_SLOT=%d\nOMPI_MCA_btl_tcp_port_min_v4=%d\nOMPI_MCA_btl_tcp_port_min_v6=%d", s, port, port);
+        else
+            snprintf(envs[k], sizeof(envs[k]), "RK_RUN_SLOT=%d", s);
         env[k] = envs[k];
         if (ol < sizeof(on))
             ol += (size_t)snprintf(on + ol, sizeof(on) - ol, "%s%s", k ? ", " : "", host[k][0] ? host[k] : "any host");

@@ -271,6 +271,8 @@ bool rec_join_thread_left(void);
    rec_join_welcome_apply (its ctx), rec_join_det_start (its detector, its address sent
    to every member and every other newcomer of the join, theirs taken), rec_join_welcome_free. */
 #define REC_JOIN_WAIT 2   /* a join's bound, in RK_TIMEOUT_MS */
+#define REC_JOIN_PORT0 1024   /* join_proto.c J22: a newcomer's first TCP port of Open MPI's, */
+#define REC_JOIN_PORT_STEP 64 /* REC_JOIN_PORT0 + this x its slot (wrapped below 64512) */
 struct rec_join_welcome;
 struct det_cfg;
 int rec_rank_of(const rk_ctx *ctx, int slot);

@@ -702,6 +702,43 @@ START_TEST(docs_program_grows_by_two_in_one_join)
 }
 END_TEST
 
+/* A newcomer never takes the TCP ports of a worker that died before it (join_proto.c J22):
+   two newcomers at slots 2 and 3 get Open MPI's TCP ports from 1024 + 64 x their slot in
+   their environment, the workers launched first none; a setting of the user's is kept. */
+static char *grow_by_two_noting_ports(const char *user_port)
+{
+    char *w = th_tmpdir("grow-ports"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
+             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000 %s\n"
+             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 4 -- sh -c "
+             "'echo \"slot=${RK_RUN_SLOT:--} v4=${OMPI_MCA_btl_tcp_port_min_v4:--} v6=${OMPI_MCA_btl_tcp_port_min_v6:--}\" "
+             ">> '$W'/ports; exec %s/tests/prog_update 1200 -1 -1' > $W/out 2> $W/err & job=$!\n"
+             "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
+             "echo \"$H:4\" > $W/hosts\n"
+             "wait $job; echo \"exit=$?\"; grep 'rekindle: run' $W/err; sort $W/ports\n",
+             w, user_port ? user_port : "", rekindle, getenv("RK_TEST_BUILD"));
+    ck_assert_int_eq(th_sh(cmd, 180, &out), 0);
+    ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "grown in place to 4 workers"), "not grown in place:\n%s", out);
+    th_rmrf(w);
+    free(w);
+    free(rekindle);
+    return out;
+}
+
+START_TEST(newcomers_take_their_slots_ports)
+{
+    char *out = grow_by_two_noting_ports(NULL);
+    ck_assert_msg(count_lines(out, "slot=- v4=- v6=-\n") == 2 && strstr(out, "slot=2 v4=1152 v6=1152\n") &&
+                      strstr(out, "slot=3 v4=1216 v6=1216\n"),
+                  "want the first two without, slots 2 and 3 with their own ports:\n%s", out);
+    free(out);
+    out = grow_by_two_noting_ports("OMPI_MCA_btl_tcp_port_min_v4=2000");
+    ck_assert_msg(count_lines(out, "v4=2000 v6=-\n") == 4, "the user's setting, kept in all four:\n%s", out);
+    free(out);
+}
+END_TEST
+
 /* A worker whose MPI call never returns (rank 2: its first test of a transfer at step 5
    hangs, as Open MPI's shared-memory transport does after a peer died mid-send) still
    sends heartbeats, so its peers would wait for it until their own bound and stop. The
@@ -836,6 +873,7 @@ static Suite *recover_suite(void)
     tcase_add_test(tc, before_update_program_resumes_one_step_back);
     tcase_add_test(tc, docs_program_grows_with_the_job);
     tcase_add_test(tc, docs_program_grows_by_two_in_one_join);
+    tcase_add_test(tc, newcomers_take_their_slots_ports);
     suite_add_tcase(s, tc);
     return s;
 }
