@@ -657,21 +657,31 @@ END_TEST
    resume from the two's memory in a world of 2 + ADD (no relaunch, none restarted) and end
    with the exact state: nothing in the program is about growth but rk_resume at its
    start. With ADD 2 both come in one join ("Several newcomers in one join"). */
+/* A job of 2 under `rekindle run --host-discovery-script` in W, the hosts file listing
+   `to` slots once step 100 is committed; `env` exported before, the program run as
+   `wrap` PROG ARGS (a shell prefix, "" for none); the job's exit, its launcher lines and
+   `tail`'s output in *out. Returns th_sh's status. */
+static int grow_job(const char *w, int to, const char *env, const char *wrap, const char *tail, char **out)
+{
+    char *rekindle = th_bin("rekindle"), cmd[8192];
+    snprintf(cmd, sizeof(cmd),
+             "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
+             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000 %s\n"
+             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np %d -- "
+             "%s%s/tests/prog_update 1200 -1 -1%s > $W/out 2> $W/err & job=$!\n"
+             "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
+             "echo \"$H:%d\" > $W/hosts\n"
+             "wait $job; echo \"exit=$?\"; cat $W/out; grep 'rekindle: run' $W/err\n%s\n",
+             w, env, rekindle, to, wrap, getenv("RK_TEST_BUILD"), wrap[0] ? "'" : "", to, tail);
+    free(rekindle);
+    return th_sh(cmd, 180, out);
+}
+
 static void docs_program_grows(int add)
 {
     int world = 2 + add;
-    char *w = th_tmpdir("update-grow"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
-    snprintf(cmd, sizeof(cmd),
-             "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
-             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000\n"
-             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np %d -- "
-             "%s/tests/prog_update 1200 -1 -1 > $W/out 2> $W/err & job=$!\n"
-             "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-             "echo \"$H:%d\" > $W/hosts\n"
-             "wait $job; echo \"exit=$?\"; cat $W/out; grep 'rekindle: run' $W/err\n"
-             "grep -h '\"resumed\"' $W/ev.*\n",
-             w, rekindle, world, getenv("RK_TEST_BUILD"), world);
-    int rc = th_sh(cmd, 180, &out);
+    char *w = th_tmpdir("update-grow"), *out = NULL;
+    int rc = grow_job(w, world, "", "", "grep -h '\"resumed\"' $W/ev.*", &out);
     char growing[64], grown[64], resumed[32];
     snprintf(growing, sizeof(growing), "growing in place to %d, %d worker(s) started", world, add);
     snprintf(grown, sizeof(grown), "grown in place to %d workers", world);
@@ -686,7 +696,6 @@ static void docs_program_grows(int add)
                   out);
     th_rmrf(w);
     free(w);
-    free(rekindle);
     free(out);
 }
 
@@ -707,22 +716,15 @@ END_TEST
    their environment, the workers launched first none; a setting of the user's is kept. */
 static char *grow_by_two_noting_ports(const char *user_port)
 {
-    char *w = th_tmpdir("grow-ports"), *rekindle = th_bin("rekindle"), *out = NULL, cmd[8192];
-    snprintf(cmd, sizeof(cmd),
-             "W=%s; H=$(hostname); echo \"$H:2\" > $W/hosts\n"
-             "export RK_CKPT_DIR=$W/c RK_CKPT_EVERY=50 RK_EVENT_LOG=$W/ev RK_RUN_DIR=$W/run RK_TIMEOUT_MS=8000 %s\n"
-             "%s run --host-discovery-script \"cat $W/hosts\" --discovery-interval 0.2 --max-np 4 -- sh -c "
-             "'echo \"slot=${RK_RUN_SLOT:--} v4=${OMPI_MCA_btl_tcp_port_min_v4:--} v6=${OMPI_MCA_btl_tcp_port_min_v6:--}\" "
-             ">> '$W'/ports; exec %s/tests/prog_update 1200 -1 -1' > $W/out 2> $W/err & job=$!\n"
-             "for i in $(seq 1200); do [ -d $W/c/step-000000000100 ] && break; sleep 0.05; done\n"
-             "echo \"$H:4\" > $W/hosts\n"
-             "wait $job; echo \"exit=$?\"; grep 'rekindle: run' $W/err; sort $W/ports\n",
-             w, user_port ? user_port : "", rekindle, getenv("RK_TEST_BUILD"));
-    ck_assert_int_eq(th_sh(cmd, 180, &out), 0);
+    char *w = th_tmpdir("grow-ports"), *out = NULL;
+    ck_assert_int_eq(grow_job(w, 4, user_port ? user_port : "",
+                              "sh -c 'echo \"slot=${RK_RUN_SLOT:--} v4=${OMPI_MCA_btl_tcp_port_min_v4:--} "
+                              "v6=${OMPI_MCA_btl_tcp_port_min_v6:--}\" >> '$W'/ports; exec ",
+                              "sort $W/ports", &out),
+                     0);
     ck_assert_msg(strstr(out, "exit=0\n") && strstr(out, "grown in place to 4 workers"), "not grown in place:\n%s", out);
     th_rmrf(w);
     free(w);
-    free(rekindle);
     return out;
 }
 
