@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <execinfo.h>
 #include <mpi.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,16 +28,15 @@ int rk__mpi_fail(int sub, int level, int code, int mpi_rc, const char *what)
 static _Atomic int64_t mpi_since; /* start of the call in progress; 0: none */
 static atomic_uint_fast64_t mpi_calls;
 static _Atomic(const char *) mpi_what;
-static atomic_uintptr_t mpi_thread; /* the caller of rk__mpi_enter: the training thread */
-static atomic_int mpi_tid;          /* its kernel thread id */
+static atomic_int mpi_tid; /* the caller of rk__mpi_enter (the training thread): its kernel id */
 
 void rk__mpi_enter(const char *what)
 {
-    static _Thread_local pid_t tid;
+    static _Thread_local int tid; /* a polling loop's calls: one load and a compare */
     if (!tid)
-        tid = (pid_t)syscall(SYS_gettid);
-    atomic_store_explicit(&mpi_tid, tid, memory_order_relaxed);
-    atomic_store_explicit(&mpi_thread, (uintptr_t)pthread_self(), memory_order_relaxed);
+        tid = (int)syscall(SYS_gettid);
+    if (atomic_load_explicit(&mpi_tid, memory_order_relaxed) != tid)
+        atomic_store_explicit(&mpi_tid, tid, memory_order_relaxed);
     atomic_store(&mpi_what, what);
     atomic_fetch_add(&mpi_calls, 1);
     atomic_store(&mpi_since, rk__mono_ns());
@@ -77,18 +75,18 @@ static void stack_take(int sig)
 
 int rk__mpi_stack(char ***names, int wait_ms)
 {
-    pthread_t t = (pthread_t)atomic_load(&mpi_thread);
+    int tid = atomic_load(&mpi_tid);
     void *warm[2];
     struct sigaction sa;
     *names = NULL;
-    if (!t || !rk__mpi_inside(&(uint64_t){0}, &(const char *){NULL}))
+    if (!tid || !rk__mpi_inside(&(uint64_t){0}, &(const char *){NULL}))
         return 0;
     (void)backtrace(warm, 2);
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = stack_take;
     sigemptyset(&sa.sa_mask);
     atomic_store(&stack_depth, -1);
-    if (sigaction(SIGRTMIN + 3, &sa, NULL) != 0 || pthread_kill(t, SIGRTMIN + 3) != 0)
+    if (sigaction(SIGRTMIN + 3, &sa, NULL) != 0 || syscall(SYS_tgkill, getpid(), tid, SIGRTMIN + 3) != 0)
         return 0;
     for (int i = 0; i < wait_ms && atomic_load(&stack_depth) < 0; i++)
         rk__sleep_ns(1000000);

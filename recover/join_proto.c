@@ -83,15 +83,12 @@
  *   J22 A newcomer never listens where a worker of the job listened before: its Open MPI
  *       TCP transport takes its ports from REC_JOIN_PORT0 + REC_JOIN_PORT_STEP x its slot
  *       (OMPI_MCA_btl_tcp_port_min_v4 and _v6, set in its environment unless the user set
- *       the first), and
- *       slots are never given twice (J12). Open MPI binds the first free port from 1024
- *       up, so a newcomer started where workers were killed took their ports, while the
- *       members' Open MPI still held endpoints of the dead workers at those addresses
- *       (sends abandoned to them stay queued, and are tried again): its connection then
- *       reached the newcomer, whose handshake is not the one expected. Seen with it: every
- *       member stopped inside Open MPI right after the join began, until the newcomers
- *       gave their merge up (docs/CHAOS.md, seeds 4210 and 4211); each of those runs had
- *       a connection to the dead workers' ports refused at the kill.
+ *       the first), and slots are never given twice (J12). Open MPI binds the first free
+ *       port from 1024 up, so a newcomer started where workers were killed took their
+ *       ports while the members' Open MPI still held endpoints of the dead workers there
+ *       (sends abandoned to them stay queued and are tried again), and a connection meant
+ *       for a dead worker could reach it. Found beside the stall after a join of two
+ *       (docs/CHAOS.md, seed 4211), which it did not end: kept as wrong on its own.
  */
 #include <errno.h>
 #include <fcntl.h>
