@@ -319,6 +319,12 @@ int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
    it none is until the next one is taken. On failure the buffers hold part of the
    checkpoint. */
 int ckpt_load_into(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
+/* ckpt_load's checks and reads, every byte checked, kept nowhere (snapshot.h S14): no
+   buffer of t, no staging written, nothing held changes. Every tensor is read through the
+   page cache (formats' shared reads), which holds it after, memory allowing, so that a
+   ckpt_load_into of the same step that follows reads memory, not the disk. The same
+   errors as ckpt_load; a checkpoint in flight is abandoned first. */
+int ckpt_check(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n);
 /* Verifies every tensor of committed checkpoint `stepdir` by re-reading it. On failure
    `bad` (if not NULL) gets what was bad. */
 int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap);

@@ -5,7 +5,8 @@
  * checkpoint verified on every rank, so a checkpoint that fails at its k-th tensor leaves
  * the caller's buffers as they were. ckpt_load_into (RK_RESTORE=inplace, snapshot.h S12)
  * reads straight into the buffers instead: no staging is touched and nothing is copied
- * out, and a failure leaves them holding part of the checkpoint. The match of the tensor set is checked before
+ * out, and a failure leaves them holding part of the checkpoint. ckpt_check (S14) reads and
+ * checks it all, keeping nothing but what the page cache keeps. The match of the tensor set is checked before
  * anything is read; then every tensor (this rank's rows of a sharded one) is read in one
  * batch (fmt_ckpt_read_many: many reads in flight across tensors, O_DIRECT straight into
  * staging when the file is not in the page cache, pread when it is), every byte checked
@@ -143,9 +144,13 @@ static void report_per_rank(ckpt_engine *e, const fmt_ckpt *c, const ckpt_tensor
     }
 }
 
-/* ckpt_load (into staging) and ckpt_load_into (into t[i].ptr, S12). */
-static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bool into)
+/* ckpt_load (into staging), ckpt_load_into (into t[i].ptr, S12) and ckpt_check (read and
+   checked, nothing kept, S14). */
+enum load_to { TO_STAGING, TO_BUFFERS, TO_NOWHERE };
+
+static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, enum load_to to)
 {
+    bool into = to == TO_BUFFERS, check = to == TO_NOWHERE;
     char name[64], path[4096];
     fmt_step_name(name, sizeof(name), step);
     snprintf(path, sizeof(path), "%s/%s", e->dir, name);
@@ -176,7 +181,9 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
                           path, t[i].name);
             goto out;
         }
-    if (into) {
+    if (check) {
+        rc = 0; /* S14: nothing held changes */
+    } else if (into) {
         rc = ckpt__hold_none(e); /* S12: the buffers change from the first read on */
     } else {
         ckpt__prep_defer(e, true); /* staging faulted in by the reads; nothing mapped ahead (S9) */
@@ -190,31 +197,35 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, bo
        4 KiB end: S4), or into the caller's buffers through the reader's own (it may not
        drop their pages, R5). With shared reads, the replicated tensors, which the other
        ranks of this host read too, come last in a batch of their own through the page
-       cache (fmt_ckpt_read_shared): the host reads them from the disk once. */
+       cache (fmt_ckpt_read_shared): the host reads them from the disk once. A check (S14)
+       reads every tensor that way, into no buffer: the page cache keeps them for the read
+       that places them. */
     size_t m = 0, rep = 0; /* req[0..rep): this rank's own reads; req[rep..m): shared */
     for (int shared = 0; shared < 2; shared++) {
         rep = shared ? m : 0;
         for (size_t i = 0; i < n; i++) {
-            if (k[i] < 0 || (e->shared_reads && t[i].flags == 0) != shared)
+            if (k[i] < 0 || (check || (e->shared_reads && t[i].flags == 0)) != shared)
                 continue;
             req[m++] = (fmt_read_req){.i = (size_t)k[i], .first = t[i].row0, .nrows = t[i].shape[0],
-                                      .dst = into ? t[i].ptr : ckpt__tensor_at(e, i),
-                                      .cap = into ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
+                                      .dst = check ? NULL : into ? t[i].ptr : ckpt__tensor_at(e, i),
+                                      .cap = into || check ? t[i].nbytes : ALIGN_UP(t[i].nbytes)};
         }
     }
-    for (size_t i = 0; i < n && !into; i++)
+    for (size_t i = 0; i < n && to == TO_STAGING; i++)
         if (k[i] < 0)
             ckpt__tensor_missing(e, i);
-    rc = fmt_ckpt_read_many(c, req, rep, !into);
+    rc = fmt_ckpt_read_many(c, req, rep, to == TO_STAGING);
     if (!rc && rep < m)
         rc = fmt_ckpt_read_shared(c, req + rep, m - rep);
     if (rc) {
         rc = rk__fail(RK_SUB_CKPT, RK_LOG_WARN, rc, "%s skipped: %s", path, rk_last_error());
-        goto out; /* staging (or the buffers) hold part of it: no snapshot is held (-1) */
+        goto out; /* staging (or the buffers) hold part of it: no snapshot is held (-1);
+                     a check changed nothing */
     }
-    if (!into)
+    if (to == TO_STAGING)
         ckpt__seal(e, step);
-    report_per_rank(e, c, t, n, k, orphans, orphan_ranks);
+    if (!check)
+        report_per_rank(e, c, t, n, k, orphans, orphan_ranks);
 out:
     free(req);
     free(k);
@@ -229,12 +240,17 @@ out:
 
 int ckpt_load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    return load(e, step, t, n, false);
+    return load(e, step, t, n, TO_STAGING);
 }
 
 int ckpt_load_into(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
 {
-    return load(e, step, t, n, true);
+    return load(e, step, t, n, TO_BUFFERS);
+}
+
+int ckpt_check(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n)
+{
+    return load(e, step, t, n, TO_NOWHERE);
 }
 
 int ckpt_verify_dir(const char *stepdir, char *bad, size_t cap)

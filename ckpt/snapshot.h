@@ -39,7 +39,7 @@
  *      step is -1 while a copy into the generation is under way.
  *  S3  A restore reads into staging (ckpt_load), never into the registered buffers; they
  *      are written (ckpt_restore_held) only once the whole checkpoint verified on every
- *      rank, so a failed restore leaves them as they were. The one exception is S12.
+ *      rank, so a failed restore leaves them as they were. The exceptions are S12 and S14.
  *  S4  Staging begins with a header (step, and every tensor's bytes and first row) followed
  *      by this rank's sharded and per-rank pieces, contiguous, then the replicated tensors:
  *      the header and pieces are the snapshot's out region, which the caller sends its
@@ -123,6 +123,16 @@
  *      the turn took a new region as in S6: a region the writer reads is never written).
  *      What is given up: that checkpoint from memory (a faster rollback) inside the copy's
  *      window, and, where its write had failed, the rollback to it at all.
+ *  S14 A check (ckpt_check) reads a checkpoint as ckpt_load does, every byte checked, and
+ *      keeps it nowhere: no staging, no buffer written, nothing held changes; every tensor
+ *      goes through the page cache (formats' shared reads, the extents asked ahead). It is
+ *      rk_resume's first pass where ranks of one host restore together (recover/rollback.c,
+ *      checked): once every rank checked the step whole, ckpt_load_into reads it from the
+ *      page cache into the buffers (S12 from there: nothing held after), so the buffers
+ *      change only after the whole checkpoint verified everywhere, as in S3, unless the
+ *      files change or fail between the two passes. Why: staging in a process that just
+ *      started is memory never touched, whose first touch costs about what the disk does
+ *      here, once for each rank of the host; the page cache is filled once for all of them.
  *
  * States of the generations (held step of g / old) and the function for each transition:
  *

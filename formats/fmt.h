@@ -275,7 +275,10 @@ int fmt_ckpt_read(fmt_ckpt *c, size_t i, void *buf);
 int fmt_ckpt_read_rows(fmt_ckpt *c, size_t i, int64_t first, int64_t nrows, void *buf);
 /* One read of fmt_ckpt_read_many: tensor i into dst, which has cap bytes (at least the
    bytes read); of a sharded tensor, global rows [first, first + nrows) (of any other kind,
-   the whole tensor: first and nrows are not looked at). */
+   the whole tensor: first and nrows are not looked at). dst NULL: checked, not kept: read
+   through the page cache (which holds the bytes after, for a read that places them, memory
+   allowing) into a buffer of the reader's own, every byte checked as ever (cap still says
+   the bytes: the shared reads' windows are measured by it). */
 typedef struct fmt_read_req {
     size_t i;
     int64_t first, nrows;

@@ -422,7 +422,8 @@ static int partial_blocks(fmt_ckpt *c, const fmt_tensor *q, uint64_t lo, uint64_
                           q->name, b0, b1 - 1);
         else {
             uint64_t from = b0 > lo ? b0 : lo, to = b1 < hi ? b1 : hi;
-            memcpy(dst + (from - lo) * rb, b + (from - b0) * rb, (to - from) * rb);
+            if (dst) /* NULL: checked only (fmt_ckpt_read_many) */
+                memcpy(dst + (from - lo) * rb, b + (from - b0) * rb, (to - from) * rb);
         }
     }
     free(b);
@@ -458,23 +459,23 @@ static int plan(fmt_ckpt *c, const fmt_read_req *r, struct fmt_run *runs, size_t
             continue;
         uint64_t rows = (uint64_t)q->shape[0], rb = q->nbytes / rows, br = q->block_rows, need;
         uint64_t plo = (uint64_t)(lo - q->row0), phi = (uint64_t)(hi - q->row0);
-        char *at = dst + (uint64_t)(lo - r->first) * rb;
+        uint64_t at = (uint64_t)(lo - r->first) * rb; /* where its rows go in dst */
         if ((rc = shard_fd(c, q->rank, q->offset, q->nbytes, q->name, path, &fd)) != 0)
             return rc;
         if (__builtin_mul_overflow(br < rows ? br : rows, rb, &need))
             return rk__fail(RK_SUB_FMT, RK_LOG_DEBUG, RK_E_CORRUPT,
                             "%s: tensor '%s': blocks of %" PRIu64 " rows of %" PRIu64 " bytes", path, q->name, br, rb);
-        if ((rc = partial_blocks(c, q, plo, phi, at, path)) != 0)
+        if ((rc = partial_blocks(c, q, plo, phi, dst ? dst + at : NULL, path)) != 0)
             return rc;
         uint64_t ka = (plo + br - 1) / br, kb = phi == rows ? q->nblocks : phi / br; /* blocks wholly inside */
         if (kb <= ka)
             continue;
         uint64_t r0 = ka * br, r1 = kb * br < rows ? kb * br : rows;
-        char *to = at + (r0 - plo) * rb;
-        bool last = (uint64_t)(to - dst) + (r1 - r0) * rb == (uint64_t)r->nrows * rb; /* may use the room after */
+        uint64_t to = at + (r0 - plo) * rb;
+        bool last = to + (r1 - r0) * rb == (uint64_t)r->nrows * rb; /* may use the room after */
         runs[(*n)++] = (struct fmt_run){.name = q->name, .rank = q->rank, .off = q->offset + r0 * rb,
-                                        .len = (r1 - r0) * rb, .dst = to,
-                                        .room = last ? r->cap - (uint64_t)(to - dst) : (r1 - r0) * rb,
+                                        .len = (r1 - r0) * rb, .dst = dst ? dst + to : NULL,
+                                        .room = last ? r->cap - to : (r1 - r0) * rb,
                                         .unit = br * rb, .sums = q->blocks + ka, .unit_rows = br, .block0 = ka};
     }
     return 0;

@@ -47,6 +47,9 @@
  *      and tails under 4 KiB, and where O_DIRECT cannot be used.
  *  R6  Every read passes fmt_fault first (RK_FAULT read: O_DIRECT and buffered alike;
  *      uring: the ring's setup and each submission).
+ *  R7  A run with no dst is checked, not kept: read buffered (so that the page cache holds
+ *      it after, for a read that places it: fmt_ckpt_read_many's check-only requests)
+ *      into the reader's scratch buffer, a piece at a time, every unit checked as in R3.
  *
  * A read (struct piece, one of READ_DEPTH in the window):
  *   queued --submit (io_uring_submit)--> in flight --reap--> done --take: checked,
@@ -84,6 +87,7 @@ struct fmt_direct {
     bool off;     /* O_DIRECT or io_uring unusable here: every run is buffered */
     bool stuck;   /* a read never completed: the kernel may still write `bounce` */
     char *bounce; /* READ_BOUNCE buffers of READ_PIECE, page-aligned; NULL until used */
+    char *scratch; /* READ_PIECE_BUF: where a run checked only (R7) is read; NULL until used */
     int *fds;     /* O_DIRECT descriptor of each shard, -1 until used */
     int nfds;
     XXH3_state_t *xs;
@@ -140,6 +144,7 @@ void fmt_direct_free(fmt_direct **pd)
         rk__retain_forever(d->bounce); /* reads still in flight may land there (R5) */
     else
         free(d->bounce);
+    free(d->scratch); /* only ever read into by pread */
     if (d->xs)
         XXH3_freeState(d->xs);
     free(d);
@@ -235,8 +240,8 @@ static bool cached(int fd, uint64_t off, uint64_t len)
 static enum how choose(struct reader *s, const struct fmt_run *r)
 {
     int fd = s->c->fds[r->rank];
-    if (r->off % 4096 || cached(fd, r->off, r->len) || !direct_ready(s->c, s->d, r->rank))
-        return BUFFERED;
+    if (!r->dst || r->off % 4096 || cached(fd, r->off, r->len) || !direct_ready(s->c, s->d, r->rank))
+        return BUFFERED; /* R7: a run checked only is read through the page cache */
     if (s->drop && (uintptr_t)r->dst % 4096 == 0)
         return STRAIGHT;
     return BOUNCE;
@@ -269,10 +274,17 @@ static bool queue_one(struct reader *s, int *rc)
     *p = (struct piece){.run = s->run,
                         .off = r->off + s->pos,
                         .len = end - s->pos < chunk ? end - s->pos : chunk,
-                        .dst = r->dst + s->pos,
+                        .dst = r->dst ? r->dst + s->pos : NULL,
                         .how = how,
                         .slot = -1};
     p->to = p->dst;
+    if (!p->dst) { /* R7: read into the reader's scratch, one piece at a time (take) */
+        if (!s->d->scratch && !(s->d->scratch = malloc(READ_PIECE_BUF))) {
+            *rc = -ENOMEM;
+            return false;
+        }
+        p->to = s->d->scratch;
+    }
     p->ask = how == BUFFERED ? p->len : ALIGN_4K(p->len);
     if (how == BOUNCE) {
         for (int k = 0; k < READ_BOUNCE && p->slot < 0; k++)
@@ -409,7 +421,7 @@ static int take(struct reader *s)
         next_unit(s, r);
     }
     if (p->how == BUFFERED) {
-        rc = fmt_io_pread_all(s->c->fds[r->rank], p->dst, (size_t)p->len, (off_t)p->off,
+        rc = fmt_io_pread_all(s->c->fds[r->rank], p->to, (size_t)p->len, (off_t)p->off,
                               run_path(s, p->run, path));
     } else {
         while (!p->done && (rc = reap(s)) == 0)

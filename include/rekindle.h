@@ -236,7 +236,11 @@ int rk_rebind(rk_ctx *ctx, const char *name, void *ptr);
    an earlier run left behind (it resumed from an older step); one that fails is logged and
    the next is tried (docs/FORMAT.md, "Order and retention"). The registered buffers are
    written only once that checkpoint was read whole and verified on every rank: on any
-   error they are as before. With RK_RESTORE=inplace (rk_options.restore; every rank
+   error they are as before. (Where ranks of one host restore together and every tensor is
+   host memory, each rank first reads and checks the checkpoint through the page cache they
+   share, then, once every rank verified it, reads it from there into the buffers, checked
+   again: only should its files change or fail between those two reads do the buffers hold
+   part of it, and older checkpoints are tried as below.) With RK_RESTORE=inplace (rk_options.restore; every rank
    agrees, and only where every registered tensor is host memory) the checkpoint is read
    straight into the buffers, every byte checked as before: no second copy of the state
    is made, and on an error the buffers may hold part of a checkpoint (one that fails on

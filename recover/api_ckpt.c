@@ -374,20 +374,30 @@ int rk_resume(rk_ctx *ctx, int64_t *next_step)
     ckpt_tensor *t = NULL;
     int64_t step = -1;
     int rc = rec_ckpt_tensors(ctx, &t);
-    bool into = !rc && strcmp(ctx->opt.restore ? ctx->opt.restore : "staged", "inplace") == 0;
-    for (size_t i = 0; into && i < ctx->ntensors; i++)
+    /* The way asked (rec_restore_newest): RK_RESTORE=inplace straight into the buffers;
+       the default keeps them as they were until every member has the checkpoint whole, in
+       staging of its own where this rank is alone on its host, else checked through the
+       page cache the ranks of the host share, then read into them (ckpt/snapshot.h S14). */
+    bool inplace = !rc && strcmp(ctx->opt.restore ? ctx->opt.restore : "staged", "inplace") == 0;
+    int how = inplace ? REC_RESTORE_INPLACE : ctx->host_ranks > 1 ? REC_RESTORE_CHECKED : REC_RESTORE_STAGED;
+    for (size_t i = 0; how != REC_RESTORE_STAGED && i < ctx->ntensors; i++)
         if (!ckpt_tensor_in_host(&t[i])) {
-            RK_LOG_INFO(RK_SUB_CKPT, "RK_RESTORE=inplace: tensor '%s' is %s, so the checkpoint is read into memory "
-                        "of the library's first (staged)", t[i].name, t[i].device ? "device memory" : "not bound");
-            into = false;
+            if (inplace)
+                RK_LOG_INFO(RK_SUB_CKPT, "RK_RESTORE=inplace: tensor '%s' is %s, so the checkpoint is read into "
+                            "memory of the library's first (staged)", t[i].name,
+                            t[i].device ? "device memory" : "not bound");
+            how = REC_RESTORE_STAGED;
         }
-    rc = rec_restore_newest(ctx, t, rc, INT64_MAX, &into, &step); /* a failure here is said to all */
+    rc = rec_restore_newest(ctx, t, rc, INT64_MAX, &how, &step); /* a failure here is said to all */
     if (!rc && step >= 0) {
-        if (!into) /* the held snapshot's partner copy; inplace holds none (ckpt/snapshot.h S12) */
+        if (how == REC_RESTORE_STAGED) /* the held snapshot's partner copy; the others hold none
+                                          (ckpt/snapshot.h S12, S14) */
             rec_ckpt_mirror(ctx);
         ctx->next_step = *next_step = step;
         RK_LOG_INFO(RK_SUB_CKPT, "resumed from step %" PRId64 " in %s%s", step, ctx->opt.ckpt_dir,
-                    into ? ", read straight into the registered buffers (RK_RESTORE=inplace)" : "");
+                    how == REC_RESTORE_INPLACE   ? ", read straight into the registered buffers (RK_RESTORE=inplace)"
+                    : how == REC_RESTORE_CHECKED ? ", checked by every member, then read into the registered buffers"
+                                                 : "");
         RK_EVENT(ctx->ev, "resumed", RK_EV_I("step", step), RK_EV_S("from", "disk"),
                  RK_EV_I("epoch", ctx->agreed_epoch), RK_EV_I("world", ctx->world));
     } else if (!rc) {

@@ -312,11 +312,14 @@ int rec_ckpt_rollback(rk_ctx *ctx, const struct rec_decision *dec, int *from);
 struct ckpt_tensor;
 /* The registry as the engine sees it (api_ckpt.c); *out malloc'd (NULL with no tensor). */
 int rec_ckpt_tensors(rk_ctx *ctx, struct ckpt_tensor **out);
+/* How rec_restore_newest reads a checkpoint (the members take the least any asks). */
+enum { REC_RESTORE_STAGED = 0, REC_RESTORE_CHECKED = 1, REC_RESTORE_INPLACE = 2 };
 /* Restores, on every member, the newest checkpoint labelled below `below` that verifies on
    every member (rollback.c; rk_resume's and the rollback's from disk); collective over the
    ring. 0 with *step the step (-1: none there, buffers untouched), or an error every member
-   gets alike. trc: rec_ckpt_tensors' failure, carried into the first collective. */
-int rec_restore_newest(rk_ctx *ctx, const struct ckpt_tensor *t, int trc, int64_t below, bool *into,
+   gets alike. trc: rec_ckpt_tensors' failure, carried into the first collective. *how in:
+   the way this member asks (NULL: staged), out: the way taken. */
+int rec_restore_newest(rk_ctx *ctx, const struct ckpt_tensor *t, int trc, int64_t below, int *how,
                        int64_t *step);
 /* What the members of a sharded or per-rank registration must have alike (registry.c):
    63 bits, never negative. */

@@ -21,7 +21,8 @@
  *      failed share), so every member learns it in that call, never at RK_TIMEOUT_MS.
  *   B2 The registered buffers are written only once the state is whole on every member:
  *      from memory the new held snapshot is sealed first and then restored; from disk
- *      every member read the checkpoint into staging and all agreed (rec_restore_newest).
+ *      every member read the checkpoint into staging and all agreed (rec_restore_newest;
+ *      rk_resume's may read it checked or inplace instead).
  *   B3 A rollback that fails leaves the snapshot held before it (ckpt_hold_cancel): a
  *      member never holds half a snapshot.
  *   B4 Replicated bytes a member lacks come from the one member that has them (or from
@@ -167,18 +168,25 @@ static int try_class(int rc)
 
 /* Restores, on every member, the first checkpoint of ckpt_list's order (the current
    timeline newest first, then the abandoned ones) labelled below `below` that verifies on
-   every member, and holds it in memory. Rank 0 proposes each candidate from its listing;
-   every member reads it into staging (ckpt_load), and the registered buffers are written
-   only once all of them read it whole. Every member returns the same: 0 with *step the
-   step restored, or -1 if the directory holds no checkpoint below `below` (buffers
-   untouched); RK_E_CORRUPT if it holds some but none verifies everywhere, -errno if a
-   member cannot list the directory or had no t (trc: rec_ckpt_tensors' failure), RK_E_MISMATCH
-   (buffers untouched in each case). With *into on every member (the members agree: off
-   if any has it off; into NULL: off), each reads straight into the buffers
-   (ckpt_load_into, ckpt/snapshot.h S12): nothing is held in memory after, and a failure
-   leaves them part-written; *into says on return whether they did. Collective over the
-   ring. */
-int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, bool *into, int64_t *step)
+   every member. Rank 0 proposes each candidate from its listing; every member reads it
+   (*how, agreed: the least any member asks, REC_RESTORE_*):
+     staged   into staging (ckpt_load), the registered buffers written (copied out) only
+              once all of them read it whole; the snapshot stays held;
+     checked  checked whole through the page cache first (ckpt_check, nothing kept), then,
+              once every member checked it, read into the buffers from there (ckpt_load_into,
+              checked again): the buffers stay as they were unless that second read fails
+              (the files changed or became unreadable in between), and nothing is held after;
+     inplace  straight into the buffers (ckpt_load_into, ckpt/snapshot.h S12): nothing held
+              after, a failure leaves them part-written.
+   A second read that fails goes on to older steps inplace (the buffers are no longer as
+   they were; an older step read whole puts every byte back). Every member returns the
+   same: 0 with *step the step restored, or -1 if the directory holds no checkpoint below
+   `below` (buffers untouched); RK_E_CORRUPT if it holds some but none verifies
+   everywhere, -errno if a member cannot list the directory or had no t (trc:
+   rec_ckpt_tensors' failure), RK_E_MISMATCH (buffers untouched in each case, but after a
+   failed second read). how NULL: staged. *how says on return which way they read.
+   Collective over the ring. */
+int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below, int *how, int64_t *step)
 {
     ckpt_entry *l = NULL;
     size_t n = 0, next = 0;
@@ -187,11 +195,9 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
     ckpt_retention_wait(ctx->ckpt, rk__deadline_ns(ctx->opt.timeout_ms / 4)); /* ckpt.c J6 */
     int my_list = trc ? trc : ckpt_list(ctx->opt.ckpt_dir, &l, &n), list = my_list;
     int rc = agree(ctx, &list, RK_I32, RK_MIN); /* an unreadable directory is never "nothing there" */
-    int all_into = into && *into; /* every member passes into, or none (from_disk) */
-    if (!rc && !list && into)
-        rc = agree(ctx, &all_into, RK_I32, RK_MIN);
-    if (into)
-        *into = all_into;
+    int way = how ? *how : REC_RESTORE_STAGED; /* every member passes how, or none (from_disk) */
+    if (!rc && !list && how)
+        rc = agree(ctx, &way, RK_I32, RK_MIN);
     if (!rc && list)
         rc = my_list ? my_list
                      : rk__fail(RK_SUB_CKPT, RK_LOG_ERROR, list, "another member cannot list the checkpoint directory %s "
@@ -213,16 +219,29 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
                               ctx->opt.ckpt_dir);
             break;
         }
-        int my = try_class(all_into ? ckpt_load_into(ctx->ckpt, s, t, ctx->ntensors)
-                                    : ckpt_load(ctx->ckpt, s, t, ctx->ntensors)),
+        int my = try_class(way == REC_RESTORE_INPLACE   ? ckpt_load_into(ctx->ckpt, s, t, ctx->ntensors)
+                           : way == REC_RESTORE_CHECKED ? ckpt_check(ctx->ckpt, s, t, ctx->ntensors)
+                                                        : ckpt_load(ctx->ckpt, s, t, ctx->ntensors)),
             worst = my;
         if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
             break;
+        if (worst == TRY_OK && way == REC_RESTORE_CHECKED) { /* every member checked it whole:
+                                                                now the buffers change */
+            worst = my = try_class(ckpt_load_into(ctx->ckpt, s, t, ctx->ntensors));
+            if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
+                break;
+            if (worst != TRY_OK) {
+                way = REC_RESTORE_INPLACE;
+                RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 " changed or became unreadable between its check and its "
+                            "read (%s on some rank): the registered buffers hold part of it; trying older steps",
+                            s, my == TRY_OK ? "unreadable" : rk_last_error());
+            }
+        }
         if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change
-                                  (inplace: they hold it already) */
+                                  (inplace, checked: they hold it already) */
             *step = s;
             ckpt_note_committed(ctx->ckpt, s);
-            rc = all_into ? 0 : ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
+            rc = way != REC_RESTORE_STAGED ? 0 : ckpt_snapshot_restore(ctx->ckpt, s, t, ctx->ntensors);
             break;
         }
         if (worst == TRY_MISMATCH) {
@@ -239,6 +258,8 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
                     my == TRY_OK ? "unreadable" : rk_last_error());
         skipped++;
     }
+    if (how)
+        *how = way;
     free(l);
     return rc;
 }
@@ -247,7 +268,7 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
 static int from_disk(rk_ctx *ctx, const rec_decision *dec, const ckpt_tensor *t, int trc)
 {
     int64_t step = -1;
-    int rc = rec_restore_newest(ctx, t, trc, dec->step + 1, NULL, &step);
+    int rc = rec_restore_newest(ctx, t, trc, dec->step + 1, NULL, &step); /* staged: B2 */
     if (!rc && step < 0)
         rc = rk__fail(RK_SUB_REC, RK_LOG_ERROR, RK_E_NOCKPT, "rollback: no checkpoint up to step %" PRId64
                       " in %s verifies", dec->step, ctx->opt.ckpt_dir);

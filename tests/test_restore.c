@@ -124,35 +124,54 @@ START_TEST(two_ranks_of_a_host_share_replicated_reads)
 }
 END_TEST
 
-/* S1 with a fault in the middle: two ranks of a host restore step 4 (every tensor
-   replicated: all of it through the page cache), rank 1's reads failing with EIO two
-   reads before its last (RK_FAULT read@K=eio on rank 1 alone, in the 16 MiB tensor, the
-   last read): rank 1's restore of step 4 fails naming that tensor, rank 0's did not, and
-   both restore step 2 whole: a checkpoint one rank could not read is no rank's. */
+/* S1 and ckpt/snapshot.h S14 with a fault in the middle: two ranks of a host restore step
+   4 (every tensor replicated and host memory: checked whole through the page cache, then
+   read into the buffers), rank 1's reads failing with EIO (RK_FAULT read@K=eio on rank 1
+   alone, in the 16 MiB tensor, the last read of a pass): at the check's, rank 1's restore
+   of step 4 fails naming that tensor, at the second read's, the log says the step changed
+   or became unreadable between its check and its read; either way both restore step 2
+   whole: a checkpoint one rank could not read is no rank's. Then step 2 alone on disk: a
+   fault in its check fails rk_resume with every buffer as it was (S3's promise), one in
+   its second read fails it saying so. */
 START_TEST(shared_read_fault_falls_back)
 {
     char *dir = th_tmpdir("sharedflt"), *out = NULL, sh[4400], cmd[4400];
     char *argv[] = {prog, "write", "5", "7", "big", NULL}, *wrap[] = {"/bin/sh", "-c", sh, NULL};
     ck_assert_int_eq(th_mpirun(2, argv, env_for(dir, NULL, NULL), 90, &out), 0);
     free(out);
-    snprintf(cmd, sizeof(cmd), "for f in '%s'/" S4 "/*; do dd if=$f iflag=nocache count=0 status=none; done", dir);
-    unsigned long long reads = 0;
-    for (int k = 0; k < 2; k++) {
+    unsigned long long reads = 0, at[4] = {1000000ull};
+    const char *between = "between its check and its read";
+    for (int k = 0; k < 5; k++) {
+        const char *step = k < 3 ? S4 : S2, *mode = k == 0 ? "resume 4" : k < 3 ? "resume 2" : "untouched 0";
         char fault[64];
-        snprintf(fault, sizeof(fault), "RK_FAULT=read@%llu=eio", k ? reads - 2 : 1000000ull);
-        snprintf(sh, sizeof(sh), "[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] || unset RK_FAULT; exec '%s' resume %s 7 big", prog,
-                 k ? "2" : "4");
+        if (k == 3) { /* step 2 alone: its reads counted as step 4's (the same tensors) */
+            argv[2] = "3";
+            th_rmrf(dir);
+            ck_assert_int_eq(th_mpirun(2, argv, env_for(dir, NULL, NULL), 90, &out), 0);
+            free(out);
+        }
+        snprintf(fault, sizeof(fault), "RK_FAULT=read@%llu=eio", k == 0 ? at[0] : k % 2 ? reads / 2 - 2 : reads - 2);
+        snprintf(sh, sizeof(sh), "[ \"$OMPI_COMM_WORLD_RANK\" = 1 ] || unset RK_FAULT; exec '%s' %s 7 big", prog, mode);
+        snprintf(cmd, sizeof(cmd), "for f in '%s'/%s/*; do dd if=$f iflag=nocache count=0 status=none; done", dir, step);
         ck_assert_int_eq(th_sh(cmd, 10, NULL), 0);
-        int rc = th_mpirun(2, wrap, env_for(dir, fault, "RK_FAULT_PATH=/" S4 "/"), 90, &out);
+        char path[64];
+        snprintf(path, sizeof(path), "RK_FAULT_PATH=/%s/", step);
+        int rc = th_mpirun(2, wrap, env_for(dir, fault, path), 90, &out);
         const char *ops = out ? strstr(out, "rank 1 ops") : NULL, *r = ops ? strstr(ops, " read=") : NULL;
-        if (!k) {
+        if (k == 0) {
             ck_assert_msg(rc == 0 && strstr(out, "rank 1 resumed 4") && r && sscanf(r, " read=%llu", &reads) == 1 &&
-                              reads > 4,
+                              reads > 8 && reads % 2 == 0, /* the check's reads, then as many into the buffers */
                           "exit %d: %s", rc, out ? out : "");
-        } else {
+        } else if (k < 3) {
             ck_assert_msg(rc == 0 && strstr(out, "rank 0 resumed 2") && strstr(out, "rank 1 resumed 2") &&
-                              strstr(out, "reading tensor 'big'"),
-                          "read@%llu on rank 1: exit %d: %s", reads - 2, rc, out ? out : "");
+                              strstr(out, "reading tensor 'big'") && (k == 1) == !strstr(out, between),
+                          "%d: read@%s on rank 1: exit %d: %s", k, fault, rc, out ? out : "");
+        } else {
+            ck_assert_msg(rc == 0 && strstr(out, "rank 0 resume: -1008 ") && strstr(out, "rank 1 resume: -1008 ") &&
+                              (k == 3 ? strstr(out, "rank 0 resume: -1008 next 0 untouched 1") &&
+                                            strstr(out, "rank 1 resume: -1008 next 0 untouched 1") && !strstr(out, between)
+                                      : strstr(out, between) != NULL),
+                          "%d: read@%s on rank 1: exit %d: %s", k, fault, rc, out ? out : "");
         }
         free(out);
     }

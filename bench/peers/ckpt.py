@@ -11,6 +11,9 @@ Run by bench/peers/run, each method under its own launcher, as its documentation
                                                           the same as rekindle, restored with
                                                           restore="inplace" (RK_RESTORE:
                                                           straight into the tensors)
+    rekindle run -n 2 -- python ckpt.py rekindle-against DIR G
+                                                          rekindle, run by another build
+                                                          (bench/peers/run RK_PEERS_AGAINST)
     torchrun --standalone --nproc-per-node 2 ckpt.py M DIR G
         M = dcp-save        torch.distributed.checkpoint.save
             rekindle-dcp    torch.distributed.checkpoint.save with rekindle.dcp.Writer
@@ -238,4 +241,4 @@ def torch_job():
     dist.destroy_process_group()
 
 
-rekindle_job() if BASE in ("rekindle", "rekindle-buffered", "rekindle-inplace") else torch_job()
+rekindle_job() if BASE in ("rekindle", "rekindle-buffered", "rekindle-inplace", "rekindle-against") else torch_job()
