@@ -230,11 +230,12 @@ int rec_restore_newest(rk_ctx *ctx, const ckpt_tensor *t, int trc, int64_t below
             worst = my = try_class(ckpt_load_into(ctx->ckpt, s, t, ctx->ntensors));
             if ((rc = agree(ctx, &worst, RK_I32, RK_MAX)) != 0)
                 break;
-            if (worst != TRY_OK) {
+            if (worst != TRY_OK) { /* the buffers hold part of it now: no way keeps them */
                 way = REC_RESTORE_INPLACE;
                 RK_LOG_WARN(RK_SUB_CKPT, "step %" PRId64 " changed or became unreadable between its check and its "
-                            "read (%s on some rank): the registered buffers hold part of it; trying older steps",
-                            s, my == TRY_OK ? "unreadable" : rk_last_error());
+                            "read (%s on some rank): the registered buffers hold part of it%s",
+                            s, my == TRY_OK ? "unreadable" : rk_last_error(),
+                            worst == TRY_SKIP ? "; trying older steps" : "");
             }
         }
         if (worst == TRY_OK) { /* every member holds it whole: only now the buffers change
