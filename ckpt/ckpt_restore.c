@@ -181,11 +181,9 @@ static int load(ckpt_engine *e, int64_t step, const ckpt_tensor *t, size_t n, en
                           path, t[i].name);
             goto out;
         }
-    if (check) {
-        rc = 0; /* S14: nothing held changes */
-    } else if (into) {
+    if (into) {
         rc = ckpt__hold_none(e); /* S12: the buffers change from the first read on */
-    } else {
+    } else if (!check) {          /* S14: a check changes nothing held */
         ckpt__prep_defer(e, true); /* staging faulted in by the reads; nothing mapped ahead (S9) */
         rc = ckpt__hold_space(e, t, n);
         ckpt__prep_defer(e, false);
